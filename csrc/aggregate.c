@@ -1,0 +1,1045 @@
+/* Aggregation of one window: replay each thread's events against a stack,
+ * join GPU records to the ops that launched them, and build the tables.
+ *
+ * Time accounting: the time between two consecutive events of a thread is
+ * charged as self time to the entry on top of that thread's stack. An
+ * entry's total time is its end minus its start; a recursive op's total is
+ * counted only for its outermost entry (as cProfile does). Entries may be
+ * removed from the middle of the stack (a user range that outlives the
+ * frame that opened it), which this scheme handles without special cases.
+ * Hidden entries (gpuprof's own frames) have no row: their self time goes to
+ * the entry below them when they end.
+ */
+#include "aggregate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "demangle.h"
+#include "opkinds.h"
+
+/* ---- small growable arrays ---------------------------------------------- */
+
+static void *
+vec_grow(void **v, size_t *cap, size_t need, size_t item)
+{
+    if (need <= *cap)
+        return *v;
+    size_t cap2 = *cap ? *cap : 64;
+    while (cap2 < need)
+        cap2 *= 2;
+    void *p = realloc(*v, cap2 * item);
+    if (p == NULL)
+        return NULL;
+    *v = p;
+    *cap = cap2;
+    return p;
+}
+
+/* Append a zeroed item; evaluates to a pointer to it or NULL. */
+#define VEC_PUSH(vec)                                                                   \
+    (vec_grow((void **)&(vec).v, &(vec).cap, (vec).n + 1, sizeof(*(vec).v)) == NULL     \
+         ? NULL                                                                         \
+         : memset(&(vec).v[(vec).n++], 0, sizeof(*(vec).v)))
+
+/* ---- open-addressing map: uint64 key -> uint32 value ------------------- */
+
+typedef struct Map {
+    uint64_t *keys;
+    uint32_t *vals; /* UINT32_MAX = empty */
+    size_t mask;
+    size_t used;
+} Map;
+
+static uint64_t
+mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static int
+map_init(Map *m, size_t cap)
+{
+    size_t c = 64;
+    while (c < cap * 2)
+        c *= 2;
+    m->keys = malloc(c * sizeof(uint64_t));
+    m->vals = malloc(c * sizeof(uint32_t));
+    if (!m->keys || !m->vals)
+        return -1;
+    memset(m->vals, 0xff, c * sizeof(uint32_t));
+    m->mask = c - 1;
+    m->used = 0;
+    return 0;
+}
+
+static void
+map_free(Map *m)
+{
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof(*m));
+}
+
+static uint32_t
+map_get(const Map *m, uint64_t key)
+{
+    size_t i = mix64(key) & m->mask;
+    while (m->vals[i] != UINT32_MAX) {
+        if (m->keys[i] == key)
+            return m->vals[i];
+        i = (i + 1) & m->mask;
+    }
+    return UINT32_MAX;
+}
+
+static int
+map_put(Map *m, uint64_t key, uint32_t val)
+{
+    if ((m->used + 1) * 2 > m->mask + 1) {
+        Map bigger;
+        if (map_init(&bigger, (m->mask + 1)) < 0) {
+            map_free(&bigger);
+            return -1;
+        }
+        for (size_t i = 0; i <= m->mask; i++)
+            if (m->vals[i] != UINT32_MAX)
+                map_put(&bigger, m->keys[i], m->vals[i]);
+        map_free(m);
+        *m = bigger;
+    }
+    size_t i = mix64(key) & m->mask;
+    while (m->vals[i] != UINT32_MAX) {
+        if (m->keys[i] == key) {
+            m->vals[i] = val;
+            return 0;
+        }
+        i = (i + 1) & m->mask;
+    }
+    m->keys[i] = key;
+    m->vals[i] = val;
+    m->used++;
+    return 0;
+}
+
+/* ---- replay state -------------------------------------------------------- */
+
+enum { E_PY = 1, E_C, E_RANGE, E_STEP, E_API };
+
+typedef struct Entry {
+    int64_t start;
+    int64_t self;
+    uint32_t row;   /* op row, UINT32_MAX when hidden */
+    int32_t node;
+    int32_t span;   /* span index, -1 when hidden */
+    uint32_t op;    /* intern op id, step number, or api key */
+    uint32_t launch;/* E_API: index into launches */
+    uint8_t kind;   /* E_* */
+    uint8_t hidden;
+    uint8_t outermost;
+} Entry;
+
+typedef struct Launch {
+    int64_t enter_ns;
+    int64_t exit_ns;
+    uint32_t correlation;
+    uint32_t api_key;
+    uint32_t owner_row; /* UINT32_MAX: orphan (no Python op on its thread) */
+    int32_t owner_node;
+    uint32_t thread;
+} Launch;
+
+typedef struct StepMark {
+    int64_t step;
+    int64_t start_ns;
+    int64_t end_ns;
+    uint32_t thread;
+} StepMark;
+
+typedef struct Agg {
+    const GpAggInput *in;
+    GpTables *t;
+    int32_t *row_of_op;   /* op id -> op row, -1 */
+    GP_VEC(int32_t) active;      /* per op row: open non-hidden entries */
+    GP_VEC(uint32_t) api_rows;   /* (api key, row) pairs, flattened */
+    Map nodes;            /* (parent node, row) -> node */
+    GP_VEC(Entry) stack;
+    GP_VEC(Launch) launches;
+    GP_VEC(StepMark) stepmarks;
+    Map corr;             /* correlation -> launch index */
+    uint32_t thread;      /* index of the thread being replayed */
+    int64_t busy;         /* this thread's time with a non-empty stack */
+    int64_t self_sum;
+} Agg;
+
+static int64_t
+op_row_for(Agg *a, uint32_t op, uint8_t kind)
+{
+    if (kind == GP_OP_CUDA_API) {
+        for (size_t i = 0; i + 1 < a->api_rows.n; i += 2)
+            if (a->api_rows.v[i] == op)
+                return a->api_rows.v[i + 1];
+    } else {
+        if (op >= a->in->n_ops)
+            return -1;
+        if (a->row_of_op[op] >= 0)
+            return a->row_of_op[op];
+    }
+    GpOpRow *r = VEC_PUSH(a->t->ops);
+    int32_t *act = VEC_PUSH(a->active);
+    if (r == NULL || act == NULL)
+        return -2;
+    uint32_t row = (uint32_t)(a->t->ops.n - 1);
+    r->op = op;
+    r->kind = kind;
+    r->cpu_min_ns = INT64_MAX;
+    if (kind == GP_OP_CUDA_API) {
+        uint32_t *k = VEC_PUSH(a->api_rows);
+        uint32_t *v = VEC_PUSH(a->api_rows);
+        if (k == NULL || v == NULL)
+            return -2;
+        *k = op;
+        *v = row;
+    } else {
+        a->row_of_op[op] = (int32_t)row;
+    }
+    return row;
+}
+
+static int32_t
+node_for(Agg *a, int32_t parent, uint32_t row)
+{
+    /* Roots are keyed per thread so that each thread has its own tree. */
+    uint64_t pkey = parent >= 0 ? (uint64_t)parent : (0x80000000ull | a->thread);
+    uint64_t key = (pkey << 32) | row;
+    uint32_t id = map_get(&a->nodes, key);
+    if (id != UINT32_MAX)
+        return (int32_t)id;
+    GpNodeRow *n = VEC_PUSH(a->t->nodes);
+    if (n == NULL)
+        return -2;
+    id = (uint32_t)(a->t->nodes.n - 1);
+    n->id = (int32_t)id;
+    n->parent = parent;
+    n->op_row = row;
+    n->thread = a->thread;
+    if (map_put(&a->nodes, key, id) < 0)
+        return -2;
+    return (int32_t)id;
+}
+
+/* Nearest non-hidden entry at or below index i, or -1. */
+static int64_t
+visible_below(const Agg *a, int64_t i)
+{
+    for (; i >= 0; i--)
+        if (!a->stack.v[i].hidden)
+            return i;
+    return -1;
+}
+
+/* Nearest entry that can own GPU work (not hidden, not an API call), or -1. */
+static int64_t
+owner_below(const Agg *a, int64_t i)
+{
+    for (; i >= 0; i--)
+        if (!a->stack.v[i].hidden && a->stack.v[i].kind != E_API)
+            return i;
+    return -1;
+}
+
+static int
+push_entry(Agg *a, int64_t ts, uint8_t ekind, uint8_t opkind, uint32_t op, int hidden, int count,
+           int snapshot)
+{
+    int64_t below = visible_below(a, (int64_t)a->stack.n - 1);
+    Entry *e = VEC_PUSH(a->stack);
+    if (e == NULL)
+        return -1;
+    e->start = ts;
+    e->kind = ekind;
+    e->op = op;
+    e->hidden = (uint8_t)hidden;
+    e->span = -1;
+    e->node = -1;
+    e->row = UINT32_MAX;
+    if (hidden)
+        return 0;
+    int64_t row = op_row_for(a, op, opkind);
+    if (row == -2)
+        return -1;
+    if (row < 0) { /* unknown op id: treat as hidden rather than invent a row */
+        e->hidden = 1;
+        return 0;
+    }
+    e->row = (uint32_t)row;
+    int32_t parent_node = below >= 0 ? a->stack.v[below].node : -1;
+    int32_t parent_span = below >= 0 ? a->stack.v[below].span : -1;
+    int32_t node = node_for(a, parent_node, (uint32_t)row);
+    if (node < 0)
+        return -1;
+    e = &a->stack.v[a->stack.n - 1];
+    e->node = node;
+    GpSpanRow *s = VEC_PUSH(a->t->spans);
+    if (s == NULL)
+        return -1;
+    e->span = (int32_t)(a->t->spans.n - 1);
+    s->start_ns = ts;
+    s->end_ns = ts;
+    s->op_row = (uint32_t)row;
+    s->parent = parent_span;
+    s->thread = a->thread;
+    s->node = node;
+    s->kind = opkind;
+    s->flags = snapshot ? 1 : 0;
+    s->depth = (uint16_t)(parent_span >= 0 ? a->t->spans.v[parent_span].depth + 1 : 0);
+    if (count) {
+        a->t->ops.v[row].calls++;
+        a->t->nodes.v[node].calls++;
+    }
+    e->outermost = a->active.v[row]++ == 0;
+    return 0;
+}
+
+/* Close and remove stack entry i at time ts. */
+static void
+remove_entry(Agg *a, size_t i, int64_t ts)
+{
+    Entry e = a->stack.v[i];
+    if (e.hidden) {
+        int64_t below = (int64_t)i - 1;
+        if (below >= 0)
+            a->stack.v[below].self += e.self;
+    } else {
+        int64_t dur = ts - e.start;
+        GpOpRow *r = &a->t->ops.v[e.row];
+        GpNodeRow *n = &a->t->nodes.v[e.node];
+        r->cpu_self_ns += e.self;
+        n->self_ns += e.self;
+        n->total_ns += dur;
+        a->self_sum += e.self;
+        a->active.v[e.row]--;
+        if (e.outermost)
+            r->cpu_total_ns += dur;
+        if (dur < r->cpu_min_ns)
+            r->cpu_min_ns = dur;
+        if (dur > r->cpu_max_ns)
+            r->cpu_max_ns = dur;
+        a->t->spans.v[e.span].end_ns = ts;
+        if (e.kind == E_API)
+            a->launches.v[e.launch].exit_ns = ts;
+        if (e.kind == E_STEP) {
+            for (size_t k = a->stepmarks.n; k-- > 0;) {
+                StepMark *m = &a->stepmarks.v[k];
+                if (m->step == (int64_t)e.op && m->thread == a->thread && m->end_ns < 0) {
+                    m->end_ns = ts;
+                    break;
+                }
+            }
+        }
+    }
+    memmove(&a->stack.v[i], &a->stack.v[i + 1], (a->stack.n - i - 1) * sizeof(Entry));
+    a->stack.n--;
+}
+
+/* Topmost entry of one of the given kinds, stopping (returning -1) at a
+ * `barrier` kind; pass 0 for no barrier. */
+static int64_t
+find_top(const Agg *a, uint8_t kind, uint8_t barrier, int match_op, uint32_t op)
+{
+    for (int64_t i = (int64_t)a->stack.n - 1; i >= 0; i--) {
+        const Entry *e = &a->stack.v[i];
+        if (e->kind == kind && (!match_op || e->op == op))
+            return i;
+        if (barrier && e->kind == barrier)
+            return -1;
+    }
+    return -1;
+}
+
+static int
+on_api_enter(Agg *a, int64_t ts, uint32_t corr, uint32_t key)
+{
+    int64_t own = owner_below(a, (int64_t)a->stack.n - 1);
+    Launch *l = VEC_PUSH(a->launches);
+    if (l == NULL)
+        return -1;
+    l->enter_ns = ts;
+    l->exit_ns = ts;
+    l->correlation = corr;
+    l->api_key = key;
+    l->thread = a->thread;
+    l->owner_row = own >= 0 ? a->stack.v[own].row : UINT32_MAX;
+    l->owner_node = own >= 0 ? a->stack.v[own].node : -1;
+    uint32_t li = (uint32_t)(a->launches.n - 1);
+    if (corr != 0 && map_put(&a->corr, corr, li) < 0)
+        return -1;
+    if (push_entry(a, ts, E_API, GP_OP_CUDA_API, key, 0, 1, 0) < 0)
+        return -1;
+    a->stack.v[a->stack.n - 1].launch = li;
+    return 0;
+}
+
+/* Whether the innermost Python or C call on the stack (ranges, steps and
+ * API calls above it do not count) is one of gpuprof's hidden frames. */
+static int
+caller_is_hidden(const Agg *a)
+{
+    for (int64_t i = (int64_t)a->stack.n - 1; i >= 0; i--) {
+        const Entry *e = &a->stack.v[i];
+        if (e->kind == E_PY || e->kind == E_C)
+            return e->hidden && e->kind == E_PY;
+    }
+    return 0;
+}
+
+static int
+replay_event(Agg *a, const GpEvent *ev)
+{
+    int64_t ts = (int64_t)ev->ts;
+    uint32_t kind = GP_EV_KIND(ev->kind);
+    const uint8_t *flags = a->in->op_flags;
+    switch (kind) {
+    case GP_EV_FRAME:
+    case GP_EV_CALL:
+    case GP_EV_RESUME:
+    case GP_EV_CCALL: {
+        uint32_t op = ev->arg;
+        int hidden = op < a->in->n_ops && (flags[op] & GP_OPF_HIDDEN);
+        /* C calls made by gpuprof's own Python code are part of its cost,
+         * not the user's: hide them too. */
+        if (kind == GP_EV_CCALL && caller_is_hidden(a))
+            hidden = 1;
+        uint8_t ek = kind == GP_EV_CCALL ? E_C : E_PY;
+        uint8_t ok = op < a->in->n_ops ? a->in->op_kinds[op] : GP_OP_NONE;
+        return push_entry(a, ts, ek, ok, op, hidden, kind == GP_EV_CALL || kind == GP_EV_CCALL,
+                          kind == GP_EV_FRAME);
+    }
+    case GP_EV_RETURN: {
+        int64_t i = find_top(a, E_PY, 0, 0, 0);
+        if (i < 0)
+            return 0; /* returns from frames entered before the window */
+        /* C calls above it lost their return (cannot happen in CPython, but
+         * a truncated stream must not corrupt the stack); ranges, steps
+         * and API calls stay open and move down. */
+        for (int64_t k = (int64_t)a->stack.n - 1; k > i; k--)
+            if (a->stack.v[k].kind == E_C)
+                remove_entry(a, (size_t)k, ts);
+        remove_entry(a, (size_t)i, ts);
+        return 0;
+    }
+    case GP_EV_CRETURN: {
+        int64_t i = find_top(a, E_C, E_PY, 0, 0);
+        if (i >= 0)
+            remove_entry(a, (size_t)i, ts);
+        return 0;
+    }
+    case GP_EV_RANGE_PUSH:
+        return push_entry(a, ts, E_RANGE, GP_OP_USER, ev->arg, 0, 1, 0);
+    case GP_EV_RANGE_POP: {
+        int64_t i = find_top(a, E_RANGE, 0, 1, ev->arg);
+        if (i >= 0)
+            remove_entry(a, (size_t)i, ts);
+        return 0;
+    }
+    case GP_EV_STEP_BEGIN: {
+        StepMark *m = VEC_PUSH(a->stepmarks);
+        if (m == NULL)
+            return -1;
+        m->step = ev->arg;
+        m->start_ns = ts;
+        m->end_ns = -1;
+        m->thread = a->thread;
+        if (push_entry(a, ts, E_STEP, GP_OP_STEP, GP_OPID_STEP, 0, 1, 0) < 0)
+            return -1;
+        a->stack.v[a->stack.n - 1].op = ev->arg;
+        return 0;
+    }
+    case GP_EV_STEP_END: {
+        int64_t i = find_top(a, E_STEP, 0, 1, ev->arg);
+        if (i >= 0)
+            remove_entry(a, (size_t)i, ts);
+        return 0;
+    }
+    case GP_EV_API_ENTER:
+        return on_api_enter(a, ts, ev->arg, GP_EV_PAYLOAD(ev->kind));
+    case GP_EV_API_EXIT: {
+        int64_t i = find_top(a, E_API, 0, 0, 0);
+        if (i >= 0)
+            remove_entry(a, (size_t)i, ts);
+        return 0;
+    }
+    default:
+        return 0;
+    }
+}
+
+/* API records from activity-only mode for one thread, as events sorted by
+ * time (enter at start, exit at end). */
+static GpEvent *
+api_events_for_thread(const GpAggInput *in, const GpThreadBuf *tb, size_t *n_out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < in->n_gpu; i++)
+        if (in->gpu[i].kind == GP_GPU_API &&
+            (in->gpu[i].thread_id == (uint32_t)tb->os_tid ||
+             in->gpu[i].thread_id == (uint32_t)tb->ident))
+            n++;
+    *n_out = 0;
+    if (n == 0)
+        return NULL;
+    GpEvent *ev = malloc(2 * n * sizeof(GpEvent));
+    if (ev == NULL)
+        return NULL;
+    size_t k = 0;
+    /* in->gpu is sorted by start, and one thread's API calls do not overlap,
+     * so enter/exit pairs come out in time order. */
+    for (size_t i = 0; i < in->n_gpu; i++) {
+        const GpGpuRecord *g = &in->gpu[i];
+        if (g->kind != GP_GPU_API ||
+            (g->thread_id != (uint32_t)tb->os_tid && g->thread_id != (uint32_t)tb->ident))
+            continue;
+        ev[k].ts = g->start_ns;
+        ev[k].arg = g->correlation;
+        ev[k].kind = GP_EV_MAKE(GP_EV_API_ENTER, g->name_id);
+        k++;
+        ev[k].ts = g->end_ns;
+        ev[k].arg = g->correlation;
+        ev[k].kind = GP_EV_MAKE(GP_EV_API_EXIT, 0);
+        k++;
+    }
+    *n_out = k;
+    return ev;
+}
+
+static int
+replay_thread(Agg *a, const GpThreadBuf *tb, GpThreadRow *tr)
+{
+    size_t n_api = 0;
+    GpEvent *api = api_events_for_thread(a->in, tb, &n_api);
+    size_t ai = 0;
+    a->stack.n = 0;
+    a->busy = 0;
+    a->self_sum = 0;
+    int64_t end = tb->drop_ts ? (int64_t)tb->drop_ts : (int64_t)a->in->window_end_ns;
+    int64_t last = -1;
+    const GpChunk *c = tb->head;
+    size_t ci = 0;
+    for (;;) {
+        const GpEvent *ev;
+        while (c && ci >= c->n) {
+            c = c->next;
+            ci = 0;
+        }
+        const GpEvent *next_buf = c ? &c->ev[ci] : NULL;
+        if (ai < n_api && (next_buf == NULL || api[ai].ts < next_buf->ts)) {
+            ev = &api[ai++];
+        } else if (next_buf) {
+            ev = next_buf;
+            ci++;
+        } else {
+            break;
+        }
+        int64_t ts = (int64_t)ev->ts;
+        if (ts > end)
+            ts = end;
+        if (last < 0) {
+            last = ts;
+            tr->first_ns = ts;
+        }
+        if (ts > last && a->stack.n > 0) {
+            a->stack.v[a->stack.n - 1].self += ts - last;
+            a->busy += ts - last;
+        }
+        if (ts > last)
+            last = ts;
+        GpEvent clamped = *ev;
+        clamped.ts = (uint64_t)last;
+        if (replay_event(a, &clamped) < 0) {
+            free(api);
+            return -1;
+        }
+    }
+    if (last >= 0 && end > last && a->stack.n > 0) {
+        a->stack.v[a->stack.n - 1].self += end - last;
+        a->busy += end - last;
+    }
+    while (a->stack.n > 0)
+        remove_entry(a, a->stack.n - 1, end);
+    tr->last_ns = last >= 0 ? end : 0;
+    tr->busy_ns = a->busy;
+    tr->self_sum_ns = a->self_sum;
+    free(api);
+    return 0;
+}
+
+/* ---- GPU side ------------------------------------------------------------ */
+
+static int
+cmp_gpu_start(const void *x, const void *y)
+{
+    const GpGpuRecord *a = x, *b = y;
+    return (a->start_ns > b->start_ns) - (a->start_ns < b->start_ns);
+}
+
+static const char *copy_kind_names[] = {
+    "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP",
+};
+static const char *mem_kind_names[] = {
+    "Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static",
+};
+static const char *sync_kind_names[] = {
+    "Unknown Sync", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync",
+};
+
+#define NAME_OF(table, i) ((size_t)(i) < GP_ARRAY_LEN(table) ? table[i] : table[0])
+
+static char *
+activity_name(const GpAggInput *in, const GpGpuRecord *g)
+{
+    char buf[128];
+    switch (g->kind) {
+    case GP_GPU_KERNEL:
+        return gp_demangle(in->kernel_name ? in->kernel_name(g->name_id) : NULL);
+    case GP_GPU_MEMCPY:
+        snprintf(buf, sizeof(buf), "Memcpy %s (%s -> %s)", NAME_OF(copy_kind_names, g->subkind),
+                 NAME_OF(mem_kind_names, g->src_mem), NAME_OF(mem_kind_names, g->dst_mem));
+        return strdup(buf);
+    case GP_GPU_MEMSET:
+        snprintf(buf, sizeof(buf), "Memset (%s)", NAME_OF(mem_kind_names, g->dst_mem));
+        return strdup(buf);
+    case GP_GPU_SYNC:
+        return strdup(NAME_OF(sync_kind_names, g->subkind));
+    default:
+        return strdup("<gpu activity>");
+    }
+}
+
+static uint8_t
+category_of(const GpGpuRecord *g, const char *name)
+{
+    switch (g->kind) {
+    case GP_GPU_MEMCPY:
+        return GP_CAT_MEMCPY;
+    case GP_GPU_MEMSET:
+        return GP_CAT_MEMSET;
+    case GP_GPU_SYNC:
+        return GP_CAT_SYNC;
+    default:
+        return strncmp(name, "nccl", 4) == 0 ? GP_CAT_COMMUNICATION : GP_CAT_COMPUTE;
+    }
+}
+
+static uint64_t
+activity_key(const GpGpuRecord *g)
+{
+    uint64_t dev = (uint64_t)(uint16_t)g->device;
+    uint64_t detail;
+    switch (g->kind) {
+    case GP_GPU_KERNEL:
+        detail = g->name_id;
+        break;
+    case GP_GPU_MEMCPY:
+        detail = (uint64_t)g->subkind << 16 | (uint64_t)g->src_mem << 8 | g->dst_mem;
+        break;
+    case GP_GPU_MEMSET:
+        detail = g->dst_mem;
+        break;
+    default:
+        detail = g->subkind;
+        break;
+    }
+    return (uint64_t)g->kind << 56 | dev << 40 | (detail & 0xffffffffffull);
+}
+
+/* Find the innermost span of `thread` open at ts (spans [lo, hi) are that
+ * thread's, sorted by start). -1 when none. */
+static int64_t
+open_span_at(const GpTables *t, size_t lo, size_t hi, int64_t ts)
+{
+    if (lo >= hi)
+        return -1;
+    /* last span with start <= ts */
+    size_t l = lo, h = hi;
+    while (l < h) {
+        size_t m = l + (h - l) / 2;
+        if (t->spans.v[m].start_ns <= ts)
+            l = m + 1;
+        else
+            h = m;
+    }
+    if (l == lo)
+        return -1;
+    /* The innermost span containing ts is the latest-started one or one of
+     * its ancestors (spans nest). */
+    int64_t s = (int64_t)l - 1;
+    while (s >= 0) {
+        const GpSpanRow *sp = &t->spans.v[s];
+        if (sp->end_ns >= ts && sp->kind != GP_OP_CUDA_API)
+            return s;
+        s = sp->parent;
+    }
+    return -1;
+}
+
+/* Add GPU time `dur` to node and all its ancestors, and to each distinct op
+ * row on that path (stamp prevents double counting under recursion). */
+static void
+charge_gpu(GpTables *t, int32_t node, int64_t dur, uint32_t *stamp, uint32_t mark)
+{
+    for (int32_t n = node; n >= 0; n = t->nodes.v[n].parent) {
+        GpNodeRow *nr = &t->nodes.v[n];
+        nr->cuda_total_ns += dur;
+        if (stamp[nr->op_row] != mark) {
+            stamp[nr->op_row] = mark;
+            t->ops.v[nr->op_row].cuda_total_ns += dur;
+        }
+    }
+}
+
+typedef struct Interval {
+    int64_t s, e;
+} Interval;
+
+static int
+cmp_interval(const void *x, const void *y)
+{
+    const Interval *a = x, *b = y;
+    return (a->s > b->s) - (a->s < b->s);
+}
+
+/* Sort and merge intervals in place; returns the merged count. */
+static size_t
+merge_intervals(Interval *v, size_t n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, n, sizeof(Interval), cmp_interval);
+    size_t k = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (v[i].s <= v[k].e) {
+            if (v[i].e > v[k].e)
+                v[k].e = v[i].e;
+        } else {
+            v[++k] = v[i];
+        }
+    }
+    return k + 1;
+}
+
+/* Overlap of merged intervals v[0..n) with [s, e). */
+static int64_t
+overlap(const Interval *v, size_t n, int64_t s, int64_t e)
+{
+    size_t l = 0, h = n;
+    while (l < h) { /* first interval ending after s */
+        size_t m = l + (h - l) / 2;
+        if (v[m].e <= s)
+            l = m + 1;
+        else
+            h = m;
+    }
+    int64_t total = 0;
+    for (size_t i = l; i < n && v[i].s < e; i++) {
+        int64_t a = v[i].s > s ? v[i].s : s;
+        int64_t b = v[i].e < e ? v[i].e : e;
+        if (b > a)
+            total += b - a;
+    }
+    return total;
+}
+
+static int
+build_gpu(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread)
+{
+    const GpAggInput *in = a->in;
+    GpTables *t = a->t;
+    Map kmap;
+    if (map_init(&kmap, 256) < 0)
+        return -1;
+    uint32_t *stamp = calloc(t->ops.n + 1, sizeof(uint32_t));
+    if (stamp == NULL) {
+        map_free(&kmap);
+        return -1;
+    }
+    int rc = -1;
+    for (size_t i = 0; i < in->n_gpu; i++) {
+        const GpGpuRecord *g = &in->gpu[i];
+        if (g->kind == GP_GPU_API)
+            continue;
+        uint32_t li = g->correlation ? map_get(&a->corr, g->correlation) : UINT32_MAX;
+        if (li == UINT32_MAX && (g->start_ns < in->window_start_ns || g->start_ns > in->window_end_ns))
+            continue; /* warm-up leftovers and work from outside the window */
+        GpGpuEventRow *r = VEC_PUSH(t->gpu);
+        if (r == NULL)
+            goto done;
+        int64_t dur = (int64_t)(g->end_ns - g->start_ns);
+        r->start_ns = (int64_t)g->start_ns;
+        r->end_ns = (int64_t)g->end_ns;
+        r->bytes = (int64_t)g->bytes;
+        r->address = (int64_t)g->address;
+        r->correlation = g->correlation;
+        r->stream = g->stream;
+        r->device = g->device;
+        r->graph_id = g->graph_id;
+        memcpy(r->grid, g->grid, sizeof(r->grid));
+        memcpy(r->block, g->block, sizeof(r->block));
+        r->registers = g->registers;
+        r->shared_mem = g->static_smem + g->dynamic_smem;
+        r->wait_stream = g->wait_stream;
+        r->kind = g->kind;
+        r->subkind = g->subkind;
+        r->src_mem = g->src_mem;
+        r->dst_mem = g->dst_mem;
+        r->op_row = -1;
+        r->node = -1;
+        r->thread = -1;
+        r->kernel_row = UINT32_MAX;
+
+        /* Who launched it. */
+        uint32_t row = UINT32_MAX;
+        int32_t node = -1;
+        if (li != UINT32_MAX) {
+            const Launch *l = &a->launches.v[li];
+            r->thread = (int32_t)l->thread;
+            if (l->owner_row != UINT32_MAX) {
+                row = l->owner_row;
+                node = l->owner_node;
+                r->flags |= GP_GF_ATTRIBUTED;
+            } else if (step_thread != UINT32_MAX) {
+                int64_t s = open_span_at(t, span_lo[step_thread], span_hi[step_thread], l->enter_ns);
+                if (s >= 0) {
+                    row = t->spans.v[s].op_row;
+                    node = t->spans.v[s].node;
+                    r->flags |= GP_GF_ATTRIBUTED | GP_GF_BLOCKED_THREAD;
+                }
+            }
+        }
+        r->op_row = row == UINT32_MAX ? -1 : (int32_t)row;
+        r->node = node;
+
+        if (g->kind == GP_GPU_MALLOC || g->kind == GP_GPU_FREE) {
+            if (row != UINT32_MAX)
+                t->ops.v[row].cuda_mem_self_bytes +=
+                    g->kind == GP_GPU_MALLOC ? (int64_t)g->bytes : -(int64_t)g->bytes;
+            continue;
+        }
+
+        /* Kernel table row. */
+        uint64_t key = activity_key(g);
+        uint32_t kr = map_get(&kmap, key);
+        if (kr == UINT32_MAX) {
+            char *name = activity_name(in, g);
+            char **slot = VEC_PUSH(t->strings);
+            GpKernelRow *k = VEC_PUSH(t->kernels);
+            if (name == NULL || slot == NULL || k == NULL) {
+                free(name);
+                goto done;
+            }
+            *slot = name;
+            kr = (uint32_t)(t->kernels.n - 1);
+            k->name = (uint32_t)(t->strings.n - 1);
+            k->device = g->device;
+            k->min_ns = INT64_MAX;
+            memcpy(k->grid, g->grid, sizeof(k->grid));
+            memcpy(k->block, g->block, sizeof(k->block));
+            k->registers = g->registers;
+            k->shared_mem = g->static_smem + g->dynamic_smem;
+            k->category = category_of(g, name);
+            if (map_put(&kmap, key, kr) < 0)
+                goto done;
+        }
+        r->kernel_row = kr;
+        GpKernelRow *k = &t->kernels.v[kr];
+        k->calls++;
+        k->total_ns += dur;
+        k->bytes += (int64_t)g->bytes;
+        if (dur < k->min_ns)
+            k->min_ns = dur;
+        if (dur > k->max_ns)
+            k->max_ns = dur;
+
+        if (g->kind == GP_GPU_SYNC)
+            continue; /* a wait, not work: no CUDA time for the op */
+        if (row != UINT32_MAX) {
+            t->ops.v[row].cuda_self_ns += dur;
+            t->ops.v[row].kernels++;
+            t->nodes.v[node].cuda_self_ns += dur;
+            charge_gpu(t, node, dur, stamp, (uint32_t)(i + 1));
+            t->attributed_gpu_ns += dur;
+        } else {
+            t->unattributed_gpu_ns += dur;
+        }
+    }
+    for (size_t i = 0; i < t->kernels.n; i++)
+        if (t->kernels.v[i].min_ns == INT64_MAX)
+            t->kernels.v[i].min_ns = 0;
+    rc = 0;
+done:
+    free(stamp);
+    map_free(&kmap);
+    return rc;
+}
+
+static int
+build_steps(Agg *a)
+{
+    GpTables *t = a->t;
+    size_t ng = t->gpu.n;
+    Interval *busy = malloc((ng + 1) * sizeof(Interval));
+    Interval *copy = malloc((ng + 1) * sizeof(Interval));
+    Interval *comm = malloc((ng + 1) * sizeof(Interval));
+    Interval *sync = malloc((a->launches.n + 1) * sizeof(Interval));
+    int rc = -1;
+    if (!busy || !copy || !comm || !sync)
+        goto done;
+    size_t nb = 0, nc = 0, nm = 0, ns = 0;
+    for (size_t i = 0; i < ng; i++) {
+        const GpGpuEventRow *g = &t->gpu.v[i];
+        if (g->kind != GP_GPU_KERNEL && g->kind != GP_GPU_MEMCPY && g->kind != GP_GPU_MEMSET)
+            continue;
+        Interval iv = {g->start_ns, g->end_ns};
+        busy[nb++] = iv;
+        if (g->kind == GP_GPU_MEMCPY)
+            copy[nc++] = iv;
+        if (g->kernel_row != UINT32_MAX &&
+            t->kernels.v[g->kernel_row].category == GP_CAT_COMMUNICATION)
+            comm[nm++] = iv;
+    }
+    for (size_t i = 0; i < a->launches.n; i++) {
+        const Launch *l = &a->launches.v[i];
+        int cls = gp_cuda_api_class(l->api_key);
+        if (cls == GP_APICLASS_SYNC || cls == GP_APICLASS_MEMCPY_SYNC)
+            sync[ns++] = (Interval){l->enter_ns, l->exit_ns};
+    }
+    nb = merge_intervals(busy, nb);
+    nc = merge_intervals(copy, nc);
+    nm = merge_intervals(comm, nm);
+    ns = merge_intervals(sync, ns);
+    for (size_t i = 0; i < a->stepmarks.n; i++) {
+        const StepMark *m = &a->stepmarks.v[i];
+        if (m->end_ns < 0)
+            continue;
+        GpStepRow *r = VEC_PUSH(t->steps);
+        if (r == NULL)
+            goto done;
+        r->step = m->step;
+        r->start_ns = m->start_ns;
+        r->end_ns = m->end_ns;
+        r->thread = m->thread;
+        r->cpu_ns = m->end_ns - m->start_ns;
+        r->gpu_busy_ns = overlap(busy, nb, m->start_ns, m->end_ns);
+        r->gpu_idle_ns = r->cpu_ns - r->gpu_busy_ns;
+        r->memcpy_ns = overlap(copy, nc, m->start_ns, m->end_ns);
+        r->comm_ns = overlap(comm, nm, m->start_ns, m->end_ns);
+        r->sync_wait_ns = overlap(sync, ns, m->start_ns, m->end_ns);
+        for (size_t k = 0; k < ng; k++) {
+            const GpGpuEventRow *g = &t->gpu.v[k];
+            if (g->kind == GP_GPU_KERNEL && g->start_ns >= m->start_ns && g->start_ns < m->end_ns)
+                r->kernels++;
+        }
+    }
+    rc = 0;
+done:
+    free(busy);
+    free(copy);
+    free(comm);
+    free(sync);
+    return rc;
+}
+
+static int
+cmp_gpu_row_start(const void *x, const void *y)
+{
+    const GpGpuEventRow *a = x, *b = y;
+    return (a->start_ns > b->start_ns) - (a->start_ns < b->start_ns);
+}
+
+GpStatus
+gp_aggregate_run(const GpAggInput *in, GpTables *out)
+{
+    Agg a;
+    memset(&a, 0, sizeof(a));
+    memset(out, 0, sizeof(*out));
+    a.in = in;
+    a.t = out;
+    size_t n_threads = gp_buffer_thread_count();
+    size_t *span_lo = calloc(n_threads + 1, sizeof(size_t));
+    size_t *span_hi = calloc(n_threads + 1, sizeof(size_t));
+    a.row_of_op = malloc((in->n_ops + 1) * sizeof(int32_t));
+    GpStatus st = GP_ERR_NOMEM;
+    if (!span_lo || !span_hi || !a.row_of_op || map_init(&a.nodes, 1024) < 0 ||
+        map_init(&a.corr, 1024) < 0)
+        goto done;
+    memset(a.row_of_op, 0xff, (in->n_ops + 1) * sizeof(int32_t));
+    out->window_start_ns = (int64_t)in->window_start_ns;
+    out->window_end_ns = (int64_t)in->window_end_ns;
+    if (in->n_gpu > 1)
+        qsort(in->gpu, in->n_gpu, sizeof(GpGpuRecord), cmp_gpu_start);
+
+    uint32_t step_thread = UINT32_MAX;
+    uint32_t ti = 0;
+    for (const GpThreadBuf *tb = gp_buffer_threads(); tb && ti < n_threads; tb = tb->next_thread, ti++) {
+        GpThreadRow *tr = VEC_PUSH(out->threads);
+        if (tr == NULL)
+            goto done;
+        tr->ident = tb->ident;
+        tr->os_tid = tb->os_tid;
+        tr->events = (int64_t)tb->n_events;
+        tr->dropped = (int64_t)tb->dropped;
+        out->dropped_events += (int64_t)tb->dropped;
+        if (tb->ident == in->step_thread_ident)
+            step_thread = ti;
+        a.thread = ti;
+        span_lo[ti] = out->spans.n;
+        if (replay_thread(&a, tb, tr) < 0)
+            goto done;
+        span_hi[ti] = out->spans.n;
+    }
+    if (build_gpu(&a, span_lo, span_hi, step_thread) < 0)
+        goto done;
+    if (out->gpu.n > 1)
+        qsort(out->gpu.v, out->gpu.n, sizeof(GpGpuEventRow), cmp_gpu_row_start);
+    if (build_steps(&a) < 0)
+        goto done;
+    for (size_t i = 0; i < out->ops.n; i++)
+        if (out->ops.v[i].cpu_min_ns == INT64_MAX)
+            out->ops.v[i].cpu_min_ns = 0;
+    st = GP_OK;
+done:
+    free(span_lo);
+    free(span_hi);
+    free(a.row_of_op);
+    free(a.active.v);
+    free(a.api_rows.v);
+    free(a.stack.v);
+    free(a.launches.v);
+    free(a.stepmarks.v);
+    map_free(&a.nodes);
+    map_free(&a.corr);
+    if (st != GP_OK)
+        gp_aggregate_free(out);
+    return st;
+}
+
+void
+gp_aggregate_free(GpTables *t)
+{
+    for (size_t i = 0; i < t->strings.n; i++)
+        free(t->strings.v[i]);
+    free(t->strings.v);
+    free(t->ops.v);
+    free(t->nodes.v);
+    free(t->kernels.v);
+    free(t->gpu.v);
+    free(t->steps.v);
+    free(t->spans.v);
+    free(t->threads.v);
+    memset(t, 0, sizeof(*t));
+}

@@ -1,0 +1,155 @@
+/* Bounded per-thread event storage: the hot path's only write target.
+ *
+ * Each thread that records gets one GpThreadBuf, found through a thread-local
+ * pointer. Events go into fixed-size chunks taken from a global budget of
+ * `max_events`; when the budget is spent the thread drops events, counts
+ * them, and remembers when dropping began so aggregation can close the
+ * thread's open frames there. No Python API here (STYLE.md section 3).
+ *
+ * Concurrency: a thread writes only its own buffer. Python-hook writes happen
+ * with the GIL held; CUDA-API writes (cuda/) may happen without it, so they
+ * bracket the write with `writing` (see gp_buffer_quiesce). Readers (the
+ * aggregator, reset) run with the GIL held, after the phase has been set to
+ * non-recording and every buffer has been quiesced.
+ */
+#ifndef GPUPROF_CSRC_BUFFER_H
+#define GPUPROF_CSRC_BUFFER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "common.h"
+
+/* Event kinds (low 8 bits of GpEvent.kind). */
+enum {
+    GP_EV_CALL = 1,     /* Python frame entered: arg = op id */
+    GP_EV_RESUME,       /* generator/coroutine resumed: arg = op id (not a new call) */
+    GP_EV_RETURN,       /* Python frame left (return, yield or exception) */
+    GP_EV_CCALL,        /* C function called: arg = op id */
+    GP_EV_CRETURN,      /* C function returned or raised */
+    GP_EV_RANGE_PUSH,   /* user range opened: arg = op id */
+    GP_EV_RANGE_POP,    /* user range closed: arg = op id */
+    GP_EV_STEP_BEGIN,   /* ProfilerStep#arg opened */
+    GP_EV_STEP_END,     /* ProfilerStep#arg closed */
+    GP_EV_API_ENTER,    /* CUDA API entered: arg = correlation id, kind >> 8 = api key */
+    GP_EV_API_EXIT,     /* CUDA API left: arg = correlation id */
+    GP_EV_FRAME,        /* initial-stack frame (window start snapshot): arg = op id */
+};
+
+#define GP_EV_KIND(k) ((k) & 0xffu)
+#define GP_EV_PAYLOAD(k) ((k) >> 8)
+#define GP_EV_MAKE(kind, payload) ((uint32_t)(kind) | ((uint32_t)(payload) << 8))
+
+/* API key packed in the payload of GP_EV_API_ENTER: domain in bits 20..23, cbid below. */
+#define GP_API_KEY(domain, cbid) ((((uint32_t)(domain) & 0xfu) << 20) | ((uint32_t)(cbid) & 0xfffffu))
+#define GP_API_DOMAIN(key) (((key) >> 20) & 0xfu)
+#define GP_API_CBID(key) ((key) & 0xfffffu)
+
+/* One recorded event: 16 bytes. */
+typedef struct GpEvent {
+    uint64_t ts;   /* profiler clock, ns */
+    uint32_t arg;  /* op id, correlation id or step number, by kind */
+    uint32_t kind; /* GP_EV_* in the low byte, payload above */
+} GpEvent;
+
+#define GP_CHUNK_EVENTS 16384u
+
+typedef struct GpChunk {
+    struct GpChunk *next; /* owner thread until the window is read */
+    uint32_t n;           /* events written (owner thread) */
+    uint32_t pad;
+    GpEvent ev[GP_CHUNK_EVENTS];
+} GpChunk;
+
+typedef struct GpThreadBuf {
+    struct GpThreadBuf *next_thread; /* registry list; registry mutex */
+    uint64_t ident;                  /* pthread_self(), matches threading.get_ident() */
+    uint64_t os_tid;                 /* gettid(): trace lanes, CUPTI's threadId */
+    uint32_t index;                  /* registration order in this session */
+    int has_python;                  /* set once the Python hook wrote here */
+    int claimed;                     /* a live thread owns it (registry lock); a buffer made
+                                        by the snapshot waits unclaimed for its thread */
+    GpChunk *head, *tail;            /* owner thread writes; readers after quiesce */
+    uint64_t n_events;               /* owner thread */
+    uint64_t dropped;                /* owner thread */
+    uint64_t drop_ts;                /* first dropped event's ts, 0 if none */
+    atomic_int writing;              /* non-GIL writers (CUDA callbacks) set it while writing */
+} GpThreadBuf;
+
+/* Recording phase, read on every hook call (relaxed). */
+enum { GP_PHASE_OFF = 0, GP_PHASE_WAIT = 1, GP_PHASE_WARMUP = 2, GP_PHASE_ACTIVE = 3 };
+extern atomic_int gp_buffer_phase;
+
+/* Thread-local pointer to this thread's buffer for the current session, or
+ * NULL. Validity is tied to gp_buffer_session: a pointer from an older session
+ * is never dereferenced. */
+extern _Thread_local GpThreadBuf *gp_buffer_tls;
+extern _Thread_local uint64_t gp_buffer_tls_session;
+extern atomic_uint_fast64_t gp_buffer_session;
+
+/* Begin a recording session with a budget of max_events events in total
+ * across threads and windows in flight. Returns GP_ERR_STATE if one is open. */
+GpStatus gp_buffer_session_begin(uint64_t max_events);
+/* End the session: free every buffer and chunk. Call with writers quiesced. */
+void gp_buffer_session_end(void);
+
+/* This thread's buffer, registering one on first use. NULL when out of
+ * memory (the caller counts a drop in gp_buffer_orphan_drops). */
+GpThreadBuf *gp_buffer_thread_slow(void);
+
+GP_INLINE GpThreadBuf *
+gp_buffer_thread(void)
+{
+    if (GP_LIKELY(gp_buffer_tls != NULL &&
+                  gp_buffer_tls_session ==
+                      atomic_load_explicit(&gp_buffer_session, memory_order_relaxed)))
+        return gp_buffer_tls;
+    return gp_buffer_thread_slow();
+}
+
+/* Find (or create) the buffer of thread `ident` for the window-start snapshot. */
+GpThreadBuf *gp_buffer_thread_for(uint64_t ident);
+
+/* Slow path of gp_buffer_push: a new chunk from the budget, or NULL (drop). */
+GpChunk *gp_buffer_grow(GpThreadBuf *tb, uint64_t ts);
+
+/* Append one event. Owner thread only. */
+GP_INLINE void
+gp_buffer_push(GpThreadBuf *tb, uint64_t ts, uint32_t arg, uint32_t kind)
+{
+    GpChunk *c = tb->tail;
+    if (GP_UNLIKELY(c == NULL || c->n == GP_CHUNK_EVENTS)) {
+        c = gp_buffer_grow(tb, ts);
+        if (c == NULL)
+            return;
+    }
+    GpEvent *e = &c->ev[c->n++];
+    e->ts = ts;
+    e->arg = arg;
+    e->kind = kind;
+    tb->n_events++;
+}
+
+/* Record a CUDA API enter/exit from any thread, GIL or not (cuda/ calls it). */
+void gp_buffer_record_api(uint64_t ts, uint32_t correlation, uint32_t api_key, int enter);
+
+/* Wait until no non-GIL writer is inside a write. Call after the phase left
+ * WARMUP/ACTIVE. */
+void gp_buffer_quiesce(void);
+
+/* Drop every recorded event (chunks back to the free list) but keep the
+ * thread buffers. Writers must be quiesced. */
+void gp_buffer_reset(void);
+
+/* Registry access for readers (quiesced): first thread, or NULL. */
+GpThreadBuf *gp_buffer_threads(void);
+uint32_t gp_buffer_thread_count(void);
+
+/* Totals for the results and the footer. */
+uint64_t gp_buffer_dropped(void);
+uint64_t gp_buffer_events(void);
+uint64_t gp_buffer_capacity_events(void);
+/* Bytes held in chunks (in use plus free list): must stay flat across cycles. */
+uint64_t gp_buffer_bytes_held(void);
+
+#endif /* GPUPROF_CSRC_BUFFER_H */

@@ -1,0 +1,226 @@
+/* The profile callback and per-thread hook installation.
+ *
+ * The callback does, per event: one relaxed load of the phase, one TLS read,
+ * at most one intern lookup, one clock read and one 16-byte store. It never
+ * creates Python objects (except on an op's first sight, in intern.c), never
+ * calls Python code, never sets an exception and always returns 0.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "hook.h"
+
+#include "buffer.h"
+#include "clock.h"
+#include "compat.h"
+#include "intern.h"
+
+#include <stdlib.h>
+
+static uint64_t intern_failures = 0; /* GIL */
+
+/* Key of a C function call: its PyMethodDef and its owner (the module for
+ * module functions, the type of self for methods). 0 when `callable` is not
+ * a C function we name (then neither its call nor its return is recorded). */
+GP_INLINE int
+cfunc_key(PyObject *callable, const PyMethodDef **ml, PyObject **owner)
+{
+    if (PyCFunction_Check(callable)) {
+        PyCFunctionObject *fn = (PyCFunctionObject *)callable;
+        PyObject *self = fn->m_self;
+        *ml = fn->m_ml;
+        *owner = (self == NULL || PyModule_Check(self)) ? self : (PyObject *)Py_TYPE(self);
+        return 1;
+    }
+    if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {
+        PyMethodDescrObject *d = (PyMethodDescrObject *)callable;
+        *ml = d->d_method;
+        *owner = (PyObject *)PyDescr_TYPE(d);
+        return 1;
+    }
+    return 0;
+}
+
+static int
+profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
+{
+    (void)obj;
+    if (atomic_load_explicit(&gp_buffer_phase, memory_order_relaxed) < GP_PHASE_WARMUP)
+        return 0;
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (GP_UNLIKELY(tb == NULL))
+        return 0;
+    uint64_t ts = gp_clock_now();
+    switch (what) {
+    case PyTrace_CALL: {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        uint32_t op = gp_intern_code(code);
+        Py_DECREF(code);
+        if (GP_UNLIKELY(op == 0)) {
+            intern_failures++;
+            return 0;
+        }
+        uint32_t kind = GP_EV_CALL;
+        if (GP_UNLIKELY(gp_intern.flags[op] & GP_OPF_GENERATOR)) {
+            /* The first entry of a generator frame sits at its prologue's
+             * RESUME, the lowest offset ever seen at entry; later entries
+             * resume after a yield or await, at higher offsets. */
+            int lasti = PyFrame_GetLasti(frame);
+            if (lasti > gp_intern.gen_lasti[op])
+                kind = GP_EV_RESUME;
+            else
+                gp_intern.gen_lasti[op] = lasti;
+        }
+        gp_buffer_push(tb, ts, op, kind);
+        break;
+    }
+    case PyTrace_RETURN:
+        gp_buffer_push(tb, ts, 0, GP_EV_RETURN);
+        break;
+    case PyTrace_C_CALL: {
+        const PyMethodDef *ml;
+        PyObject *owner;
+        if (!cfunc_key(arg, &ml, &owner))
+            return 0;
+        uint32_t op = gp_intern_cfunc(ml, owner);
+        if (GP_UNLIKELY(op == 0)) {
+            intern_failures++;
+            return 0;
+        }
+        gp_buffer_push(tb, ts, op, GP_EV_CCALL);
+        break;
+    }
+    case PyTrace_C_RETURN:
+    case PyTrace_C_EXCEPTION: {
+        const PyMethodDef *ml;
+        PyObject *owner;
+        if (!cfunc_key(arg, &ml, &owner))
+            return 0;
+        gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);
+        break;
+    }
+    default:
+        break;
+    }
+    return 0;
+}
+
+int
+gp_hook_install(PyObject *owner)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyEval_SetProfileAllThreads(profile_callback, owner);
+    if (PyErr_Occurred())
+        return -1;
+#else
+    PyThreadState *self = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+        /* _PyEval_SetProfile is the 3.10/3.11 way to set another thread's
+         * profiler (public PyEval_SetProfile only sets the caller's). */
+        if (_PyEval_SetProfile(ts, profile_callback, owner) < 0)
+            return -1;
+    }
+#endif
+    return 0;
+}
+
+void
+gp_hook_install_current(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    PyEval_SetProfile(profile_callback, ts->c_profileobj);
+}
+
+void
+gp_hook_uninstall(void)
+{
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyThreadState *self = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+        if (ts->c_profilefunc != profile_callback)
+            continue;
+#if PY_VERSION_HEX >= 0x030C0000
+        /* 3.12+ has no public per-thread setter for other threads; the
+         * all-threads call below clears them together. */
+#else
+        if (_PyEval_SetProfile(ts, NULL, NULL) < 0)
+            PyErr_Clear();
+#endif
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyEval_SetProfileAllThreads(NULL, NULL);
+    PyErr_Clear();
+#endif
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+}
+
+int
+gp_hook_snapshot(uint64_t ts)
+{
+    PyThreadState *self = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
+    size_t cap = 64;
+    uint32_t *ops = malloc(cap * sizeof(uint32_t));
+    if (ops == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t; t = PyThreadState_Next(t)) {
+        size_t n = 0;
+        PyFrameObject *frame = PyThreadState_GetFrame(t); /* new reference or NULL */
+        while (frame != NULL) {
+            if (n == cap) {
+                uint32_t *grown = realloc(ops, cap * 2 * sizeof(uint32_t));
+                if (grown == NULL) {
+                    Py_DECREF(frame);
+                    free(ops);
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                ops = grown;
+                cap *= 2;
+            }
+            PyCodeObject *code = PyFrame_GetCode(frame);
+            uint32_t op = gp_intern_code(code);
+            Py_DECREF(code);
+            if (op)
+                ops[n++] = op;
+            PyFrameObject *back = PyFrame_GetBack(frame); /* new reference or NULL */
+            Py_DECREF(frame);
+            frame = back;
+        }
+        if (n == 0)
+            continue;
+        GpThreadBuf *tb = gp_buffer_thread_for((uint64_t)t->thread_id);
+        if (tb == NULL) {
+            free(ops);
+            PyErr_NoMemory();
+            return -1;
+        }
+        tb->has_python = 1;
+        while (n > 0)
+            gp_buffer_push(tb, ts, ops[--n], GP_EV_FRAME);
+    }
+    free(ops);
+    return 0;
+}
+
+void
+gp_hook_marker(uint32_t kind, uint32_t arg)
+{
+    if (atomic_load_explicit(&gp_buffer_phase, memory_order_relaxed) < GP_PHASE_WARMUP)
+        return;
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (tb == NULL)
+        return;
+    gp_buffer_push(tb, gp_clock_now(), arg, kind);
+}
+
+uint64_t
+gp_hook_intern_failures(void)
+{
+    return intern_failures;
+}

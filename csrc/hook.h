@@ -1,0 +1,35 @@
+/* The PyEval_SetProfile callback (the hot path) and its installation. */
+#ifndef GPUPROF_CSRC_HOOK_H
+#define GPUPROF_CSRC_HOOK_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+/* Install the callback on every thread of this interpreter, with `owner`
+ * (borrowed; the interpreter keeps its own reference) as the profile object
+ * that sys.getprofile() returns. Threads started later install it through
+ * gp_hook_bootstrap_thread (threading.setprofile, done in Python).
+ * 0 on success, -1 with an exception. */
+int gp_hook_install(PyObject *owner);
+
+/* Remove the callback from every thread where it is ours. Never fails. */
+void gp_hook_uninstall(void);
+
+/* Install the callback on the calling thread only (used by the bootstrap). */
+void gp_hook_install_current(void);
+
+/* Write one GP_EV_FRAME event per Python frame of every thread, outermost
+ * first, stamped `ts`, so that the window starts with the real stacks.
+ * Recording must be off and writers quiesced. 0 / -1 with MemoryError. */
+int gp_hook_snapshot(uint64_t ts);
+
+/* Write a marker (step, range) into the calling thread's buffer at the
+ * current time, if recording. GIL held. */
+void gp_hook_marker(uint32_t kind, uint32_t arg);
+
+/* Events lost because an op could not be interned (out of memory). */
+uint64_t gp_hook_intern_failures(void);
+
+#endif /* GPUPROF_CSRC_HOOK_H */

@@ -1,0 +1,307 @@
+/* Op interning: the table, its miss paths and op descriptions. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "intern.h"
+
+#include "compat.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+GpIntern gp_intern;
+
+#define INITIAL_SLOTS 4096u
+#define INITIAL_OPS 1024u
+
+int
+gp_intern_init(void)
+{
+    PyObject *prefix = gp_intern.hidden_prefix; /* set once at import; survives sessions */
+    gp_intern_clear();
+    memset(&gp_intern, 0, sizeof(gp_intern));
+    gp_intern.hidden_prefix = prefix;
+    gp_intern.slots = calloc(INITIAL_SLOTS, sizeof(GpInternSlot));
+    gp_intern.mask = INITIAL_SLOTS - 1;
+    gp_intern.cap_ops = INITIAL_OPS;
+    gp_intern.kinds = calloc(INITIAL_OPS, 1);
+    gp_intern.flags = calloc(INITIAL_OPS, 1);
+    gp_intern.gen_lasti = calloc(INITIAL_OPS, sizeof(int32_t));
+    gp_intern.refs = calloc(INITIAL_OPS, sizeof(PyObject *));
+    gp_intern.methods = calloc(INITIAL_OPS, sizeof(PyMethodDef *));
+    gp_intern.labels = PyDict_New();
+    if (!gp_intern.slots || !gp_intern.kinds || !gp_intern.flags || !gp_intern.gen_lasti ||
+        !gp_intern.refs || !gp_intern.methods || !gp_intern.labels) {
+        gp_intern_clear();
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    gp_intern.n_ops = GP_OPID_FIRST;
+    gp_intern.kinds[GP_OPID_STEP] = GP_OP_STEP;
+    return 0;
+}
+
+void
+gp_intern_clear(void)
+{
+    if (gp_intern.refs) {
+        for (uint32_t i = 0; i < gp_intern.n_ops; i++)
+            Py_XDECREF(gp_intern.refs[i]);
+    }
+    free(gp_intern.slots);
+    free(gp_intern.kinds);
+    free(gp_intern.flags);
+    free(gp_intern.gen_lasti);
+    free(gp_intern.refs);
+    free((void *)gp_intern.methods);
+    Py_XDECREF(gp_intern.labels);
+    PyObject *prefix = gp_intern.hidden_prefix;
+    memset(&gp_intern, 0, sizeof(gp_intern));
+    /* The hidden prefix outlives sessions: it is set once at import. */
+    gp_intern.hidden_prefix = prefix;
+}
+
+static int
+grow_slots(void)
+{
+    uint32_t cap = (gp_intern.mask + 1) * 2;
+    GpInternSlot *slots = calloc(cap, sizeof(GpInternSlot));
+    if (slots == NULL)
+        return -1;
+    for (uint32_t i = 0; i <= gp_intern.mask; i++) {
+        GpInternSlot *s = &gp_intern.slots[i];
+        if (s->op == 0)
+            continue;
+        uint32_t j = intern_hash(s->a, s->b) & (cap - 1);
+        while (slots[j].op)
+            j = (j + 1) & (cap - 1);
+        slots[j] = *s;
+    }
+    free(gp_intern.slots);
+    gp_intern.slots = slots;
+    gp_intern.mask = cap - 1;
+    return 0;
+}
+
+#define GROW(field, type)                                                        \
+    do {                                                                         \
+        type *p = realloc((void *)gp_intern.field, (size_t)cap * sizeof(type));  \
+        if (p == NULL)                                                           \
+            return -1;                                                           \
+        memset((void *)(p + gp_intern.cap_ops), 0,                               \
+               (size_t)(cap - gp_intern.cap_ops) * sizeof(type));                \
+        gp_intern.field = p;                                                     \
+    } while (0)
+
+static int
+grow_ops(void)
+{
+    uint32_t cap = gp_intern.cap_ops * 2;
+    GROW(kinds, uint8_t);
+    GROW(flags, uint8_t);
+    GROW(gen_lasti, int32_t);
+    GROW(refs, PyObject *);
+    GROW(methods, const PyMethodDef *);
+    gp_intern.cap_ops = cap;
+    return 0;
+}
+
+/* Add an op; `ref` is stolen. Returns the id or 0 when out of memory (ref released). */
+static uint32_t
+add_op(const void *a, const void *b, uint8_t kind, uint8_t flags, PyObject *ref,
+       const PyMethodDef *ml)
+{
+    if (gp_intern.slots == NULL)
+        goto fail;
+    /* Growth runs once per doubling of distinct ops: first sight only. */
+    if ((gp_intern.used + 1) * 2 > gp_intern.mask + 1 && grow_slots() < 0)
+        goto fail;
+    if (gp_intern.n_ops == gp_intern.cap_ops && grow_ops() < 0)
+        goto fail;
+    uint32_t op = gp_intern.n_ops++;
+    gp_intern.kinds[op] = kind;
+    gp_intern.flags[op] = flags;
+    gp_intern.gen_lasti[op] = INT32_MAX;
+    gp_intern.refs[op] = ref;
+    gp_intern.methods[op] = ml;
+    if (a != NULL) {
+        uint32_t i = intern_hash(a, b) & gp_intern.mask;
+        while (gp_intern.slots[i].op)
+            i = (i + 1) & gp_intern.mask;
+        gp_intern.slots[i].a = a;
+        gp_intern.slots[i].b = b;
+        gp_intern.slots[i].op = op;
+        gp_intern.used++;
+    }
+    return op;
+fail:
+    Py_XDECREF(ref);
+    return 0;
+}
+
+static int
+is_hidden_code(PyCodeObject *code)
+{
+    if (gp_intern.hidden_prefix == NULL)
+        return 0;
+    PyObject *filename = code->co_filename; /* borrowed from the code object */
+    Py_ssize_t n = PyUnicode_GetLength(gp_intern.hidden_prefix);
+    Py_ssize_t r = PyUnicode_Tailmatch(filename, gp_intern.hidden_prefix, 0, n, -1);
+    if (r < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return (int)r;
+}
+
+uint32_t
+gp_intern_code_slow(PyCodeObject *code)
+{
+    /* A generator resumed by throw() enters the hook with an exception set:
+     * keep it untouched around the Python calls below. */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    uint8_t flags = 0;
+    if (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        flags |= GP_OPF_GENERATOR;
+    if (is_hidden_code(code))
+        flags |= GP_OPF_HIDDEN;
+    uint32_t op = add_op(code, NULL, GP_OP_PYTHON, flags, Py_NewRef((PyObject *)code), NULL);
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return op;
+}
+
+static int
+is_hidden_owner(PyObject *owner)
+{
+    const char *name = NULL;
+    if (PyModule_Check(owner)) {
+        name = PyModule_GetName(owner);
+        if (name == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else if (PyType_Check(owner)) {
+        name = ((PyTypeObject *)owner)->tp_name;
+    }
+    return name != NULL && strncmp(name, "gpuprof.", 8) == 0;
+}
+
+uint32_t
+gp_intern_cfunc_slow(const PyMethodDef *ml, PyObject *owner)
+{
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    uint8_t flags = owner != NULL && is_hidden_owner(owner) ? GP_OPF_HIDDEN : 0;
+    uint32_t op = add_op(ml, owner, GP_OP_CFUNC, flags, Py_XNewRef(owner), ml);
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return op;
+}
+
+uint32_t
+gp_intern_label(PyObject *label)
+{
+    PyObject *found = NULL;
+    if (PyDict_GetItemRef(gp_intern.labels, label, &found) < 0)
+        return 0;
+    if (found) {
+        uint32_t op = (uint32_t)PyLong_AsUnsignedLong(found);
+        Py_DECREF(found);
+        return op;
+    }
+    uint32_t op = add_op(NULL, NULL, GP_OP_USER, 0, Py_NewRef(label), NULL);
+    if (op == 0) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    PyObject *id = PyLong_FromUnsignedLong(op);
+    if (id == NULL || PyDict_SetItem(gp_intern.labels, label, id) < 0) {
+        Py_XDECREF(id);
+        return 0;
+    }
+    Py_DECREF(id);
+    return op;
+}
+
+int
+gp_intern_set_hidden_prefix(PyObject *prefix)
+{
+    if (!PyUnicode_Check(prefix)) {
+        PyErr_SetString(PyExc_TypeError, "hidden prefix must be a str");
+        return -1;
+    }
+    Py_XSETREF(gp_intern.hidden_prefix, Py_NewRef(prefix));
+    return 0;
+}
+
+/* "module.func", "type.method" or "func" for a C function. New reference. */
+static PyObject *
+cfunc_name(const PyMethodDef *ml, PyObject *owner)
+{
+    if (owner == NULL)
+        return PyUnicode_FromString(ml->ml_name);
+    if (PyModule_Check(owner)) {
+        const char *mod = PyModule_GetName(owner);
+        if (mod == NULL) {
+            PyErr_Clear();
+            return PyUnicode_FromString(ml->ml_name);
+        }
+        if (strcmp(mod, "builtins") == 0)
+            return PyUnicode_FromString(ml->ml_name);
+        return PyUnicode_FromFormat("%s.%s", mod, ml->ml_name);
+    }
+    if (PyType_Check(owner)) {
+        PyTypeObject *tp = (PyTypeObject *)owner;
+        /* tp_name is "module.Qualname" for extension types, bare for builtins. */
+        return PyUnicode_FromFormat("%s.%s", tp->tp_name, ml->ml_name);
+    }
+    return PyUnicode_FromString(ml->ml_name);
+}
+
+int
+gp_intern_describe(uint32_t op, PyObject **name, PyObject **file, int *line)
+{
+    *name = *file = NULL;
+    *line = 0;
+    if (op >= gp_intern.n_ops) {
+        PyErr_Format(PyExc_IndexError, "op id %u out of range", op);
+        return -1;
+    }
+    PyObject *ref = gp_intern.refs[op];
+    switch (gp_intern.kinds[op]) {
+    case GP_OP_PYTHON: {
+        PyCodeObject *code = (PyCodeObject *)ref;
+#if PY_VERSION_HEX >= 0x030B0000
+        *name = Py_NewRef(code->co_qualname);
+#else
+        *name = Py_NewRef(code->co_name);
+#endif
+        *file = Py_NewRef(code->co_filename);
+        *line = code->co_firstlineno;
+        break;
+    }
+    case GP_OP_CFUNC:
+        *name = cfunc_name(gp_intern.methods[op], ref);
+        *file = PyUnicode_FromString("");
+        break;
+    case GP_OP_USER:
+        *name = Py_NewRef(ref);
+        *file = PyUnicode_FromString("");
+        break;
+    case GP_OP_STEP:
+        *name = PyUnicode_FromString("ProfilerStep*");
+        *file = PyUnicode_FromString("");
+        break;
+    default:
+        *name = PyUnicode_FromString("<unknown>");
+        *file = PyUnicode_FromString("");
+        break;
+    }
+    if (*name == NULL || *file == NULL) {
+        Py_CLEAR(*name);
+        Py_CLEAR(*file);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,170 @@
+/* gpuprof._gpuprof: module definition, exec slot and method table. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../cuda/gp_cuda.h"
+#include "arrays.h"
+#include "clock.h"
+#include "hook.h"
+#include "intern.h"
+#include "profiler.h"
+#include "testing.h"
+
+static PyObject *
+mod_thread_bootstrap(PyObject *module, PyObject *args)
+{
+    (void)module;
+    (void)args;
+    /* Called once as a sys.setprofile function in a thread started while
+     * profiling (threading.setprofile); replaces itself with the C hook. */
+    gp_hook_install_current();
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_set_hidden_prefix(PyObject *module, PyObject *prefix)
+{
+    (void)module;
+    if (gp_intern_set_hidden_prefix(prefix) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_cuda_load(PyObject *module, PyObject *path)
+{
+    (void)module;
+    const char *p = PyUnicode_AsUTF8(path);
+    if (p == NULL)
+        return NULL;
+    GpStatus st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_cuda_load(p);
+    Py_END_ALLOW_THREADS
+    if (st != GP_OK)
+        return Py_BuildValue("(Os)", Py_False, gp_cuda_reason());
+    return Py_BuildValue("(Os)", Py_True, "");
+}
+
+static PyObject *
+mod_cuda_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    return Py_BuildValue("{sOsOsIssss}", "compiled", gp_cuda_compiled() ? Py_True : Py_False,
+                         "loaded", gp_cuda_loaded() ? Py_True : Py_False, "version",
+                         (unsigned int)gp_cuda_version(), "reason", gp_cuda_reason(), "mode",
+                         gp_cuda_mode());
+}
+
+static PyObject *
+mod_device_props(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = gp_cuda_device_count();
+    Py_END_ALLOW_THREADS
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        GpDeviceProps p;
+        if (gp_cuda_device_props(i, &p) != GP_OK)
+            continue;
+        PyObject *d = Py_BuildValue(
+            "{sisssKsisisisisisisisisisisisisi}", "id", p.id, "name", p.name, "totalGlobalMem",
+            (unsigned long long)p.total_global_mem, "computeMajor", p.compute_major,
+            "computeMinor", p.compute_minor, "maxThreadsPerBlock", p.max_threads_per_block,
+            "maxThreadsPerMultiprocessor", p.max_threads_per_sm, "regsPerBlock", p.regs_per_block,
+            "regsPerMultiprocessor", p.regs_per_sm, "warpSize", p.warp_size, "sharedMemPerBlock",
+            p.shared_mem_per_block, "sharedMemPerBlockOptin", p.shared_mem_per_block_optin,
+            "sharedMemPerMultiprocessor", p.shared_mem_per_sm, "maxBlocksPerMultiprocessor",
+            p.max_blocks_per_sm, "numSms", p.num_sms);
+        if (d == NULL || PyList_Append(list, d) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return list;
+}
+
+static PyObject *
+mod_clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    return PyLong_FromUnsignedLongLong(gp_clock_now());
+}
+
+static PyObject *
+mod_epoch_offset_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    return PyLong_FromLongLong(gp_clock_epoch_offset());
+}
+
+static PyMethodDef module_methods[] = {
+    {"range_push", gp_profiler_range_push, METH_O,
+     "Open a user range (record_function); returns a token for range_pop."},
+    {"range_pop", gp_profiler_range_pop, METH_O, "Close the user range opened with the token."},
+    {"_thread_bootstrap", mod_thread_bootstrap, METH_VARARGS,
+     "threading.setprofile target: installs the C hook on a new thread."},
+    {"_set_hidden_prefix", mod_set_hidden_prefix, METH_O,
+     "Code under this path prefix is gpuprof's own and is not shown."},
+    {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
+    {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode of CUDA capture."},
+    {"device_props", mod_device_props, METH_NOARGS, "Properties of each visible CUDA device."},
+    {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},
+    {"epoch_offset_ns", mod_epoch_offset_ns, METH_NOARGS,
+     "Unix-epoch ns minus profiler-clock ns."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+module_exec(PyObject *module)
+{
+    if (gp_arrays_init() < 0)
+        return -1;
+    if (PyModule_AddFunctions(module, gp_testing_methods) < 0)
+        return -1;
+    PyObject *type = PyType_FromModuleAndSpec(module, &gp_profiler_spec, NULL);
+    if (type == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "Profiler", type);
+    Py_DECREF(type);
+    if (rc < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "HAVE_CUPTI", gp_cuda_compiled()) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static void
+module_free(void *module)
+{
+    (void)module;
+    gp_arrays_clear();
+}
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "gpuprof._gpuprof",
+    .m_doc = "gpuprof's C core: the profile hook, buffers, aggregation and CUPTI capture. "
+             "Single interpreter only (CUPTI and the hook are per process).",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC
+PyInit__gpuprof(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

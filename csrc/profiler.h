@@ -1,0 +1,28 @@
+/* The Python-visible Profiler type and the status -> exception table. */
+#ifndef GPUPROF_CSRC_PROFILER_H
+#define GPUPROF_CSRC_PROFILER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "aggregate.h"
+#include "common.h"
+
+/* The type spec, instantiated by module exec. */
+extern PyType_Spec gp_profiler_spec;
+
+/* Raise the exception that `status` maps to, with `context` naming the call
+ * that failed. Always returns NULL (for `return gp_status_raise(...)`). */
+PyObject *gp_status_raise(GpStatus status, const char *context);
+
+/* A dict of NumPy arrays, name lists and scalars describing one window's
+ * tables (the layout documented in python/gpuprof/_results.py).
+ * Op names are resolved through the intern table, which must be alive.
+ * New reference, or NULL with an exception. */
+PyObject *gp_profiler_result_dict(const GpTables *t);
+
+/* Module-level functions for ranges and steps (module.c's method table). */
+PyObject *gp_profiler_range_push(PyObject *module, PyObject *label);
+PyObject *gp_profiler_range_pop(PyObject *module, PyObject *op_id);
+
+#endif /* GPUPROF_CSRC_PROFILER_H */

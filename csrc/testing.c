@@ -1,0 +1,264 @@
+/* _test_* entry points. They run the same C paths as a real session:
+ * synthetic events go into real thread buffers, synthetic GPU records into
+ * the real aggregation, and the result comes back through the same dict
+ * builder the profiler uses. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "testing.h"
+
+#include "../cuda/gp_cuda.h"
+#include "aggregate.h"
+#include "buffer.h"
+#include "intern.h"
+#include "profiler.h"
+#include "schedule.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static PyObject *
+test_schedule_action(PyObject *module, PyObject *args)
+{
+    (void)module;
+    GpSchedule s;
+    long long step;
+    if (!PyArg_ParseTuple(args, "LLLLLLL", &s.wait, &s.warmup, &s.active, &s.repeat, &s.skip_first,
+                          &s.skip_first_wait, &step))
+        return NULL;
+    if (gp_schedule_check(&s) != GP_OK || step < 0)
+        return gp_status_raise(GP_ERR_VALUE, "_test_schedule_action");
+    return PyLong_FromLong(gp_schedule_action(&s, step));
+}
+
+static PyObject *
+test_schedule_transition(PyObject *module, PyObject *args)
+{
+    (void)module;
+    int prev, cur;
+    if (!PyArg_ParseTuple(args, "ii", &prev, &cur))
+        return NULL;
+    return PyLong_FromUnsignedLong(gp_schedule_transition((GpAction)prev, (GpAction)cur));
+}
+
+/* Kernel names of the running _test_aggregate call (GIL). */
+static PyObject *test_kernel_names = NULL;
+
+static const char *
+test_kernel_name(uint32_t id)
+{
+    if (test_kernel_names == NULL || id >= (uint32_t)PyList_GET_SIZE(test_kernel_names))
+        return NULL;
+    return PyUnicode_AsUTF8(PyList_GET_ITEM(test_kernel_names, id)); /* borrowed */
+}
+
+#define GET_U64(dict, key, dst)                                              \
+    do {                                                                     \
+        PyObject *v_ = PyDict_GetItemString(dict, key); /* borrowed */       \
+        if (v_) {                                                            \
+            unsigned long long x_ = PyLong_AsUnsignedLongLong(v_);           \
+            if (PyErr_Occurred()) {                                          \
+                PyErr_Clear();                                               \
+                long long y_ = PyLong_AsLongLong(v_);                        \
+                if (PyErr_Occurred())                                        \
+                    goto fail;                                               \
+                x_ = (unsigned long long)y_;                                 \
+            }                                                                \
+            dst = (__typeof__(dst))x_;                                       \
+        }                                                                    \
+    } while (0)
+
+static int
+gpu_from_dict(PyObject *d, GpGpuRecord *g)
+{
+    memset(g, 0, sizeof(*g));
+    g->device = 0;
+    g->src_device = g->dst_device = -1;
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "gpu records must be dicts");
+        return -1;
+    }
+    GET_U64(d, "start_ns", g->start_ns);
+    GET_U64(d, "end_ns", g->end_ns);
+    GET_U64(d, "bytes", g->bytes);
+    GET_U64(d, "address", g->address);
+    GET_U64(d, "correlation", g->correlation);
+    GET_U64(d, "name_id", g->name_id);
+    GET_U64(d, "stream", g->stream);
+    GET_U64(d, "context", g->context);
+    GET_U64(d, "graph_id", g->graph_id);
+    GET_U64(d, "thread_id", g->thread_id);
+    GET_U64(d, "registers", g->registers);
+    GET_U64(d, "static_smem", g->static_smem);
+    GET_U64(d, "dynamic_smem", g->dynamic_smem);
+    GET_U64(d, "device", g->device);
+    GET_U64(d, "kind", g->kind);
+    GET_U64(d, "subkind", g->subkind);
+    GET_U64(d, "src_mem", g->src_mem);
+    GET_U64(d, "dst_mem", g->dst_mem);
+    GET_U64(d, "wait_stream", g->wait_stream);
+    GET_U64(d, "grid_x", g->grid[0]);
+    GET_U64(d, "block_x", g->block[0]);
+    return 0;
+fail:
+    return -1;
+}
+
+/* _test_aggregate(ops, threads, gpu, window_start, window_end, kernel_names, step_thread)
+ *   ops: list of (kind, name_or_code, flags); op ids are 2, 3, ... in order
+ *   threads: list of (ident, os_tid, events); events: list of (ts, kind, arg, payload)
+ *   gpu: list of dicts with GpGpuRecord field names
+ * Returns the result dict a profiler window would produce. */
+static PyObject *
+test_aggregate(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *ops, *threads, *gpu, *knames;
+    unsigned long long wstart, wend, step_thread = 0, max_events = 1 << 20;
+    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KK", &PyList_Type, &ops, &PyList_Type, &threads,
+                          &PyList_Type, &gpu, &wstart, &wend, &PyList_Type, &knames, &step_thread,
+                          &max_events))
+        return NULL;
+    if (atomic_load(&gp_buffer_phase) != GP_PHASE_OFF) {
+        PyErr_SetString(PyExc_RuntimeError, "_test_aggregate: a profiler is running");
+        return NULL;
+    }
+    if (gp_intern_init() < 0)
+        return NULL;
+    PyObject *result = NULL;
+    GpGpuRecord *recs = NULL;
+    int session = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        int kind, flags;
+        PyObject *what;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(ops, i), "iOi", &kind, &what, &flags))
+            goto done;
+        uint32_t op;
+        if (kind == GP_OP_PYTHON && PyCode_Check(what)) {
+            op = gp_intern_code((PyCodeObject *)what);
+        } else if (PyUnicode_Check(what)) {
+            op = gp_intern_label(what);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "_test_aggregate: op must be a code object or str");
+            goto done;
+        }
+        if (op != (uint32_t)(GP_OPID_FIRST + i)) {
+            PyErr_SetString(PyExc_ValueError, "_test_aggregate: ops must be distinct");
+            goto done;
+        }
+        gp_intern.kinds[op] = (uint8_t)kind;
+        gp_intern.flags[op] = (uint8_t)flags;
+    }
+    if (gp_buffer_session_begin(max_events) != GP_OK) {
+        gp_status_raise(GP_ERR_STATE, "_test_aggregate");
+        goto done;
+    }
+    session = 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(threads); i++) {
+        unsigned long long ident, os_tid;
+        PyObject *events;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(threads, i), "KKO!", &ident, &os_tid, &PyList_Type,
+                              &events))
+            goto done;
+        GpThreadBuf *tb = gp_buffer_thread_for(ident);
+        if (tb == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        tb->os_tid = os_tid;
+        tb->has_python = 1;
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(events); k++) {
+            unsigned long long ts;
+            unsigned int kind, arg, payload = 0;
+            if (!PyArg_ParseTuple(PyList_GET_ITEM(events, k), "KII|I", &ts, &kind, &arg, &payload))
+                goto done;
+            GpChunk *c = tb->tail;
+            if (c == NULL || c->n == GP_CHUNK_EVENTS) {
+                if (gp_buffer_grow(tb, ts) == NULL)
+                    continue; /* dropped, counted by the buffer */
+            }
+            gp_buffer_push(tb, ts, arg, GP_EV_MAKE(kind, payload));
+        }
+    }
+    Py_ssize_t n_gpu = PyList_GET_SIZE(gpu);
+    recs = calloc((size_t)n_gpu + 1, sizeof(GpGpuRecord));
+    if (recs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_gpu; i++)
+        if (gpu_from_dict(PyList_GET_ITEM(gpu, i), &recs[i]) < 0)
+            goto done;
+    test_kernel_names = knames;
+    GpAggInput in = {
+        .op_kinds = gp_intern.kinds,
+        .op_flags = gp_intern.flags,
+        .n_ops = gp_intern.n_ops,
+        .gpu = recs,
+        .n_gpu = (size_t)n_gpu,
+        .window_start_ns = wstart,
+        .window_end_ns = wend,
+        .step_thread_ident = step_thread,
+        .kernel_name = test_kernel_name,
+    };
+    GpTables t;
+    GpStatus st = gp_aggregate_run(&in, &t);
+    test_kernel_names = NULL;
+    if (st != GP_OK) {
+        gp_status_raise(st, "_test_aggregate");
+        goto done;
+    }
+    result = gp_profiler_result_dict(&t);
+    gp_aggregate_free(&t);
+done:
+    free(recs);
+    if (session)
+        gp_buffer_session_end();
+    gp_intern_clear();
+    return result;
+}
+
+static PyObject *
+test_constants(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    return Py_BuildValue(
+        "{sisisisisisisisisisisisi sisisisisisisi sisisisisisi sisisisisisisisisi sIsI}",
+        "EV_CALL", GP_EV_CALL, "EV_RESUME", GP_EV_RESUME, "EV_RETURN", GP_EV_RETURN, "EV_CCALL",
+        GP_EV_CCALL, "EV_CRETURN", GP_EV_CRETURN, "EV_RANGE_PUSH", GP_EV_RANGE_PUSH,
+        "EV_RANGE_POP", GP_EV_RANGE_POP, "EV_STEP_BEGIN", GP_EV_STEP_BEGIN, "EV_STEP_END",
+        GP_EV_STEP_END, "EV_API_ENTER", GP_EV_API_ENTER, "EV_API_EXIT", GP_EV_API_EXIT, "EV_FRAME",
+        GP_EV_FRAME, "GPU_KERNEL", GP_GPU_KERNEL, "GPU_MEMCPY", GP_GPU_MEMCPY, "GPU_MEMSET",
+        GP_GPU_MEMSET, "GPU_SYNC", GP_GPU_SYNC, "GPU_MALLOC", GP_GPU_MALLOC, "GPU_FREE",
+        GP_GPU_FREE, "GPU_API", GP_GPU_API, "OP_PYTHON", GP_OP_PYTHON, "OP_CFUNC", GP_OP_CFUNC,
+        "OP_USER", GP_OP_USER, "OP_STEP", GP_OP_STEP, "OP_CUDA_API", GP_OP_CUDA_API,
+        "OPF_HIDDEN", GP_OPF_HIDDEN, "COPY_HTOD", GP_COPY_HTOD, "COPY_DTOH", GP_COPY_DTOH,
+        "MEM_PAGEABLE", GP_MEM_PAGEABLE, "MEM_PINNED", GP_MEM_PINNED, "MEM_DEVICE", GP_MEM_DEVICE,
+        "SYNC_STREAM", GP_SYNC_STREAM, "SYNC_CONTEXT", GP_SYNC_CONTEXT, "API_RUNTIME",
+        GP_API_RUNTIME, "API_DRIVER", GP_API_DRIVER, "CHUNK_EVENTS", GP_CHUNK_EVENTS,
+        "EVENT_BYTES", (unsigned int)sizeof(GpEvent));
+}
+
+static PyObject *
+test_api_key(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned int domain, cbid;
+    if (!PyArg_ParseTuple(args, "II", &domain, &cbid))
+        return NULL;
+    uint32_t key = GP_API_KEY(domain, cbid);
+    return Py_BuildValue("{sIsssi}", "key", key, "name", gp_cuda_api_name(key), "class",
+                         gp_cuda_api_class(key));
+}
+
+PyMethodDef gp_testing_methods[] = {
+    {"_test_schedule_action", test_schedule_action, METH_VARARGS,
+     "Schedule action for (wait, warmup, active, repeat, skip_first, skip_first_wait, step)."},
+    {"_test_schedule_transition", test_schedule_transition, METH_VARARGS,
+     "Transition bits for (prev, cur) actions."},
+    {"_test_aggregate", test_aggregate, METH_VARARGS,
+     "Aggregate synthetic events and GPU records through the real C paths."},
+    {"_test_constants", test_constants, METH_NOARGS, "Event, record and op-kind constants."},
+    {"_test_api_key", test_api_key, METH_VARARGS, "Name and class of a CUDA API (domain, cbid)."},
+    {NULL, NULL, 0, NULL},
+};

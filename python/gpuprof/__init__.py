@@ -1,0 +1,41 @@
+"""gpuprof: an in-process profiler for Python programs that drive GPUs.
+
+    import gpuprof
+    with gpuprof.profile(schedule=gpuprof.schedule(wait=1, warmup=1, active=3)) as prof:
+        for batch in loader:
+            train_step(batch)
+            prof.step()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10))
+
+Importing gpuprof never touches CUDA; ``gpuprof.cuda_status()`` says whether
+GPU capture is usable here and why not.
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+from . import _gpuprof
+from ._cuda import cuda_status
+from ._results import Results
+from .profiler import ProfilerActivity, profile, record_function
+from .schedule import ProfilerAction, Schedule, schedule
+from .tables import KeyAverages
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KeyAverages",
+    "ProfilerAction",
+    "ProfilerActivity",
+    "Results",
+    "Schedule",
+    "cuda_status",
+    "profile",
+    "record_function",
+    "schedule",
+    "__version__",
+]
+
+# Frames of gpuprof's own Python code are not shown: their time goes to the caller.
+_gpuprof._set_hidden_prefix(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)

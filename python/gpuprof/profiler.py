@@ -1,0 +1,284 @@
+"""The ``gpuprof.profile`` context manager, ``record_function`` and activities."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+
+from . import _cuda, _gpuprof
+from ._results import Results
+from .schedule import Schedule
+from .tables import KeyAverages
+
+__all__ = ["ProfilerActivity", "profile", "record_function"]
+
+
+class ProfilerActivity(enum.Enum):
+    """What to capture: Python/C calls on the host (CPU) and GPU activity (CUDA)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def _foreign_profiler() -> str | None:
+    """Name another profiler hooked into this thread, or None."""
+    current = sys.getprofile()
+    if current is not None and not isinstance(current, _gpuprof.Profiler):
+        return f"sys.setprofile is already set to {current!r}"
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is not None:
+        tool = monitoring.get_tool(monitoring.PROFILER_ID)
+        if tool is not None:
+            return f"sys.monitoring's profiler slot is held by {tool!r}"
+    return None
+
+
+class profile:
+    """Profile the Python calls and GPU work of a block of code.
+
+    ``with gpuprof.profile(schedule=gpuprof.schedule(wait=1, warmup=1, active=3)) as prof:``
+    then call ``prof.step()`` once per training step. Results of the last
+    recorded window are read with ``prof.key_averages().table()``,
+    ``prof.ops()``, ``prof.kernels()``, ``prof.steps()`` and friends.
+
+    Args:
+        activities: ProfilerActivity values; default CPU, plus CUDA when GPU
+            capture is usable here (see ``gpuprof.cuda_status()``).
+        schedule: a :func:`gpuprof.schedule` or any callable step -> ProfilerAction;
+            None records everything between start and stop.
+        on_trace_ready: callable(prof) run when a window closes at RECORD_AND_SAVE.
+        profile_memory: record device memory allocations and frees.
+        with_stack: keep call stacks for grouping by stack and flame graphs (the
+            call tree is always kept; accepted for torch.profiler compatibility).
+        record_shapes: accepted for torch.profiler compatibility (no effect).
+        acc_events: accumulate the results of every window instead of keeping the last.
+        max_events: CPU event budget of one window (16 bytes each); past it events
+            are dropped and counted.
+    """
+
+    def __init__(
+        self,
+        *,
+        activities: Iterable[ProfilerActivity] | None = None,
+        schedule: Callable[[int], object] | None = None,
+        on_trace_ready: Callable[[profile], object] | None = None,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        record_shapes: bool = False,
+        acc_events: bool = False,
+        max_events: int = 8_000_000,
+    ):
+        if activities is None:
+            acts = {ProfilerActivity.CPU}
+            if _cuda.gpu_present() and _cuda.ensure_cupti()[0]:
+                acts.add(ProfilerActivity.CUDA)
+            self._explicit_cuda = False
+        else:
+            if isinstance(activities, (str, ProfilerActivity)) or not isinstance(activities,
+                                                                                 Iterable):
+                raise TypeError("profile(): activities must be a list of ProfilerActivity, "
+                                f"got {activities!r}")
+            acts = set()
+            for a in activities:
+                if not isinstance(a, ProfilerActivity):
+                    if type(a).__name__ == "ProfilerActivity" and a.name in ("CPU", "CUDA"):
+                        a = ProfilerActivity[a.name]  # torch.profiler.ProfilerActivity
+                    else:
+                        raise TypeError("profile(): activities must contain ProfilerActivity.CPU"
+                                        f" or ProfilerActivity.CUDA, got {a!r}")
+                acts.add(a)
+            self._explicit_cuda = ProfilerActivity.CUDA in acts
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"profile(): schedule must be gpuprof.schedule(...) or a callable, "
+                            f"got {schedule!r}")
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise TypeError(f"profile(): on_trace_ready must be callable, got {on_trace_ready!r}")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"profile(): max_events must be a positive int, got {max_events!r}")
+        for name, flag in (("profile_memory", profile_memory), ("with_stack", with_stack),
+                           ("record_shapes", record_shapes), ("acc_events", acc_events)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
+        self.activities = acts
+        self.schedule = schedule
+        self.on_trace_ready = on_trace_ready
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+        self.record_shapes = record_shapes
+        self.acc_events = acc_events
+        self.max_events = max_events
+        self._windows: list[dict] = []
+        self._cuda_state: dict = {"active": False, "mode": "off", "error": None}
+        cuda = ProfilerActivity.CUDA in acts
+        if cuda:
+            ok, reason = _cuda.ensure_cupti()
+            if not ok:
+                if self._explicit_cuda:
+                    warnings.warn(f"gpuprof: GPU capture is off: {reason}", stacklevel=2)
+                self._cuda_state["error"] = reason
+                cuda = False
+        self._core = _gpuprof.Profiler(
+            max_events=max_events,
+            cuda=cuda,
+            memory=profile_memory,
+            schedule=schedule.as_tuple() if isinstance(schedule, Schedule) else None,
+            schedule_fn=None if isinstance(schedule, Schedule) else schedule,
+            on_trace_ready=self._window_ready,
+            owner=None,
+        )
+        # prof.step() is the C method itself: no Python frame of ours per step.
+        self.step = self._core.step
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        """Start profiling (the hook goes on every thread). Raises RuntimeError if
+        another profiler is active."""
+        other = _foreign_profiler()
+        if other:
+            raise RuntimeError(f"gpuprof.profile.start(): another profiler is active ({other}); "
+                               "stop it first, gpuprof will not silently replace it")
+        self._windows = []
+        threading.setprofile(_gpuprof._thread_bootstrap)
+        try:
+            self._core.start()
+        except BaseException:
+            threading.setprofile(None)
+            raise
+        cuda = self._core.cuda
+        self._cuda_state = {"active": cuda["active"], "mode": cuda["mode"],
+                            "error": cuda["error"] or self._cuda_state.get("error")}
+        if self._explicit_cuda and cuda["error"]:
+            warnings.warn(f"gpuprof: GPU capture is off: {cuda['error']}", stacklevel=2)
+
+    def stop(self) -> None:
+        """Stop profiling; a window still recording is closed and aggregated."""
+        try:
+            self._core.stop()
+        finally:
+            threading.setprofile(None)
+
+    def __enter__(self) -> profile:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._core.running:
+            return
+        try:
+            self.stop()
+        except Exception:
+            if exc_type is None:
+                raise
+            # the user's exception propagates; ours would hide it
+
+    def _window_ready(self, _core) -> None:
+        self._collect()
+        if self.on_trace_ready is not None:
+            self.on_trace_ready(self)
+
+    def _collect(self) -> None:
+        raw = self._core.result
+        if raw is None or (self._windows and self._windows[-1] is raw):
+            return
+        if self.acc_events:
+            self._windows.append(raw)
+        else:
+            self._windows = [raw]
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def step_num(self) -> int:
+        """Steps completed since start (prof.step() calls)."""
+        return self._core.step_num
+
+    @property
+    def running(self) -> bool:
+        return self._core.running
+
+    @property
+    def results(self) -> Results:
+        """The recorded window(s) as a :class:`gpuprof.Results`."""
+        self._collect()
+        return Results(self._windows, cuda=self._cuda_state,
+                       meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack})
+
+    @property
+    def dropped_events(self) -> int:
+        """CPU events dropped because the buffer was full, in the kept windows."""
+        return self.results.dropped_events
+
+    def buffer_stats(self) -> dict:
+        """Bytes and events held by the event buffers right now."""
+        return self._core.buffer_stats()
+
+    # -- results ---------------------------------------------------------------
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0):
+        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints)."""
+        if group_by_input_shape:
+            raise ValueError("key_averages(): group_by_input_shape is not supported (gpuprof "
+                             "does not record input shapes)")
+        return KeyAverages(self.results, group_by_stack_n=group_by_stack_n,
+                           show_memory=self.profile_memory)
+
+    def ops(self):
+        """One row per op: see docs/tables.md for the fields."""
+        return self.results.ops()
+
+    def kernels(self):
+        """One row per GPU activity name and device."""
+        return self.results.kernels()
+
+    def gpu_events(self):
+        """One row per GPU activity, joined to the op that launched it."""
+        return self.results.gpu_events()
+
+    def steps(self):
+        """One row per recorded step with CPU and GPU time breakdowns."""
+        return self.results.steps()
+
+    def call_tree(self):
+        """The call tree: node id, parent id, op row, times and calls."""
+        return self.results.call_tree()
+
+
+class record_function:
+    """Label a region: ``with record_function("forward"):`` or ``@record_function("load")``.
+
+    The label appears as its own op in tables and as a user annotation in traces.
+    Costs nothing measurable when no profiler is recording.
+    """
+
+    __slots__ = ("name", "_token")
+
+    def __init__(self, name: str, args: str | None = None):
+        if not isinstance(name, str):
+            raise TypeError(f"record_function(): name must be a str, got {type(name).__name__}")
+        if args is not None and not isinstance(args, str):
+            raise TypeError(f"record_function(): args must be a str or None, got {args!r}")
+        self.name = name
+        self._token = 0
+
+    def __enter__(self) -> record_function:
+        self._token = _gpuprof.range_push(self.name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        token, self._token = self._token, 0
+        _gpuprof.range_pop(token)
+
+    def __call__(self, fn: Callable) -> Callable:
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            token = _gpuprof.range_push(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _gpuprof.range_pop(token)
+
+        return wrapper

@@ -1,0 +1,91 @@
+"""Step schedules: which steps are skipped, warmed up, recorded and saved.
+
+``schedule(wait=1, warmup=1, active=3)`` behaves exactly like
+``torch.profiler.schedule``: after ``skip_first`` steps, each cycle waits
+``wait`` steps (nothing recorded, no overhead beyond an idle hook), warms up
+for ``warmup`` steps (capture armed, events discarded), then records
+``active`` steps; the last active step is ``RECORD_AND_SAVE``, where the
+window is closed, aggregated and handed to ``on_trace_ready``. ``repeat=0``
+cycles until the profiler stops; ``repeat=N`` runs N cycles.
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+import warnings
+
+from . import _gpuprof
+
+__all__ = ["ProfilerAction", "Schedule", "schedule"]
+
+
+class ProfilerAction(enum.IntEnum):
+    """What the profiler does at a step (same values as torch.profiler's)."""
+
+    NONE = 0
+    WARMUP = 1
+    RECORD = 2
+    RECORD_AND_SAVE = 3
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"schedule(): {name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"schedule(): {name} must be >= {minimum}, got {value}")
+    return value
+
+
+class Schedule:
+    """A step -> ProfilerAction callable whose state machine runs in C.
+
+    Create it with :func:`schedule`. Calling it with a step number returns
+    the action for that step.
+    """
+
+    __slots__ = ("wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait")
+
+    def __init__(self, wait, warmup, active, repeat=0, skip_first=0, skip_first_wait=0):
+        self.wait = _check_int("wait", wait, 0)
+        self.warmup = _check_int("warmup", warmup, 0)
+        self.active = _check_int("active", active, 1)
+        self.repeat = _check_int("repeat", repeat, 0)
+        self.skip_first = _check_int("skip_first", skip_first, 0)
+        self.skip_first_wait = _check_int("skip_first_wait", skip_first_wait, 0)
+
+    def as_tuple(self) -> tuple[int, int, int, int, int, int]:
+        return (self.wait, self.warmup, self.active, self.repeat, self.skip_first,
+                self.skip_first_wait)
+
+    def __call__(self, step: int) -> ProfilerAction:
+        step = _check_int("step", step, 0)
+        return ProfilerAction(_gpuprof._test_schedule_action(*self.as_tuple(), step))
+
+    def __repr__(self) -> str:
+        return ("schedule(wait={}, warmup={}, active={}, repeat={}, skip_first={}, "
+                "skip_first_wait={})".format(*self.as_tuple()))
+
+
+def schedule(*, wait: int, warmup: int, active: int, repeat: int = 0, skip_first: int = 0,
+             skip_first_wait: int = 0) -> Schedule:
+    """Return a schedule for :class:`gpuprof.profile` (torch.profiler.schedule semantics).
+
+    Args:
+        wait: steps per cycle with nothing recorded.
+        warmup: steps per cycle with capture armed but events discarded.
+        active: steps per cycle that are recorded (>= 1).
+        repeat: number of cycles; 0 repeats until the profiler stops.
+        skip_first: steps skipped once before the first cycle.
+        skip_first_wait: if non-zero, the first cycle starts without its wait.
+
+    Raises:
+        TypeError: an argument is not an int.
+        ValueError: an argument is negative, or active < 1.
+    """
+    s = Schedule(wait, warmup, active, repeat, skip_first, skip_first_wait)
+    if s.warmup == 0:
+        warnings.warn("gpuprof.schedule(): warmup=0 records the first step cold; its timings "
+                      "include one-time costs", stacklevel=2)
+    return s
