@@ -1,0 +1,185 @@
+"""GPU attribution through the real C aggregation, fed synthetic records (no GPU needed)."""
+
+import numpy as np
+import pytest
+
+import gpuprof
+from gpuprof import _gpuprof
+from gpuprof._results import Results
+
+C = _gpuprof._test_constants()
+gpuprof.cuda_status()  # loads libcupti when present: API names and classes come from it
+LAUNCH = 211   # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
+DEVSYNC = 165  # CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020
+HAVE_CLASSES = _gpuprof._test_api_key(C["API_RUNTIME"], DEVSYNC)["class"] != 0
+
+
+def key(cbid):
+    return _gpuprof._test_api_key(C["API_RUNTIME"], cbid)["key"]
+
+
+def train_step():
+    pass
+
+
+def run(events_main, gpu, extra_threads=(), names=("_Z6kernelv",), start=0, end=1000):
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0), (C["OP_USER"], "linear", 0)]
+    threads = [(1, 101, events_main)] + list(extra_threads)
+    raw = _gpuprof._test_aggregate(ops, threads, gpu, start, end, list(names), 1)
+    return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+
+
+TRAIN, LINEAR = 2, 3
+
+
+def main_thread_events():
+    return [
+        (50, C["EV_STEP_BEGIN"], 0),
+        (100, C["EV_CALL"], TRAIN),
+        (110, C["EV_RANGE_PUSH"], LINEAR),
+        (120, C["EV_API_ENTER"], 7, key(LAUNCH)),
+        (125, C["EV_API_EXIT"], 7),
+        (130, C["EV_RANGE_POP"], LINEAR),
+        (140, C["EV_API_ENTER"], 8, key(DEVSYNC)),
+        (400, C["EV_API_EXIT"], 8),
+        (500, C["EV_RETURN"], 0),
+        (550, C["EV_STEP_END"], 0),
+    ]
+
+
+def kernel(corr, start, end, name_id=0, **kw):
+    rec = dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=start, end_ns=end,
+               name_id=name_id, stream=7, device=0, registers=32, grid_x=8, block_x=256)
+    rec.update(kw)
+    return rec
+
+
+def test_kernel_time_goes_to_the_launching_op():
+    res = run(main_thread_events(), [kernel(7, 200, 300)])
+    ops = res.ops()
+    linear = ops[ops["name"] == "linear"][0]
+    train = ops[ops["name"] == "train_step"][0]
+    assert linear["cuda_self_ns"] == 100 and linear["kernels"] == 1
+    assert linear["cuda_total_ns"] == 100
+    assert train["cuda_self_ns"] == 0 and train["cuda_total_ns"] == 100
+    launch = ops[ops["kind"] == "cuda_api"]
+    assert set(launch["calls"]) == {1}
+    assert res.attributed_gpu_fraction == 1.0
+
+
+def test_api_calls_are_ops_with_their_own_self_time():
+    res = run(main_thread_events(), [kernel(7, 200, 300)])
+    ops = res.ops()
+    api = ops[ops["kind"] == "cuda_api"]
+    assert sorted(api["cpu_self_ns"]) == [5, 260]
+    if res.cuda["active"] and gpuprof.cuda_status()["loaded"]:
+        assert "cudaLaunchKernel" in set(api["name"])
+    # the range's self time excludes the API call inside it
+    linear = ops[ops["name"] == "linear"][0]
+    assert linear["cpu_self_ns"] == 20 - 5
+
+
+def test_kernel_table_and_gpu_events():
+    gpu = [kernel(7, 200, 300), kernel(8, 310, 350)]
+    res = run(main_thread_events(), gpu)
+    k = res.kernels()
+    assert len(k) == 1
+    assert k[0]["name"] == "kernel()"          # demangled
+    assert k[0]["calls"] == 2 and k[0]["total_ns"] == 140
+    assert k[0]["min_ns"] == 40 and k[0]["max_ns"] == 100
+    assert k[0]["category"] == "compute"
+    assert list(k[0]["grid"]) == [8, 0, 0] and k[0]["registers"] == 32
+    ev = res.gpu_events()
+    assert ev["op_name"][0] == "linear"
+    assert ev["op_name"][1].startswith("train_step (")  # launched outside the range
+    assert ev["correlation"].tolist() == [7, 8]
+
+
+def test_nccl_kernels_are_communication():
+    res = run(main_thread_events(), [kernel(7, 200, 300, name_id=1)],
+              names=["_Z6kernelv", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"])
+    assert res.kernels()[0]["category"] == "communication"
+    assert res.steps()[0]["comm_ns"] == 100
+
+
+def test_step_breakdown():
+    gpu = [kernel(7, 200, 300),
+           dict(kind=C["GPU_MEMCPY"], correlation=0, start_ns=320, end_ns=340, bytes=4096,
+                subkind=C["COPY_HTOD"], src_mem=C["MEM_PINNED"], dst_mem=C["MEM_DEVICE"],
+                stream=7)]
+    res = run(main_thread_events(), gpu)
+    s = res.steps()
+    assert len(s) == 1
+    s = s[0]
+    assert (s["start_ns"], s["end_ns"], s["cpu_ns"]) == (50, 550, 500)
+    assert s["gpu_busy_ns"] == 120
+    assert s["gpu_idle_ns"] == 380
+    assert s["memcpy_ns"] == 20
+    assert s["kernels"] == 1
+    if HAVE_CLASSES:
+        assert s["sync_wait_ns"] == 260
+    names = set(res.kernels()["name"])
+    assert "Memcpy HtoD (Pinned -> Device)" in names
+
+
+def test_off_python_launch_is_charged_to_the_blocked_thread():
+    helper = (2, 202, [(210, C["EV_API_ENTER"], 9, key(LAUNCH)), (215, C["EV_API_EXIT"], 9)])
+    res = run(main_thread_events(), [kernel(9, 220, 260)], extra_threads=[helper])
+    ev = res.gpu_events()
+    assert ev["op_name"][0].startswith("train_step")
+    assert ev["blocked_thread"][0]
+    ops = res.ops()
+    assert ops[ops["name"] == "train_step"][0]["cuda_self_ns"] == 40
+
+
+def test_activity_only_api_records_join_by_thread_and_time():
+    api = dict(kind=C["GPU_API"], correlation=11, start_ns=150, end_ns=155, thread_id=101,
+               name_id=key(LAUNCH), subkind=C["API_RUNTIME"])
+    res = run(main_thread_events(), [api, kernel(11, 600, 650)])
+    ops = res.ops()
+    train = ops[ops["name"] == "train_step"][0]
+    assert train["cuda_self_ns"] == 50
+    assert train["kernels"] == 1
+
+
+def test_unmatched_records_before_the_window_are_dropped():
+    res = run(main_thread_events(), [kernel(99, 10, 20), kernel(98, 700, 720)], start=30)
+    ev = res.gpu_events()
+    assert ev["correlation"].tolist() == [98]
+    assert ev["op"][0] == -1
+    assert res.attributed_gpu_fraction == 0.0
+
+
+def test_recursion_counts_gpu_total_once():
+    ev = [
+        (100, C["EV_CALL"], TRAIN),
+        (110, C["EV_CALL"], TRAIN),
+        (120, C["EV_API_ENTER"], 7, key(LAUNCH)),
+        (125, C["EV_API_EXIT"], 7),
+        (130, C["EV_RETURN"], 0),
+        (140, C["EV_RETURN"], 0),
+    ]
+    res = run(ev, [kernel(7, 200, 300)])
+    train = res.ops()[res.ops()["name"] == "train_step"][0]
+    assert train["cuda_total_ns"] == 100
+    assert train["cuda_self_ns"] == 100
+    tree = res.call_tree()
+    assert sorted(tree["cuda_total_ns"].tolist())[-2:] == [100, 100]
+
+
+def test_dropped_events_keep_tables_consistent():
+    n = C["CHUNK_EVENTS"] * 2
+    events = []
+    for i in range(n // 2):
+        events.append((10 + 2 * i, C["EV_CALL"], TRAIN))
+        events.append((11 + 2 * i, C["EV_RETURN"], 0))
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 1, events)], [], 0, 10 ** 6, [], 1,
+                                   C["CHUNK_EVENTS"])
+    res = Results([raw])
+    assert res.dropped_events == n - C["CHUNK_EVENTS"]
+    row = res.ops()[0]
+    assert row["calls"] == C["CHUNK_EVENTS"] // 2
+    assert row["cpu_self_ns"] >= 0 and row["cpu_total_ns"] >= row["cpu_self_ns"]
+    thread = res.threads()[0]
+    assert thread["last_ns"] <= 10 + n  # closed where dropping began, not at window end
