@@ -418,8 +418,13 @@ replay_event(Agg *a, const GpEvent *ev)
             hidden = 1;
         uint8_t ek = kind == GP_EV_CCALL ? E_C : E_PY;
         uint8_t ok = op < a->in->n_ops ? a->in->op_kinds[op] : GP_OP_NONE;
-        return push_entry(a, ts, ek, ok, op, hidden, kind == GP_EV_CALL || kind == GP_EV_CCALL,
-                          kind == GP_EV_FRAME);
+        if (push_entry(a, ts, ek, ok, op, hidden, kind == GP_EV_CALL || kind == GP_EV_CCALL,
+                       kind == GP_EV_FRAME) < 0)
+            return -1;
+        int32_t span = a->stack.v[a->stack.n - 1].span;
+        if (kind == GP_EV_CCALL && span >= 0)
+            a->t->spans.v[span].site = GP_EV_PAYLOAD(ev->kind);
+        return 0;
     }
     case GP_EV_RETURN: {
         int64_t i = find_top(a, E_PY, 0, 0, 0);

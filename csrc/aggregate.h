@@ -129,9 +129,12 @@ typedef struct GpSpanRow {
     uint32_t thread;
     uint32_t correlation; /* CUDA API spans */
     int32_t node;
+    uint32_t site;  /* C calls: caller's f_lasti + 1 (0 unknown) */
+    int32_t line;   /* C calls: the caller's line, filled when results are built */
     uint16_t depth;
     uint8_t kind;   /* GP_OP_* of its op */
     uint8_t flags;  /* 1 = entered before the window (snapshot frame) */
+    uint32_t pad;
 } GpSpanRow;
 
 /* One row per thread that recorded in the window. */

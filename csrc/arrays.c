@@ -113,6 +113,8 @@ static const Field span_fields[] = {
     F(GpSpanRow, thread, "u4"),
     F(GpSpanRow, correlation, "u4"),
     F(GpSpanRow, node, "i4"),
+    F(GpSpanRow, site, "u4"),
+    F(GpSpanRow, line, "i4"),
     F(GpSpanRow, depth, "u2"),
     F(GpSpanRow, kind, "u1"),
     F(GpSpanRow, flags, "u1"),

@@ -25,7 +25,7 @@ enum {
     GP_EV_CALL = 1,     /* Python frame entered: arg = op id */
     GP_EV_RESUME,       /* generator/coroutine resumed: arg = op id (not a new call) */
     GP_EV_RETURN,       /* Python frame left (return, yield or exception) */
-    GP_EV_CCALL,        /* C function called: arg = op id */
+    GP_EV_CCALL,        /* C function called: arg = op id, payload = caller's f_lasti + 1 */
     GP_EV_CRETURN,      /* C function returned or raised */
     GP_EV_RANGE_PUSH,   /* user range opened: arg = op id */
     GP_EV_RANGE_POP,    /* user range closed: arg = op id */

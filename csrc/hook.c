@@ -87,7 +87,12 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
             intern_failures++;
             return 0;
         }
-        gp_buffer_push(tb, ts, op, GP_EV_CCALL);
+        /* The call site: the caller's instruction offset, resolved to a line
+         * only when results are built (sync points and launches are C calls,
+         * and users want the line that made them). 0 = unknown. */
+        int lasti = PyFrame_GetLasti(frame);
+        uint32_t site = lasti >= 0 && lasti < 0xfffffe ? (uint32_t)lasti + 1 : 0;
+        gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
         break;
     }
     case PyTrace_C_RETURN:

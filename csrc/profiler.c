@@ -88,9 +88,30 @@ dict_steal(PyObject *d, const char *key, PyObject *value)
     return rc;
 }
 
-PyObject *
-gp_profiler_result_dict(const GpTables *t)
+/* Resolve each C-call span's call site to its caller's line. */
+static void
+resolve_call_sites(GpTables *t)
 {
+    for (size_t i = 0; i < t->spans.n; i++) {
+        GpSpanRow *s = &t->spans.v[i];
+        if (s->site == 0)
+            continue;
+        int32_t p = s->parent;
+        while (p >= 0 && t->spans.v[p].kind != GP_OP_PYTHON)
+            p = t->spans.v[p].parent;
+        if (p < 0)
+            continue;
+        uint32_t op = t->ops.v[t->spans.v[p].op_row].op;
+        if (op >= gp_intern.n_ops || gp_intern.kinds[op] != GP_OP_PYTHON)
+            continue;
+        s->line = PyCode_Addr2Line((PyCodeObject *)gp_intern.refs[op], (int)(s->site - 1));
+    }
+}
+
+PyObject *
+gp_profiler_result_dict(GpTables *t)
+{
+    resolve_call_sites(t);
     PyObject *d = PyDict_New();
     PyObject *names = NULL, *files = NULL, *lines = NULL, *knames = NULL;
     if (d == NULL)

@@ -17,9 +17,10 @@ PyObject *gp_status_raise(GpStatus status, const char *context);
 
 /* A dict of NumPy arrays, name lists and scalars describing one window's
  * tables (the layout documented in python/gpuprof/_results.py).
- * Op names are resolved through the intern table, which must be alive.
+ * Op names and C-call sites (span `line`) are resolved through the intern
+ * table, which must be alive.
  * New reference, or NULL with an exception. */
-PyObject *gp_profiler_result_dict(const GpTables *t);
+PyObject *gp_profiler_result_dict(GpTables *t);
 
 /* Module-level functions for ranges and steps (module.c's method table). */
 PyObject *gp_profiler_range_push(PyObject *module, PyObject *label);

@@ -195,3 +195,17 @@ def test_gpuprof_frames_are_hidden():
 
 def test_event_record_is_16_bytes():
     assert gpuprof._gpuprof._test_constants()["EVENT_BYTES"] <= 24
+
+
+def test_c_call_sites_resolve_to_the_callers_line():
+    import inspect
+
+    data = []
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        data.append(1); line = inspect.currentframe().f_lineno  # noqa: E702
+    ops = prof.ops()
+    row = int(np.flatnonzero(ops["name"] == "list.append")[0])
+    spans = prof.results.spans()
+    site = spans[spans["op_row"] == row]
+    assert len(site) == 1
+    assert site["line"][0] == line
