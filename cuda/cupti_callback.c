@@ -1,0 +1,425 @@
+/* The CUPTI session: subscribe to runtime/driver API callbacks (correlation
+ * ids for the launching Python call), switch activity kinds on and off per
+ * window, and make sure every record of a window has arrived before it is
+ * read (synchronize, then flush).
+ *
+ * Threads: gp_cuda_session_* and gp_cuda_window_* run on the thread of the
+ * profiler that owns the session, serialized by it; window_end and
+ * session_end block and are called with the GIL released. on_api runs on
+ * whatever thread calls CUDA, possibly while another thread holds the GIL:
+ * it never calls Python, never takes the GIL, never locks, and allocates
+ * only through gp_buffer_record_api's first use on a thread.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime in csrc/clock.h, should a build omit -D_GNU_SOURCE */
+#endif
+
+#include "cupti_internal.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "../csrc/buffer.h"
+#include "../csrc/clock.h"
+
+/* ---- Session state -------------------------------------------------------- */
+
+/* 1 from a successful claim in gp_cuda_session_begin to the very end of
+ * gp_cuda_session_end. Atomic because two profilers may race: one ending
+ * its session with the GIL released while another begins; the loser of the
+ * claim gets GP_ERR_STATE. Everything else in this section belongs to the
+ * session's owner, whose calls the profiler serializes. */
+static atomic_int session_open;
+
+/* Our callback subscription, NULL when none (activity-only mode, after
+ * unsubscribe, and after cuptiFinalize, which invalidates the handle). */
+static CUpti_SubscriberHandle subscriber;
+static int window_open;
+
+/* Activity kinds enabled for the current window, to disable exactly those. */
+static CUpti_ActivityKind kinds_on[16];
+static int n_kinds_on;
+
+/* Whether CUPTI holds state we created in this process (a subscription,
+ * registered callbacks, enabled kinds) that cuptiFinalize would tear down.
+ * Set at session begin, cleared by cuptiFinalize. cuptiFinalize forgets the
+ * subscriber, the buffer and timestamp callbacks and the thread-id type, so
+ * the next session_begin must redo all of them; that is why session_begin
+ * always registers everything afresh and never reuses `subscriber`. */
+static atomic_int cupti_attached;
+
+/* ---- Callback state ---------------------------------------------------- */
+
+/* Bumped at every window begin; a thread whose tls_window differs drops its
+ * nesting depth, so a call that was in flight when callbacks were switched
+ * off (enter seen, exit never) cannot mute that thread in later windows. */
+static atomic_uint_fast64_t window_gen;
+static _Thread_local uint64_t tls_window;
+static _Thread_local uint32_t tls_depth; /* traced API calls open on this thread */
+
+static const uint32_t runtime_cbids[] = {
+#define GP_CBID(id, cls) id,
+    GP_CUPTI_RUNTIME_APIS(GP_CBID)
+};
+static const uint32_t driver_cbids[] = {
+    GP_CUPTI_DRIVER_APIS(GP_CBID)
+#undef GP_CBID
+};
+
+/* Runtime/driver API enter and exit. One enter/exit pair per outermost
+ * traced call: a runtime call that goes through a traced driver call on the
+ * same thread is recorded once, under the runtime call's correlation id,
+ * which is the id CUPTI puts on the kernel or copy it launched. */
+static void CUPTIAPI
+on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
+{
+    (void)userdata;
+    if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API)
+        return;
+    const CUpti_CallbackData *cb = data;
+    uint64_t gen = atomic_load_explicit(&window_gen, memory_order_relaxed);
+    if (tls_window != gen) {
+        tls_window = gen;
+        tls_depth = 0;
+    }
+    uint32_t key =
+        GP_API_KEY(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? GP_API_RUNTIME : GP_API_DRIVER, cbid);
+    if (cb->callbackSite == CUPTI_API_ENTER) {
+        if (tls_depth++ == 0)
+            gp_buffer_record_api(gp_clock_now(), cb->correlationId, key, 1);
+    } else if (tls_depth > 0) {
+        /* An exit at depth 0 belongs to a call entered before the window. */
+        if (--tls_depth == 0)
+            gp_buffer_record_api(gp_clock_now(), cb->correlationId, key, 0);
+    }
+}
+
+/* ---- Helpers ------------------------------------------------------------ */
+
+static GpStatus
+cupti_fail(GpStatus st, const char *call, CUptiResult r)
+{
+    return gp_cupti_loader_fail(st, "%s failed: %s (%d)", call, gp_cupti_loader_result_text(r),
+                                (int)r);
+}
+
+/* Switch the traced callbacks on or off. Ids that this libcupti does not
+ * know (INVALID_PARAMETER) are skipped: they cannot fire either. */
+static GpStatus
+set_callbacks(uint32_t enable)
+{
+    static const struct {
+        CUpti_CallbackDomain domain;
+        const uint32_t *ids;
+        size_t n;
+    } lists[] = {
+        {CUPTI_CB_DOMAIN_RUNTIME_API, runtime_cbids, GP_ARRAY_LEN(runtime_cbids)},
+        {CUPTI_CB_DOMAIN_DRIVER_API, driver_cbids, GP_ARRAY_LEN(driver_cbids)},
+    };
+    GpStatus st = GP_OK;
+    for (size_t l = 0; l < GP_ARRAY_LEN(lists); l++) {
+        for (size_t i = 0; i < lists[l].n; i++) {
+            CUptiResult r =
+                gp_cupti.cuptiEnableCallback(enable, subscriber, lists[l].domain, lists[l].ids[i]);
+            if (r == CUPTI_SUCCESS || r == CUPTI_ERROR_INVALID_PARAMETER)
+                continue;
+            if (st == GP_OK)
+                st = cupti_fail(GP_ERR_CUPTI, "cuptiEnableCallback", r);
+            if (enable)
+                return st; /* the caller switches off what was switched on */
+        }
+    }
+    return st;
+}
+
+static GpStatus
+enable_kind(CUpti_ActivityKind kind, const char *name)
+{
+    CUptiResult r = gp_cupti.cuptiActivityEnable(kind);
+    if (r != CUPTI_SUCCESS)
+        return gp_cupti_loader_fail(GP_ERR_CUPTI, "cuptiActivityEnable(%s) failed: %s (%d)", name,
+                                    gp_cupti_loader_result_text(r), (int)r);
+    kinds_on[n_kinds_on++] = kind;
+    return GP_OK;
+}
+
+/* Disable the enabled kinds for which `pick` says so; keep the first error. */
+static GpStatus
+disable_kinds(int (*pick)(CUpti_ActivityKind))
+{
+    GpStatus st = GP_OK;
+    int kept = 0;
+    for (int i = 0; i < n_kinds_on; i++) {
+        CUpti_ActivityKind kind = kinds_on[i];
+        if (pick != NULL && !pick(kind)) {
+            kinds_on[kept++] = kind;
+            continue;
+        }
+        CUptiResult r = gp_cupti.cuptiActivityDisable(kind);
+        if (r != CUPTI_SUCCESS && st == GP_OK)
+            st = gp_cupti_loader_fail(GP_ERR_CUPTI, "cuptiActivityDisable(kind %d) failed: %s (%d)",
+                                      (int)kind, gp_cupti_loader_result_text(r), (int)r);
+    }
+    n_kinds_on = kept;
+    return st;
+}
+
+/* Kinds recorded on the host when an API is called: off before our own
+ * synchronize so that it leaves no sync or API records in the window. */
+static int
+is_host_kind(CUpti_ActivityKind kind)
+{
+    return kind == CUPTI_ACTIVITY_KIND_SYNCHRONIZATION || kind == CUPTI_ACTIVITY_KIND_RUNTIME ||
+           kind == CUPTI_ACTIVITY_KIND_DRIVER;
+}
+
+/* Wait for all work queued on the devices this process uses, so that the
+ * forced flush finds complete records (an incomplete one is lost).
+ *
+ * The device ids in records are not all known yet (most records are still in
+ * CUPTI's buffers until the flush), so every device whose primary context is
+ * active is synchronized: that is the set of devices the runtime (PyTorch,
+ * JAX, CuPy...) uses. Inactive primary contexts are skipped, since retaining
+ * one would create a context and allocate device memory. A non-primary
+ * context current on this thread (driver-API programs) is synchronized too. */
+static GpStatus
+sync_devices(void)
+{
+    const GpCudaDriverApi *d = gp_cupti_loader_driver(NULL);
+    if (d == NULL)
+        return GP_OK; /* no driver, so no device work to wait for */
+    GpStatus st = GP_OK;
+    int count = 0;
+    CUresult r = d->cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS)
+        return gp_cupti_loader_fail(GP_ERR_CUPTI, "cuDeviceGetCount failed: %s (%d)",
+                                    gp_cupti_loader_driver_text(r), (int)r);
+    for (int i = 0; i < count; i++) {
+        CUdevice dev;
+        unsigned int flags = 0;
+        int active = 0;
+        if (d->cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
+            d->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+            continue;
+        CUcontext ctx = NULL;
+        if (d->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+            continue;
+        r = d->cuCtxPushCurrent_v2(ctx);
+        if (r == CUDA_SUCCESS) {
+            r = d->cuCtxSynchronize();
+            CUcontext popped;
+            d->cuCtxPopCurrent_v2(&popped);
+        }
+        d->cuDevicePrimaryCtxRelease_v2(dev);
+        /* A sticky error (a kernel that faulted) shows here first; say so,
+         * and still flush what was recorded. */
+        if (r != CUDA_SUCCESS && st == GP_OK)
+            st = gp_cupti_loader_fail(GP_ERR_CUPTI, "cuCtxSynchronize (device %d) failed: %s (%d)",
+                                      i, gp_cupti_loader_driver_text(r), (int)r);
+    }
+    CUcontext cur = NULL;
+    if (d->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
+        r = d->cuCtxSynchronize();
+        if (r != CUDA_SUCCESS && st == GP_OK)
+            st = gp_cupti_loader_fail(GP_ERR_CUPTI,
+                                      "cuCtxSynchronize (current context) failed: %s (%d)",
+                                      gp_cupti_loader_driver_text(r), (int)r);
+    }
+    return st;
+}
+
+/* ---- Session ------------------------------------------------------------- */
+
+GpStatus
+gp_cuda_session_begin(void)
+{
+    if (!gp_cuda_loaded()) {
+        if (gp_cuda_reason()[0] == '\0')
+            gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL, "libcupti is not loaded (gp_cuda_load)");
+        return GP_ERR_CUDA_UNAVAIL;
+    }
+    int closed = 0;
+    if (!atomic_compare_exchange_strong(&session_open, &closed, 1))
+        return gp_cupti_loader_fail(GP_ERR_STATE, "a CUDA profiling session is already open");
+
+    gp_cupti_activity_session_begin();
+    gp_cupti_loader_fail(GP_OK, "%s", "");
+    atomic_store(&cupti_attached, 1); /* from here on CUPTI may hold our state */
+
+    /* Subscribe first: CUPTI's docs ask every client to, so that a second
+     * tool (Nsight Systems, torch.profiler's kineto) is detected here. */
+    char holder[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN + 1];
+    memset(holder, 0, sizeof holder);
+    CUpti_SubscriberParams params;
+    memset(&params, 0, sizeof params);
+    params.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+    params.subscriberName = "gpuprof";
+    params.oldSubscriberName = holder;
+    params.oldSubscriberSize = sizeof holder - 1;
+    subscriber = NULL;
+    GpStatus st = GP_OK;
+    int mode = GP_CUPTI_MODE_CALLBACKS;
+    CUptiResult r = gp_cupti.cuptiSubscribe_v2(&subscriber, on_api, NULL, &params);
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+        subscriber = NULL;
+        mode = GP_CUPTI_MODE_ACTIVITY_ONLY;
+        gp_cupti_loader_fail(GP_OK,
+                             "another CUPTI client (%s) holds the callback API, so CUDA API calls "
+                             "are taken from activity records (activity-only mode): "
+                             "cuptiSubscribe_v2 returned %s",
+                             holder[0] ? holder : "unnamed", gp_cupti_loader_result_text(r));
+    } else if (r != CUPTI_SUCCESS) {
+        subscriber = NULL;
+        /* Without a driver CUPTI 13.0 answers CUPTI_ERROR_UNKNOWN, which
+         * explains nothing; the driver's own failure does. */
+        const char *why = NULL;
+        if (gp_cupti_loader_driver(&why) == NULL)
+            st = gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL, "cuptiSubscribe_v2 failed: %s (%d); %s",
+                                      gp_cupti_loader_result_text(r), (int)r, why);
+        else
+            st = cupti_fail(GP_ERR_CUDA_UNAVAIL, "cuptiSubscribe_v2", r);
+        goto fail;
+    }
+
+    /* Before any kind is enabled, so that every record is on our clock. */
+    r = gp_cupti.cuptiActivityRegisterTimestampCallback(gp_clock_now_fn);
+    if (r != CUPTI_SUCCESS) {
+        st = cupti_fail(GP_ERR_CUDA_UNAVAIL, "cuptiActivityRegisterTimestampCallback", r);
+        goto fail;
+    }
+    r = gp_cupti_activity_register();
+    if (r != CUPTI_SUCCESS) {
+        st = cupti_fail(GP_ERR_CUDA_UNAVAIL, "cuptiActivityRegisterCallbacks", r);
+        goto fail;
+    }
+    if (mode == GP_CUPTI_MODE_ACTIVITY_ONLY) {
+        /* API records are joined to our threads by gettid (GpThreadBuf.os_tid);
+         * CUPTI's default id is pthread_self. */
+        r = gp_cupti.cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM);
+        if (r != CUPTI_SUCCESS) {
+            st = cupti_fail(GP_ERR_CUDA_UNAVAIL, "cuptiSetThreadIdType(SYSTEM)", r);
+            goto fail;
+        }
+    }
+    gp_cupti_loader_set_mode(mode);
+    window_open = 0;
+    n_kinds_on = 0;
+    return GP_OK;
+
+fail:
+    if (subscriber != NULL) {
+        gp_cupti.cuptiUnsubscribe(subscriber);
+        subscriber = NULL;
+    }
+    gp_cupti_activity_session_end();
+    gp_cupti_loader_set_mode(GP_CUPTI_MODE_OFF);
+    atomic_store(&session_open, 0);
+    return st;
+}
+
+GpStatus
+gp_cuda_window_begin(int memory)
+{
+    if (!atomic_load(&session_open))
+        return gp_cupti_loader_fail(GP_ERR_STATE, "no CUDA profiling session is open");
+    if (window_open)
+        return gp_cupti_loader_fail(GP_ERR_STATE, "a CUDA profiling window is already open");
+    atomic_fetch_add(&window_gen, 1);
+    n_kinds_on = 0;
+
+    GpStatus st = GP_OK;
+    if (subscriber != NULL && (st = set_callbacks(1)) != GP_OK)
+        goto fail;
+
+#define GP_ENABLE(kind)                                                                            \
+    if ((st = enable_kind(kind, #kind)) != GP_OK)                                                  \
+        goto fail;
+    GP_ENABLE(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY)
+    GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY2)
+    GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMSET)
+    GP_ENABLE(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION)
+    if (memory) {
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMORY2)
+    }
+    if (subscriber == NULL) {
+        /* Activity-only: API calls come as records (every API; decoding
+         * keeps the traced ones). Never in callback mode: far too many. */
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_RUNTIME)
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_DRIVER)
+    }
+#undef GP_ENABLE
+    /* Event records only name the stream a stream-wait-event waits for
+     * (wait_stream); the window works without them, so a refusal is not
+     * an error. */
+    if (gp_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CUDA_EVENT) == CUPTI_SUCCESS)
+        kinds_on[n_kinds_on++] = CUPTI_ACTIVITY_KIND_CUDA_EVENT;
+
+    window_open = 1;
+    return GP_OK;
+
+fail:
+    disable_kinds(NULL);
+    if (subscriber != NULL)
+        set_callbacks(0);
+    return st;
+}
+
+GpStatus
+gp_cuda_window_end(void)
+{
+    if (!window_open)
+        return GP_OK;
+    window_open = 0;
+    /* Order: callbacks off (our own calls below must not be recorded), then
+     * the host-side kinds, then wait for the device, then the device kinds,
+     * then the forced flush that delivers every buffer before we return. */
+    GpStatus st = GP_OK;
+    if (subscriber != NULL)
+        st = set_callbacks(0);
+    GpStatus s2 = disable_kinds(is_host_kind);
+    if (st == GP_OK)
+        st = s2;
+    s2 = sync_devices();
+    if (st == GP_OK)
+        st = s2;
+    s2 = disable_kinds(NULL);
+    if (st == GP_OK)
+        st = s2;
+    CUptiResult r = gp_cupti.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (r != CUPTI_SUCCESS && st == GP_OK)
+        st = cupti_fail(GP_ERR_CUPTI, "cuptiActivityFlushAll(FLUSH_FORCED)", r);
+    return st;
+}
+
+GpStatus
+gp_cuda_session_end(void)
+{
+    if (!atomic_load(&session_open))
+        return GP_OK;
+    GpStatus st = gp_cuda_window_end();
+    if (subscriber != NULL) {
+        CUptiResult r = gp_cupti.cuptiUnsubscribe(subscriber);
+        subscriber = NULL;
+        if (r != CUPTI_SUCCESS && st == GP_OK)
+            st = cupti_fail(GP_ERR_CUPTI, "cuptiUnsubscribe", r);
+        /* Detach so that the program runs at native speed afterwards. Only
+         * when we were CUPTI's sole client: in activity-only mode another
+         * tool is using CUPTI and cuptiFinalize would tear its state down.
+         * Called here, not from an API-exit callback as CUPTI's docs
+         * suggest, because window_end has already synchronized the devices
+         * and flushed every buffer, which the docs give as the alternative. */
+        if (gp_cupti_loader_get_mode() == GP_CUPTI_MODE_CALLBACKS &&
+            atomic_load(&cupti_attached)) {
+            r = gp_cupti.cuptiFinalize();
+            if (r == CUPTI_SUCCESS)
+                atomic_store(&cupti_attached, 0);
+            else if (st == GP_OK)
+                st = cupti_fail(GP_ERR_CUPTI, "cuptiFinalize", r);
+        }
+    }
+    gp_cupti_activity_session_end();
+    gp_cupti_loader_set_mode(GP_CUPTI_MODE_OFF);
+    atomic_store(&session_open, 0); /* last: the next owner sees a clean state */
+    return st;
+}
