@@ -244,6 +244,12 @@ class profile:
         """The call tree: node id, parent id, op row, times and calls."""
         return self.results.call_tree()
 
+    def diagnose(self):
+        """Findings about the last recorded window, most severe first (see gpuprof.diagnose)."""
+        from .diagnose import diagnose
+
+        return diagnose(self.results)
+
 
 class record_function:
     """Label a region: ``with record_function("forward"):`` or ``@record_function("load")``.

@@ -1,0 +1,448 @@
+"""Diagnosis: name the bottleneck, show the evidence and the Python line, suggest the fix.
+
+``prof.diagnose()`` reads the recorded arrays (never raw buffers) and
+returns a :class:`Diagnosis`, a list of :class:`Finding` ranked by
+severity, the share of recorded step time the problem costs. Each finding
+carries the figures it was derived from, so every statement can be checked
+against ``prof.ops()``, ``prof.steps()`` and ``prof.gpu_events()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import numpy as np
+
+from ._results import Results
+from .tables import format_time
+
+__all__ = ["Diagnosis", "Finding", "diagnose"]
+
+# GP_APICLASS_* (cuda/gp_cuda.h)
+API_LAUNCH, API_GRAPH, API_MEMCPY, API_MEMCPY_SYNC, API_MEMSET, API_SYNC, API_ALLOC, API_FREE = (
+    1, 2, 3, 4, 5, 6, 7, 8)
+OPF_GENERATOR = 2
+
+_FP32_GEMM = re.compile(r"(sgemm|gemm.*(f32|fp32|tf32)|(f32|fp32).*gemm|conv.*(f32|fp32)|"
+                        r"implicit_convolve_sgemm|s\d{3,4}gemm|ampere_sgemm|sm\d+_xmma_gemm_f32)",
+                        re.I)
+_GEMM = re.compile(r"(gemm|conv|xmma|cutlass|cublas|matmul|mma)", re.I)
+_HALF = re.compile(r"(bf16|f16|fp16|h16|hmma|half|e4m3|e5m2)", re.I)
+
+
+@dataclasses.dataclass
+class Finding:
+    """One diagnosed problem.
+
+    Attributes:
+        kind: "data_stall", "sync_point", "launch_bound", "gpu_idle", "no_mixed_precision",
+            "communication_wait" or "memory_churn".
+        severity: share of recorded step time (0..1) the problem costs, estimated.
+        title: one line saying what is wrong.
+        evidence: the figures behind it (names match array fields where they come from one).
+        location: "file:line" of the Python code responsible, when known.
+        fix: what to change.
+    """
+
+    kind: str
+    severity: float
+    title: str
+    evidence: dict
+    location: str
+    fix: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Diagnosis(list):
+    """Findings, most severe first. ``str()`` prints a report; ``to_dict()`` for machines."""
+
+    def __init__(self, findings, summary: dict):
+        super().__init__(sorted(findings, key=lambda f: -f.severity))
+        self.summary = summary
+
+    def kinds(self) -> list[str]:
+        return [f.kind for f in self]
+
+    def to_dict(self) -> dict:
+        return {"summary": dict(self.summary), "findings": [f.to_dict() for f in self]}
+
+    def __str__(self) -> str:
+        s = self.summary
+        lines = ["gpuprof diagnosis", "=" * 17,
+                 f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
+                 f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
+                 + ("" if s["gpu"] else " (no GPU activity recorded)")]
+        if not self:
+            lines.append("No bottleneck found: nothing costs more than 5% of step time.")
+        for i, f in enumerate(self, 1):
+            lines.append("")
+            lines.append(f"{i}. [{100 * f.severity:4.1f}% of step time] {f.title}")
+            if f.location:
+                lines.append(f"   at {f.location}")
+            ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f.evidence.items())
+            lines.append(f"   evidence: {ev}")
+            lines.append(f"   fix: {f.fix}")
+        return "\n".join(lines) + "\n"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+
+def _fmt(key: str, v) -> str:
+    if isinstance(v, float) and key.endswith("share"):
+        return f"{100 * v:.1f}%"
+    if isinstance(v, (int, np.integer)) and key.endswith("_ns"):
+        return format_time(int(v))
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _loc(file: str, line: int) -> str:
+    return f"{os.path.relpath(file) if file and os.path.isabs(file) else file}:{line}" if file else ""
+
+
+class _View:
+    """What the checks share: arrays of the last window, steps, spans."""
+
+    def __init__(self, res: Results):
+        w = res._windows[-1]
+        self.raw = w.raw
+        self.ops = w.ops()
+        self.raw_ops = w.raw["ops"]
+        self.spans = w.raw["spans"]
+        self.gpu = w.gpu_events()
+        self.kernels = w.kernels()
+        steps = w.raw["steps"]
+        if len(steps) > 1:
+            # the first recorded step may include one-time work; keep it if it is all we have
+            steps = steps
+        self.steps = steps
+        self.window_ns = int(w.raw["window_end_ns"] - w.raw["window_start_ns"])
+        self.step_ns = int(steps["cpu_ns"].sum()) if len(steps) else self.window_ns
+        self.n_steps = max(len(steps), 1)
+        self.step_thread = int(steps["thread"][0]) if len(steps) else 0
+
+    def caller(self, span_index: int) -> tuple[str, int, str]:
+        """(file, line, name) of the Python code that made span `span_index`'s call."""
+        sp = self.spans
+        i = span_index
+        line = 0
+        while i >= 0:
+            row = int(sp["op_row"][i])
+            if self.ops["kind"][row] == "python":
+                return str(self.ops["file"][row]), line or int(self.ops["line"][row]), \
+                    str(self.ops["name"][row])
+            if sp["line"][i] > 0 and not line:
+                line = int(sp["line"][i])
+            i = int(sp["parent"][i])
+        return "", 0, ""
+
+    def c_call_of(self, span_index: int) -> str:
+        """Name of the C function whose call contains this span, if any."""
+        i = int(self.spans["parent"][span_index])
+        while i >= 0:
+            row = int(self.spans["op_row"][i])
+            if self.ops["kind"][row] == "c":
+                return str(self.ops["name"][row])
+            if self.ops["kind"][row] == "python":
+                return ""
+            i = int(self.spans["parent"][i])
+        return ""
+
+
+def _sync_points(v: _View):
+    sp = v.spans
+    api_rows = np.flatnonzero((v.raw_ops["kind"] == 5)
+                              & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC)))
+    if not len(api_rows):
+        return []
+    idx = np.flatnonzero(np.isin(sp["op_row"], api_rows))
+    by_site: dict[tuple, dict] = {}
+    for i in idx:
+        file, line, func = v.caller(int(i))
+        call = v.c_call_of(int(i))
+        key = (file, line)
+        d = by_site.setdefault(key, {"wait_ns": 0, "calls": 0, "via": set(), "func": func,
+                                     "api": set()})
+        d["wait_ns"] += int(sp["end_ns"][i] - sp["start_ns"][i])
+        d["calls"] += 1
+        if call:
+            d["via"].add(call)
+        d["api"].add(str(v.ops["name"][sp["op_row"][i]]))
+    out = []
+    for (file, line), d in by_site.items():
+        share = d["wait_ns"] / max(v.step_ns, 1)
+        if share < 0.02:
+            continue
+        via = ", ".join(sorted(d["via"])) or ", ".join(sorted(d["api"]))
+        out.append(Finding(
+            "sync_point", share,
+            f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
+            {"wait_ns": d["wait_ns"], "calls": d["calls"],
+             "wait_per_step_ns": d["wait_ns"] // v.n_steps, "api": ", ".join(sorted(d["api"]))},
+            _loc(file, line),
+            "Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
+            "print(tensor)): accumulate on the GPU and read every N steps, or log "
+            "asynchronously with non_blocking copies into pinned memory."))
+    return out
+
+
+def _data_stall(v: _View):
+    ops = v.ops
+    is_next = np.array([str(n).endswith("__next__") for n in ops["name"]], dtype=bool)
+    is_gen = (v.raw_ops["flags"] & OPF_GENERATOR) != 0
+    cand = np.flatnonzero((is_next | is_gen) & (ops["kind"] == "python"))
+    if not len(cand):
+        return []
+    # Count only loader calls made directly under a step (the training loop's fetch).
+    sp = v.spans
+    step_rows = np.flatnonzero(ops["kind"] == "step")
+    under_step = np.isin(sp["op_row"], cand) & (sp["parent"] >= 0)
+    if len(step_rows):
+        parents = sp["parent"][under_step]
+        ok = np.isin(sp["op_row"][parents], step_rows)
+        idx = np.flatnonzero(under_step)[ok]
+    else:
+        idx = np.flatnonzero(under_step)
+    if not len(idx):
+        return []
+    wait = int((sp["end_ns"][idx] - sp["start_ns"][idx]).sum())
+    share = wait / max(v.step_ns, 1)
+    if share < 0.05:
+        return []
+    # GPU idle while waiting for data
+    busy = 0
+    if len(v.gpu):
+        busy_iv = _merged(v.gpu, kinds=("kernel", "memcpy", "memset"))
+        busy = sum(_overlap(busy_iv, int(sp["start_ns"][i]), int(sp["end_ns"][i])) for i in idx)
+    top = np.bincount(sp["op_row"][idx], weights=(sp["end_ns"][idx] - sp["start_ns"][idx]))
+    row = int(np.argmax(top))
+    # the hottest function inside the loader
+    inner = _hottest_below(v, set(int(i) for i in idx))
+    ev = {"wait_ns": wait, "wait_per_step_ns": wait // v.n_steps,
+          "gpu_busy_during_wait_share": busy / max(wait, 1)}
+    if inner:
+        ev["hottest_inside"] = inner
+    return [Finding(
+        "data_stall", share,
+        f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
+        f"{format_time(wait // v.n_steps)} per step",
+        ev, _loc(str(ops["file"][row]), int(ops["line"][row])),
+        "Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, pin_memory=True, "
+        "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
+        "workers or the GPU, and cache decoded samples.")]
+
+
+def _hottest_below(v: _View, roots: set[int]) -> str:
+    sp = v.spans
+    self_ns: dict[int, int] = {}
+    # spans are in start order and children follow parents: propagate membership
+    inside = np.zeros(len(sp), dtype=bool)
+    for i in range(len(sp)):
+        p = int(sp["parent"][i])
+        inside[i] = i in roots or (p >= 0 and inside[p])
+    idx = np.flatnonzero(inside)
+    for i in idx:
+        if i in roots:
+            continue
+        row = int(sp["op_row"][i])
+        self_ns[row] = self_ns.get(row, 0) + int(sp["end_ns"][i] - sp["start_ns"][i])
+    if not self_ns:
+        return ""
+    row = max(self_ns, key=self_ns.get)
+    name = str(v.ops["name"][row])
+    if v.ops["kind"][row] == "python":
+        name += f" ({_loc(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
+    return name
+
+
+def _merged(gpu, kinds):
+    m = np.isin(gpu["kind"], kinds)
+    s, e = gpu["start_ns"][m], gpu["end_ns"][m]
+    order = np.argsort(s, kind="stable")
+    out = []
+    for a, b in zip(s[order], e[order]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([int(a), int(b)])
+    return out
+
+
+def _overlap(iv, s, e):
+    return sum(max(0, min(b, e) - max(a, s)) for a, b in iv if b > s and a < e)
+
+
+def _launch_bound(v: _View):
+    if not len(v.gpu) or not len(v.steps):
+        return []
+    busy = int(v.steps["gpu_busy_ns"].sum())
+    share_busy = busy / max(v.step_ns, 1)
+    k = v.gpu[v.gpu["kind"] == "kernel"]
+    if len(k) < 10 or share_busy > 0.6:
+        return []
+    dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
+    launch_rows = np.flatnonzero((v.raw_ops["kind"] == 5) & (v.raw_ops["flags"] == API_LAUNCH))
+    sp = v.spans
+    lm = np.isin(sp["op_row"], launch_rows)
+    launch_ns = float(np.median(sp["end_ns"][lm] - sp["start_ns"][lm])) if lm.any() else 5000.0
+    short = float((dur < launch_ns).mean())
+    per_step = len(k) / v.n_steps
+    severity = (1.0 - share_busy) * min(1.0, short + 0.25)
+    if short < 0.3:
+        return []
+    return [Finding(
+        "launch_bound", severity,
+        f"Launch-bound: {per_step:.0f} kernels per step, {100 * short:.0f}% shorter than a launch "
+        f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
+        {"kernels_per_step": int(per_step), "short_kernel_share": short,
+         "median_kernel_ns": int(np.median(dur)), "median_launch_ns": int(launch_ns),
+         "gpu_busy_share": share_busy},
+        "",
+        "Give the GPU more work per launch: a larger batch, fused ops (torch.compile), CUDA "
+        "graphs (torch.cuda.graphs / mode='reduce-overhead'), or fewer tiny elementwise ops.")]
+
+
+def _gpu_idle(v: _View):
+    if not len(v.gpu) or not len(v.steps):
+        return []
+    out = []
+    busy = _merged(v.gpu, ("kernel", "memcpy", "memset"))
+    gaps = []
+    for st in v.steps:
+        s, e = int(st["start_ns"]), int(st["end_ns"])
+        prev = s
+        for a, b in busy:
+            if b <= s or a >= e:
+                continue
+            if a > prev:
+                gaps.append((a - prev, prev, a))
+            prev = max(prev, b)
+        if e > prev:
+            gaps.append((e - prev, prev, e))
+    if not gaps:
+        return []
+    gaps.sort(reverse=True)
+    total = sum(g[0] for g in gaps)
+    share = total / max(v.step_ns, 1)
+    if share < 0.2:
+        return []
+    top = []
+    for dur, a, b in gaps[:3]:
+        name = _running_at(v, (a + b) // 2)
+        top.append(f"{format_time(dur)} during {name}")
+    file_line = ""
+    return [Finding(
+        "gpu_idle", share * 0.5,
+        f"GPU idle {100 * share:.0f}% of step time; largest gaps: " + "; ".join(top),
+        {"idle_ns": total, "gaps": len(gaps), "largest_gap_ns": gaps[0][0]},
+        file_line,
+        "Look at what the host runs during the gaps (above): move it off the critical path, "
+        "overlap it with GPU work, or batch it.")]
+
+
+def _running_at(v: _View, ts: int) -> str:
+    sp = v.spans
+    m = (sp["thread"] == v.step_thread) & (sp["start_ns"] <= ts) & (sp["end_ns"] >= ts)
+    idx = np.flatnonzero(m)
+    if not len(idx):
+        return "nothing recorded"
+    i = idx[np.argmax(sp["depth"][idx])]
+    row = int(sp["op_row"][i])
+    name = str(v.ops["name"][row])
+    if v.ops["kind"][row] == "python":
+        name += f" ({_loc(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
+    return name
+
+
+def _mixed_precision(v: _View):
+    k = v.kernels
+    if not len(k):
+        return []
+    compute = k[k["category"] == "compute"]
+    total_gpu = int(k["total_ns"].sum())
+    gemm = np.array([bool(_GEMM.search(str(n))) for n in compute["name"]], dtype=bool)
+    if not gemm.any():
+        return []
+    fp32 = np.array([bool(_FP32_GEMM.search(str(n))) and not _HALF.search(str(n))
+                     for n in compute["name"]], dtype=bool) & gemm
+    fp32_ns = int(compute["total_ns"][fp32].sum())
+    share = fp32_ns / max(total_gpu, 1)
+    if share < 0.25:
+        return []
+    busy_share = float(v.steps["gpu_busy_ns"].sum()) / max(v.step_ns, 1) if len(v.steps) else 1
+    top = compute[fp32][np.argmax(compute["total_ns"][fp32])]
+    return [Finding(
+        "no_mixed_precision", share * busy_share * 0.5,
+        f"FP32 matrix kernels take {100 * share:.0f}% of GPU time (e.g. {str(top['name'])[:60]})",
+        {"fp32_gemm_ns": fp32_ns, "gpu_time_ns": total_gpu, "fp32_gemm_share": share},
+        "",
+        "Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the "
+        "forward pass, or torch.set_float32_matmul_precision('high') for TF32.")]
+
+
+def _communication(v: _View):
+    if not len(v.gpu):
+        return []
+    comm = v.gpu[v.gpu["category"] == "communication"]
+    if not len(comm):
+        return []
+    compute = _merged(v.gpu[v.gpu["category"] == "compute"], ("kernel",))
+    exposed = 0
+    total = 0
+    for c in comm:
+        d = int(c["end_ns"] - c["start_ns"])
+        total += d
+        exposed += d - _overlap(compute, int(c["start_ns"]), int(c["end_ns"]))
+    share = exposed / max(v.step_ns, 1)
+    if share < 0.05:
+        return []
+    return [Finding(
+        "communication_wait", share,
+        f"Communication not overlapped with compute: {format_time(exposed // v.n_steps)} per step",
+        {"comm_ns": total, "exposed_comm_ns": exposed},
+        "",
+        "Overlap gradients' all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view)"
+        ", reduce communication volume (bf16 gradients), or check for a slow rank.")]
+
+
+def _memory_churn(v: _View):
+    rows = np.flatnonzero((v.raw_ops["kind"] == 5) & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE)))
+    if not len(rows):
+        return []
+    calls = int(v.raw_ops["calls"][rows].sum())
+    t = int(v.raw_ops["cpu_total_ns"][rows].sum())
+    per_step = calls / v.n_steps
+    share = t / max(v.step_ns, 1)
+    if per_step < 1 or share < 0.02:
+        return []
+    return [Finding(
+        "memory_churn", share,
+        f"cudaMalloc/cudaFree inside steps: {per_step:.1f} calls per step",
+        {"calls": calls, "time_ns": t},
+        "",
+        "Let the caching allocator reuse memory: keep tensor shapes stable across steps, "
+        "preallocate buffers, avoid torch.cuda.empty_cache() in the loop.")]
+
+
+CHECKS = (_data_stall, _sync_points, _launch_bound, _gpu_idle, _mixed_precision, _communication,
+          _memory_churn)
+
+
+def diagnose(results: Results) -> Diagnosis:
+    """Run every check over the last recorded window."""
+    v = _View(results)
+    findings = []
+    for check in CHECKS:
+        findings += check(v)
+    busy = int(v.steps["gpu_busy_ns"].sum()) if len(v.steps) else 0
+    summary = {"steps": len(v.steps), "step_ns_mean": v.step_ns // v.n_steps,
+               "gpu_busy_share": busy / max(v.step_ns, 1), "gpu": bool(len(v.gpu))}
+    return Diagnosis(findings, summary)
