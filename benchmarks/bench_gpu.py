@@ -124,9 +124,20 @@ print("RESULT " + json.dumps(out))
 MODES = ["none", "gpuprof_cpu", "gpuprof", "gpuprof_mem", "torch", "torch_full"]
 
 
+# Modes that switch on only part of the CUDA capture, to see what each part costs.
+PART_MODES = {"gpuprof_callbacks": "callbacks", "gpuprof_kernels": "kernels",
+              "gpuprof_activity": "kernels,copies,sync,events"}
+
+
 def run_child(wl, mode, steps):
-    r = subprocess.run([sys.executable, "-c", CHILD, wl, mode, str(steps)], capture_output=True,
-                       text=True, timeout=600)
+    env = dict(os.environ)
+    if mode in PART_MODES:
+        env["GPUPROF_CUPTI_PARTS"] = PART_MODES[mode]
+        mode_arg = "gpuprof"
+    else:
+        mode_arg = mode
+    r = subprocess.run([sys.executable, "-c", CHILD, wl, mode_arg, str(steps)],
+                       capture_output=True, text=True, timeout=600, env=env)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -148,6 +159,7 @@ def main():
         print(f"{'mode':12s} {'step ms':>9s} {'ratio':>7s} {'after':>7s} {'to table s':>10s}  notes")
         for mode in args.modes.split(","):
             r = run_child(wl, mode, steps)
+            r["mode"] = mode
             results.append(r)
             if "error" in r:
                 print(f"{mode:12s} ERROR {r['error'][-400:]}")

@@ -198,6 +198,7 @@ op_row_for(Agg *a, uint32_t op, uint8_t kind)
     uint32_t row = (uint32_t)(a->t->ops.n - 1);
     r->op = op;
     r->kind = kind;
+    r->flags = kind == GP_OP_CUDA_API ? (uint8_t)gp_cuda_api_class(op) : a->in->op_flags[op];
     r->cpu_min_ns = INT64_MAX;
     if (kind == GP_OP_CUDA_API) {
         uint32_t *k = VEC_PUSH(a->api_rows);
@@ -382,7 +383,10 @@ on_api_enter(Agg *a, int64_t ts, uint32_t corr, uint32_t key)
         return -1;
     if (push_entry(a, ts, E_API, GP_OP_CUDA_API, key, 0, 1, 0) < 0)
         return -1;
-    a->stack.v[a->stack.n - 1].launch = li;
+    Entry *e = &a->stack.v[a->stack.n - 1];
+    e->launch = li;
+    if (e->span >= 0)
+        a->t->spans.v[e->span].correlation = corr;
     return 0;
 }
 

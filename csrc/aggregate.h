@@ -34,7 +34,8 @@ enum {
 typedef struct GpOpRow {
     uint32_t op;           /* intern op id; api key for GP_OP_CUDA_API */
     uint8_t kind;          /* GP_OP_* */
-    uint8_t pad[3];
+    uint8_t flags;         /* GP_OPF_*; for GP_OP_CUDA_API the GP_APICLASS_* */
+    uint8_t pad[2];
     int64_t calls;
     int64_t cpu_total_ns;  /* outermost calls only (recursion counted once) */
     int64_t cpu_self_ns;

@@ -22,6 +22,7 @@ typedef struct Field {
 static const Field op_fields[] = {
     F(GpOpRow, op, "u4"),
     F(GpOpRow, kind, "u1"),
+    F(GpOpRow, flags, "u1"),
     F(GpOpRow, calls, "i8"),
     F(GpOpRow, cpu_total_ns, "i8"),
     F(GpOpRow, cpu_self_ns, "i8"),

@@ -17,6 +17,7 @@
 #include "cupti_internal.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../csrc/buffer.h"
@@ -327,18 +328,28 @@ gp_cuda_window_begin(int memory)
     atomic_fetch_add(&window_gen, 1);
     n_kinds_on = 0;
 
+    /* GPUPROF_CUPTI_PARTS (benchmarks only: measuring what each part of
+     * the capture costs) lists the parts to switch on; default: all. */
+    const char *parts = getenv("GPUPROF_CUPTI_PARTS");
+#define GP_PART(name) (parts == NULL || strstr(parts, name) != NULL)
     GpStatus st = GP_OK;
-    if (subscriber != NULL && (st = set_callbacks(1)) != GP_OK)
+    if (subscriber != NULL && GP_PART("callbacks") && (st = set_callbacks(1)) != GP_OK)
         goto fail;
 
 #define GP_ENABLE(kind)                                                                            \
     if ((st = enable_kind(kind, #kind)) != GP_OK)                                                  \
         goto fail;
-    GP_ENABLE(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
-    GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY)
-    GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY2)
-    GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMSET)
-    GP_ENABLE(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION)
+    if (GP_PART("kernels")) {
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    }
+    if (GP_PART("copies")) {
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY)
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY2)
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMSET)
+    }
+    if (GP_PART("sync")) {
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION)
+    }
     if (memory) {
         GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMORY2)
     }
@@ -352,8 +363,10 @@ gp_cuda_window_begin(int memory)
     /* Event records only name the stream a stream-wait-event waits for
      * (wait_stream); the window works without them, so a refusal is not
      * an error. */
-    if (gp_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CUDA_EVENT) == CUPTI_SUCCESS)
+    if (GP_PART("events") &&
+        gp_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CUDA_EVENT) == CUPTI_SUCCESS)
         kinds_on[n_kinds_on++] = CUPTI_ACTIVITY_KIND_CUDA_EVENT;
+#undef GP_PART
 
     window_open = 1;
     return GP_OK;

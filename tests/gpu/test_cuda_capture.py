@@ -64,7 +64,7 @@ def test_forward_backward_attribution():
     fwd = ops[ops["name"] == "Linear.forward"]
     assert fwd["cuda_total_ns"][0] >= lin["cuda_self_ns"][0]
     # backward kernels come from autograd's device threads: charged to backward on this thread
-    bwd = ops[[str(n).endswith("run_backward") for n in ops["name"]]]
+    bwd = ops[ops["name"] == "torch._C._EngineBase.run_backward"]
     assert len(bwd) == 1, sorted(set(ops["name"]))
     assert bwd["cuda_self_ns"][0] > 0
     assert ev["blocked_thread"].any()
@@ -96,9 +96,10 @@ def test_kernels_never_start_before_their_launch():
 
 def test_item_is_a_sync_point_with_its_line():
     torch = _torch()
-    model = _mlp(torch)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _mlp(torch, width=4096, depth=4)  # GPU-heavy: .item() waits for real work
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(4096, 256, device="cuda")
+    x = torch.randn(8192, 4096, device="cuda")
     with gpuprof.profile(activities=CUDA) as prof:
         for _ in range(5):
             loss = model(x).square().mean()
