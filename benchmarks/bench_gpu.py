@@ -124,18 +124,19 @@ print("RESULT " + json.dumps(out))
 MODES = ["none", "gpuprof_cpu", "gpuprof", "gpuprof_mem", "torch", "torch_full"]
 
 
-# Modes that switch on only part of the CUDA capture, to see what each part costs.
-PART_MODES = {"gpuprof_callbacks": "callbacks", "gpuprof_kernels": "kernels",
-              "gpuprof_activity": "kernels,copies,sync,events"}
-
-
 def run_child(wl, mode, steps):
+    """Run one mode in a subprocess. Besides MODES, "gp:a.b.c" runs gpuprof with
+    only the CUPTI parts a, b, c switched on (GPUPROF_CUPTI_PARTS: callbacks, kernels,
+    copies, sync, events, nodrvcb, nortcb), and "gpact:a.b" the same in activity-only
+    mode (GPUPROF_CUPTI_MODE=activity), to measure what each part costs."""
     env = dict(os.environ)
-    if mode in PART_MODES:
-        env["GPUPROF_CUPTI_PARTS"] = PART_MODES[mode]
+    mode_arg = mode
+    if mode.startswith(("gp:", "gpact:")):
+        kind, parts = mode.split(":", 1)
+        env["GPUPROF_CUPTI_PARTS"] = parts.replace(".", ",")
+        if kind == "gpact":
+            env["GPUPROF_CUPTI_MODE"] = "activity"
         mode_arg = "gpuprof"
-    else:
-        mode_arg = mode
     r = subprocess.run([sys.executable, "-c", CHILD, wl, mode_arg, str(steps)],
                        capture_output=True, text=True, timeout=600, env=env)
     for line in r.stdout.splitlines():

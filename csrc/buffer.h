@@ -52,7 +52,8 @@ typedef struct GpEvent {
     uint32_t kind; /* GP_EV_* in the low byte, payload above */
 } GpEvent;
 
-#define GP_CHUNK_EVENTS 16384u
+/* 16 header bytes + 16383 events = 256 KiB: eight chunks fill one 2 MiB huge page. */
+#define GP_CHUNK_EVENTS 16383u
 
 typedef struct GpChunk {
     struct GpChunk *next; /* owner thread until the window is read */

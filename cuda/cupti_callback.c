@@ -49,6 +49,11 @@ static int n_kinds_on;
  * always registers everything afresh and never reuses `subscriber`. */
 static atomic_int cupti_attached;
 
+/* Activity-only mode chosen by GPUPROF_CUPTI_MODE rather than forced by
+ * another subscriber: we are CUPTI's only client and may detach it.
+ * Interpreter thread (session begin/end). */
+static int forced_activity;
+
 /* ---- Callback state ---------------------------------------------------- */
 
 /* Bumped at every window begin; a thread whose tls_window differs drops its
@@ -117,8 +122,14 @@ set_callbacks(uint32_t enable)
         {CUPTI_CB_DOMAIN_RUNTIME_API, runtime_cbids, GP_ARRAY_LEN(runtime_cbids)},
         {CUPTI_CB_DOMAIN_DRIVER_API, driver_cbids, GP_ARRAY_LEN(driver_cbids)},
     };
+    /* Benchmarks only (GPUPROF_CUPTI_PARTS, see window_begin): "nodrvcb" or
+     * "nortcb" leave one domain's callbacks off to measure what it costs. */
+    const char *parts = getenv("GPUPROF_CUPTI_PARTS");
     GpStatus st = GP_OK;
     for (size_t l = 0; l < GP_ARRAY_LEN(lists); l++) {
+        if (enable && parts != NULL &&
+            strstr(parts, lists[l].domain == CUPTI_CB_DOMAIN_DRIVER_API ? "nodrvcb" : "nortcb"))
+            continue;
         for (size_t i = 0; i < lists[l].n; i++) {
             CUptiResult r =
                 gp_cupti.cuptiEnableCallback(enable, subscriber, lists[l].domain, lists[l].ids[i]);
@@ -260,8 +271,18 @@ gp_cuda_session_begin(void)
     subscriber = NULL;
     GpStatus st = GP_OK;
     int mode = GP_CUPTI_MODE_CALLBACKS;
-    CUptiResult r = gp_cupti.cuptiSubscribe_v2(&subscriber, on_api, NULL, &params);
-    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    const char *forced = getenv("GPUPROF_CUPTI_MODE");
+    CUptiResult r;
+    if (forced != NULL && strcmp(forced, "activity") == 0) {
+        /* Asked for (GPUPROF_CUPTI_MODE=activity): no callbacks at all; API
+         * calls come from activity records, as with another subscriber. */
+        subscriber = NULL;
+        mode = GP_CUPTI_MODE_ACTIVITY_ONLY;
+        forced_activity = 1;
+        gp_cupti_loader_fail(GP_OK, "activity-only mode requested by GPUPROF_CUPTI_MODE=activity");
+        r = CUPTI_SUCCESS;
+    } else if ((r = gp_cupti.cuptiSubscribe_v2(&subscriber, on_api, NULL, &params)) ==
+               CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
         subscriber = NULL;
         mode = GP_CUPTI_MODE_ACTIVITY_ONLY;
         gp_cupti_loader_fail(GP_OK,
@@ -411,26 +432,29 @@ gp_cuda_session_end(void)
     if (!atomic_load(&session_open))
         return GP_OK;
     GpStatus st = gp_cuda_window_end();
+    /* Detach so that the program runs at native speed afterwards. Only
+     * when we were CUPTI's sole client: in activity-only mode forced on us
+     * by another subscriber, that tool is using CUPTI and cuptiFinalize
+     * would tear its state down. Called here, not from an API-exit callback
+     * as CUPTI's docs suggest, because window_end has already synchronized
+     * the devices and flushed every buffer, which the docs give as the
+     * alternative. */
+    int sole_client = forced_activity;
     if (subscriber != NULL) {
         CUptiResult r = gp_cupti.cuptiUnsubscribe(subscriber);
         subscriber = NULL;
         if (r != CUPTI_SUCCESS && st == GP_OK)
             st = cupti_fail(GP_ERR_CUPTI, "cuptiUnsubscribe", r);
-        /* Detach so that the program runs at native speed afterwards. Only
-         * when we were CUPTI's sole client: in activity-only mode another
-         * tool is using CUPTI and cuptiFinalize would tear its state down.
-         * Called here, not from an API-exit callback as CUPTI's docs
-         * suggest, because window_end has already synchronized the devices
-         * and flushed every buffer, which the docs give as the alternative. */
-        if (gp_cupti_loader_get_mode() == GP_CUPTI_MODE_CALLBACKS &&
-            atomic_load(&cupti_attached)) {
-            r = gp_cupti.cuptiFinalize();
-            if (r == CUPTI_SUCCESS)
-                atomic_store(&cupti_attached, 0);
-            else if (st == GP_OK)
-                st = cupti_fail(GP_ERR_CUPTI, "cuptiFinalize", r);
-        }
+        sole_client = gp_cupti_loader_get_mode() == GP_CUPTI_MODE_CALLBACKS;
     }
+    if (sole_client && atomic_load(&cupti_attached)) {
+        CUptiResult r = gp_cupti.cuptiFinalize();
+        if (r == CUPTI_SUCCESS)
+            atomic_store(&cupti_attached, 0);
+        else if (st == GP_OK)
+            st = cupti_fail(GP_ERR_CUPTI, "cuptiFinalize", r);
+    }
+    forced_activity = 0;
     gp_cupti_activity_session_end();
     gp_cupti_loader_set_mode(GP_CUPTI_MODE_OFF);
     atomic_store(&session_open, 0); /* last: the next owner sees a clean state */
