@@ -17,10 +17,12 @@ GpIntern gp_intern;
 int
 gp_intern_init(void)
 {
-    PyObject *prefix = gp_intern.hidden_prefix; /* set once at import; survives sessions */
+    /* Set once at import; they survive sessions. */
+    PyObject *prefix = gp_intern.hidden_prefix, *shown = gp_intern.shown_prefix;
     gp_intern_clear();
     memset(&gp_intern, 0, sizeof(gp_intern));
     gp_intern.hidden_prefix = prefix;
+    gp_intern.shown_prefix = shown;
     gp_intern.slots = calloc(INITIAL_SLOTS, sizeof(GpInternSlot));
     gp_intern.mask = INITIAL_SLOTS - 1;
     gp_intern.cap_ops = INITIAL_OPS;
@@ -56,10 +58,11 @@ gp_intern_clear(void)
     free(gp_intern.refs);
     free((void *)gp_intern.methods);
     Py_XDECREF(gp_intern.labels);
-    PyObject *prefix = gp_intern.hidden_prefix;
+    PyObject *prefix = gp_intern.hidden_prefix, *shown = gp_intern.shown_prefix;
     memset(&gp_intern, 0, sizeof(gp_intern));
-    /* The hidden prefix outlives sessions: it is set once at import. */
+    /* The prefixes outlive sessions: they are set once at import. */
     gp_intern.hidden_prefix = prefix;
+    gp_intern.shown_prefix = shown;
 }
 
 static int
@@ -141,18 +144,24 @@ fail:
 }
 
 static int
-is_hidden_code(PyCodeObject *code)
+starts_with(PyObject *s, PyObject *prefix)
 {
-    if (gp_intern.hidden_prefix == NULL)
+    if (prefix == NULL || !PyUnicode_Check(s))
         return 0;
-    PyObject *filename = code->co_filename; /* borrowed from the code object */
-    Py_ssize_t n = PyUnicode_GetLength(gp_intern.hidden_prefix);
-    Py_ssize_t r = PyUnicode_Tailmatch(filename, gp_intern.hidden_prefix, 0, n, -1);
+    Py_ssize_t r = PyUnicode_Tailmatch(s, prefix, 0, PyUnicode_GetLength(prefix), -1);
     if (r < 0) {
         PyErr_Clear();
         return 0;
     }
     return (int)r;
+}
+
+static int
+is_hidden_code(PyCodeObject *code)
+{
+    PyObject *filename = code->co_filename; /* borrowed from the code object */
+    return starts_with(filename, gp_intern.hidden_prefix) &&
+           !starts_with(filename, gp_intern.shown_prefix);
 }
 
 uint32_t
@@ -225,13 +234,14 @@ gp_intern_label(PyObject *label)
 }
 
 int
-gp_intern_set_hidden_prefix(PyObject *prefix)
+gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown)
 {
-    if (!PyUnicode_Check(prefix)) {
-        PyErr_SetString(PyExc_TypeError, "hidden prefix must be a str");
+    if (!PyUnicode_Check(prefix) || (shown != NULL && !PyUnicode_Check(shown))) {
+        PyErr_SetString(PyExc_TypeError, "hidden and shown prefixes must be str");
         return -1;
     }
     Py_XSETREF(gp_intern.hidden_prefix, Py_NewRef(prefix));
+    Py_XSETREF(gp_intern.shown_prefix, Py_XNewRef(shown));
     return 0;
 }
 

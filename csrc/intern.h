@@ -36,6 +36,7 @@ typedef struct GpIntern {
     const PyMethodDef **methods; /* per op id (C functions) */
     PyObject *labels;   /* dict: label str -> op id (int) */
     PyObject *hidden_prefix; /* str or NULL: co_filename prefix of hidden code */
+    PyObject *shown_prefix;  /* str or NULL: under hidden_prefix, but shown (bundled workloads) */
 } GpIntern;
 
 extern GpIntern gp_intern;
@@ -90,8 +91,9 @@ gp_intern_cfunc(const PyMethodDef *ml, PyObject *owner)
 /* Op id of a range label; -1... returns 0 with an exception set on failure. */
 uint32_t gp_intern_label(PyObject *label);
 
-/* Code objects whose co_filename starts with `prefix` are hidden. 0 / -1. */
-int gp_intern_set_hidden_prefix(PyObject *prefix);
+/* Code objects whose co_filename starts with `prefix` are hidden, except
+ * those under `shown` (may be NULL). 0 / -1 with an exception. */
+int gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown);
 
 /* Describe op `op` for the tables: new references to name and file (str),
  * and the line (0 when none). 0 on success, -1 with an exception. */

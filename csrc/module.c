@@ -9,6 +9,7 @@
 #include "intern.h"
 #include "profiler.h"
 #include "testing.h"
+#include "trace_json.h"
 
 static PyObject *
 mod_thread_bootstrap(PyObject *module, PyObject *args)
@@ -22,10 +23,13 @@ mod_thread_bootstrap(PyObject *module, PyObject *args)
 }
 
 static PyObject *
-mod_set_hidden_prefix(PyObject *module, PyObject *prefix)
+mod_set_hidden_prefix(PyObject *module, PyObject *args)
 {
     (void)module;
-    if (gp_intern_set_hidden_prefix(prefix) < 0)
+    PyObject *prefix, *shown = NULL;
+    if (!PyArg_ParseTuple(args, "U|U:_set_hidden_prefix", &prefix, &shown))
+        return NULL;
+    if (gp_intern_set_hidden_prefix(prefix, shown) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -110,14 +114,17 @@ static PyMethodDef module_methods[] = {
     {"range_pop", gp_profiler_range_pop, METH_O, "Close the user range opened with the token."},
     {"_thread_bootstrap", mod_thread_bootstrap, METH_VARARGS,
      "threading.setprofile target: installs the C hook on a new thread."},
-    {"_set_hidden_prefix", mod_set_hidden_prefix, METH_O,
-     "Code under this path prefix is gpuprof's own and is not shown."},
+    {"_set_hidden_prefix", mod_set_hidden_prefix, METH_VARARGS,
+     "(prefix, shown=None): code under prefix is gpuprof's own and is not shown, except "
+     "under shown."},
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode of CUDA capture."},
     {"device_props", mod_device_props, METH_NOARGS, "Properties of each visible CUDA device."},
     {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},
     {"epoch_offset_ns", mod_epoch_offset_ns, METH_NOARGS,
      "Unix-epoch ns minus profiler-clock ns."},
+    {"_write_trace", gp_trace_json_write, METH_VARARGS,
+     "_write_trace(dest, window, meta) -> events: one window as a Chrome trace (trace_json.h)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,7 @@ import os as _os
 from . import _gpuprof
 from ._cuda import cuda_status
 from ._results import Results
+from .exporters import load, tensorboard_trace_handler
 from .profiler import ProfilerActivity, profile, record_function
 from .schedule import ProfilerAction, Schedule, schedule
 from .tables import KeyAverages
@@ -31,11 +32,15 @@ __all__ = [
     "Results",
     "Schedule",
     "cuda_status",
+    "load",
     "profile",
     "record_function",
     "schedule",
+    "tensorboard_trace_handler",
     "__version__",
 ]
 
 # Frames of gpuprof's own Python code are not shown: their time goes to the caller.
-_gpuprof._set_hidden_prefix(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
+# The bundled workloads (gpuprof/workloads/) are user code and are shown.
+_here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
+_gpuprof._set_hidden_prefix(_here, _here + "workloads" + _os.sep)

@@ -1,0 +1,338 @@
+"""Command line: ``python -m gpuprof {demo,run,report,compare}``.
+
+``run`` profiles an unmodified program, like ``nsys profile`` or ``py-spy record``:
+
+    python -m gpuprof run train.py --epochs 1
+    python -m gpuprof run --wait 5 --warmup 2 --active 10 -m mypackage.train
+    python -m gpuprof run --delay 30 --duration 10 train.py
+
+Steps are found without code changes: every ``torch.optim.Optimizer.step``
+call ends a step when PyTorch is used, or ``--step-fn module:function`` names
+the function whose every return ends a step; with ``--delay/--duration`` a
+time window is recorded instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import runpy
+import sys
+import threading
+import time
+
+__all__ = ["main"]
+
+
+class _CliError(Exception):
+    """A bad argument: printed as one line, exit code 2."""
+
+
+def _profile_kwargs(args) -> dict:
+    import gpuprof
+
+    kwargs: dict = {"profile_memory": args.memory, "with_stack": args.with_stack}
+    if args.cuda is not None:
+        kwargs["activities"] = [gpuprof.ProfilerActivity.CPU] + (
+            [gpuprof.ProfilerActivity.CUDA] if args.cuda else [])
+    if args.active is not None:
+        kwargs["schedule"] = gpuprof.schedule(wait=args.wait, warmup=args.warmup,
+                                              active=args.active, repeat=args.repeat)
+    return kwargs
+
+
+class _StepHook(importlib.abc.MetaPathFinder):
+    """Wraps a function when its module is imported, so that each return ends a step."""
+
+    def __init__(self, targets: dict[str, list[str]], on_step):
+        self.targets = targets  # module -> attribute paths
+        self.on_step = on_step
+        self.patched: list[str] = []
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.targets:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module, _orig=original, _name=fullname):
+            _orig(module)
+            for attr in self.targets[_name]:
+                self._patch(module, attr, f"{_name}:{attr}")
+
+        loader.exec_module = exec_module
+        return spec
+
+    def patch_loaded(self):
+        for mod, attrs in self.targets.items():
+            if mod in sys.modules:
+                for attr in attrs:
+                    self._patch(sys.modules[mod], attr, f"{mod}:{attr}")
+
+    def _patch(self, module, attr, label):
+        owner = module
+        parts = attr.split(".")
+        for p in parts[:-1]:
+            owner = getattr(owner, p, None)
+            if owner is None:
+                return
+        fn = getattr(owner, parts[-1], None)
+        if fn is None or getattr(fn, "_gpuprof_step", False):
+            return
+        on_step = self.on_step
+
+        @functools.wraps(fn)
+        def wrapper(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            finally:
+                on_step()
+
+        wrapper._gpuprof_step = True
+        setattr(owner, parts[-1], wrapper)
+        self.patched.append(label)
+
+
+def _run_target(args) -> int:
+    """Run the script or module as __main__; return its exit code."""
+    sys.argv = [args.target] + list(args.args)
+    try:
+        if args.module:
+            runpy.run_module(args.target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_outputs(prof, out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    stem = os.path.join(out_dir, f"{os.uname().nodename}_{os.getpid()}")
+    for method, suffix in (("export_chrome_trace", ".pt.trace.json.gz"), ("save", ".gpuprof"),
+                           ("export_stacks", ".stacks.txt")):
+        fn = getattr(prof, method, None)
+        if fn is None:
+            continue
+        path = stem + suffix
+        fn(path)
+        written.append(path)
+    return written
+
+
+def cmd_run(args) -> int:
+    import gpuprof
+
+    if args.module:
+        if importlib.util.find_spec(args.target) is None:
+            raise _CliError(f"no module named {args.target!r}")
+    elif not os.path.isfile(args.target):
+        raise _CliError(f"no such script: {args.target!r}")
+    if (args.delay is None) != (args.duration is None):
+        raise _CliError("--delay and --duration go together")
+    prof = gpuprof.profile(**_profile_kwargs(args))
+    steps = {"n": 0}
+
+    def on_step():
+        if prof.running:
+            prof.step()
+            steps["n"] += 1
+
+    targets: dict[str, list[str]] = {"torch.optim.optimizer": ["Optimizer.step"]}
+    if args.step_fn:
+        if ":" not in args.step_fn:
+            raise _CliError("--step-fn takes module:function, e.g. train:train_step")
+        mod, attr = args.step_fn.split(":", 1)
+        targets = {mod: [attr]}
+    hook = _StepHook(targets, on_step)
+    sys.meta_path.insert(0, hook)
+    hook.patch_loaded()
+    timers = []
+    if args.delay is not None:
+        timers = [threading.Timer(args.delay, prof.start),
+                  threading.Timer(args.delay + args.duration, prof.stop)]
+        for t in timers:
+            t.daemon = True
+            t.start()
+    else:
+        prof.start()
+    code = 0
+    try:
+        code = _run_target(args)
+    finally:
+        for t in timers:
+            t.cancel()
+        if prof.running:
+            prof.stop()
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        _report_run(prof, args, steps["n"], hook.patched)
+    return code
+
+
+def _report_run(prof, args, n_steps, patched):
+    out = sys.stderr
+    try:
+        results = prof.results
+    except RuntimeError as e:
+        print(f"gpuprof: nothing recorded ({e})", file=out)
+        return
+    sort = args.sort or ("self_cuda_time_total" if results.cuda.get("active")
+                         else "self_cpu_time_total")
+    print(prof.key_averages().table(sort_by=sort, row_limit=args.limit), file=out)
+    how = ", ".join(patched) if patched else ("time window" if args.delay is not None else "none")
+    print(f"steps detected: {n_steps} (step boundaries: {how})", file=out)
+    print(prof.diagnose(), file=out)
+    if args.output:
+        for path in _write_outputs(prof, args.output):
+            print(f"gpuprof: wrote {path}", file=out)
+
+
+def cmd_demo(args) -> int:
+    from . import demo
+
+    return demo.main([])
+
+
+def cmd_report(args) -> int:
+    import gpuprof
+
+    if not os.path.isfile(args.file):
+        raise _CliError(f"cannot read {args.file!r}: no such file")
+    load = getattr(gpuprof, "load", None)
+    if load is None:
+        raise _CliError("this build cannot read saved profiles")
+    try:
+        prof = load(args.file)
+    except (OSError, ValueError, KeyError) as e:
+        raise _CliError(f"cannot read {args.file!r}: {e}") from e
+    if args.kernels:
+        _print_kernels(prof.kernels(), args.limit)
+    elif args.steps:
+        _print_steps(prof.steps())
+    elif args.memory and hasattr(prof, "memory_summary"):
+        print(prof.memory_summary())
+    else:
+        sort = args.sort or "self_cuda_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=args.limit))
+    return 0
+
+
+def _print_kernels(k, limit):
+    from .tables import format_time
+
+    order = (-k["total_ns"]).argsort()[:limit]
+    total = max(int(k["total_ns"].sum()), 1)
+    print(f"{'Kernel':60s} {'Dev':>3s} {'Calls':>7s} {'Total':>11s} {'%':>6s} {'Avg':>10s} "
+          f"{'Category':>13s}")
+    for i in order:
+        name = str(k["name"][i])
+        name = name if len(name) <= 60 else name[:57] + "..."
+        print(f"{name:60s} {k['device'][i]:3d} {k['calls'][i]:7d} "
+              f"{format_time(k['total_ns'][i]):>11s} {100 * k['total_ns'][i] / total:5.1f}% "
+              f"{format_time(k['total_ns'][i] / max(k['calls'][i], 1)):>10s} "
+              f"{k['category'][i]:>13s}")
+
+
+def _print_steps(s):
+    from .tables import format_time
+
+    print(f"{'Step':>5s} {'Wall':>10s} {'GPU busy':>10s} {'GPU idle':>10s} {'Memcpy':>10s} "
+          f"{'Comm':>10s} {'Sync wait':>10s} {'Kernels':>8s}")
+    for r in s:
+        print(f"{r['step']:5d} {format_time(r['cpu_ns']):>10s} {format_time(r['gpu_busy_ns']):>10s}"
+              f" {format_time(r['gpu_idle_ns']):>10s} {format_time(r['memcpy_ns']):>10s} "
+              f"{format_time(r['comm_ns']):>10s} {format_time(r['sync_wait_ns']):>10s} "
+              f"{r['kernels']:8d}")
+
+
+def cmd_compare(args) -> int:
+    import gpuprof
+
+    compare = getattr(gpuprof, "compare", None)
+    if compare is None:
+        raise _CliError("compare is not available in this build")
+    for f in (args.before, args.after):
+        if not os.path.isfile(f):
+            raise _CliError(f"cannot read {f!r}: no such file")
+    print(compare(args.before, args.after))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpuprof",
+                                description="Profile Python programs that drive GPUs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="profile a bundled training loop and print the results")
+    d.set_defaults(fn=cmd_demo)
+
+    r = sub.add_parser("run", help="profile an unmodified script or module")
+    r.add_argument("-m", dest="module", action="store_true", help="run a module (like python -m)")
+    r.add_argument("--wait", type=int, default=0)
+    r.add_argument("--warmup", type=int, default=1)
+    r.add_argument("--active", type=int, default=None,
+                   help="record this many steps per cycle (default: the whole run)")
+    r.add_argument("--repeat", type=int, default=1)
+    r.add_argument("--cuda", dest="cuda", action="store_true", default=None)
+    r.add_argument("--no-cuda", dest="cuda", action="store_false")
+    r.add_argument("--memory", action="store_true", help="record device memory")
+    r.add_argument("--with-stack", action="store_true")
+    r.add_argument("--step-fn", help="module:function whose every return ends a step")
+    r.add_argument("--delay", type=float, help="seconds before recording starts")
+    r.add_argument("--duration", type=float, help="seconds to record")
+    r.add_argument("--output", "-o", help="directory for the trace, saved profile and stacks")
+    r.add_argument("--sort", help="table sort key (default: self CUDA or self CPU time)")
+    r.add_argument("--limit", type=int, default=20, help="table rows")
+    r.add_argument("target", help="script path, or module name with -m")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
+    r.set_defaults(fn=cmd_run)
+
+    rep = sub.add_parser("report", help="print tables from a saved profile")
+    rep.add_argument("file")
+    rep.add_argument("--sort")
+    rep.add_argument("--limit", type=int, default=20)
+    g = rep.add_mutually_exclusive_group()
+    g.add_argument("--kernels", action="store_true")
+    g.add_argument("--steps", action="store_true")
+    g.add_argument("--memory", action="store_true")
+    rep.set_defaults(fn=cmd_report)
+
+    c = sub.add_parser("compare", help="compare two saved profiles")
+    c.add_argument("before")
+    c.add_argument("after")
+    c.set_defaults(fn=cmd_compare)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except _CliError as e:
+        print(f"gpuprof: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Workloads bundled with gpuprof (shown in profiles, unlike gpuprof's own code)."""
