@@ -1,0 +1,28 @@
+"""Exporters: one module per output format.
+
+- :func:`export_chrome_trace` (``chrome``): Chrome/Perfetto trace JSON that
+  TensorBoard's profiler plugin and Holistic Trace Analysis read.
+- :func:`tensorboard_trace_handler` (``tensorboard``): an ``on_trace_ready``
+  callable writing one such trace per recorded window into a folder.
+- :func:`export_stacks` (``stacks``): collapsed stacks for flame graphs.
+- :func:`save` / :func:`load` (``saved``): the recorded arrays in one
+  ``.gpuprof`` file, reopened later without the program.
+
+See docs/traces.md.
+"""
+
+from __future__ import annotations
+
+from .chrome import export_chrome_trace
+from .saved import LoadedProfile, load, save
+from .stacks import export_stacks
+from .tensorboard import tensorboard_trace_handler
+
+__all__ = [
+    "LoadedProfile",
+    "export_chrome_trace",
+    "export_stacks",
+    "load",
+    "save",
+    "tensorboard_trace_handler",
+]

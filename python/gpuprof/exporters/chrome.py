@@ -1,0 +1,205 @@
+"""Chrome trace export: one recorded window as Kineto-compatible trace JSON.
+
+The events are formatted in C (``_gpuprof._write_trace``, csrc/trace_json.c);
+this module prepares what C cannot know: display names, thread names, the
+metadata keys before ``traceEvents``, and gzip for ``.gz`` paths. The schema
+and what each track means are described in docs/traces.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import json
+import os
+import sys
+
+from .. import _gpuprof
+
+__all__ = ["export_chrome_trace", "trace_names"]
+
+_OP_PYTHON, _OP_CFUNC = 1, 2
+_GZIP_LEVEL = 6  # ~the size of level 9 at a fraction of its time
+
+
+def check_output_path(path, func: str) -> str:
+    """Return ``path`` as a str, or raise an OSError naming it when the file
+    cannot be created there (a directory, a missing or read-only folder)."""
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{func}(): path must be a str or os.PathLike, got {path!r}")
+    path = os.fspath(path)
+    if not path:
+        raise FileNotFoundError(errno.ENOENT, f"{func}(): path is empty", path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"{func}(): {path!r} is a directory; "
+                                "pass a file name inside it", path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        raise FileNotFoundError(errno.ENOENT, f"{func}(): cannot write {path!r}: folder "
+                                f"{parent!r} does not exist", path)
+    if not os.path.isdir(parent):
+        raise NotADirectoryError(errno.ENOTDIR, f"{func}(): cannot write {path!r}: "
+                                 f"{parent!r} is not a folder", path)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, f"{func}(): cannot write {path!r}: folder "
+                              f"{parent!r} is not writable", path)
+    return path
+
+
+def reraise_os_error(e: OSError, func: str, path: str):
+    """An OSError from the writer, re-raised naming the user's path."""
+    raise OSError(e.errno, f"{func}(): cannot write {path!r}: {e.strerror or e}", path) from e
+
+
+def builtin_name(name: str) -> str:
+    """A C function's name in the form Python and torch.profiler print."""
+    owner, dot, meth = name.rpartition(".")
+    if not dot or owner in sys.modules:
+        return f"<built-in function {name}>"
+    return f"<built-in method {meth} of {owner} object>"
+
+
+def trace_names(window: dict) -> list[str]:
+    """Display name per op row: ``file(line): qualname`` for Python functions,
+    the builtin form for C functions, the label or API name otherwise."""
+    out = []
+    kinds = window["ops"]["kind"].tolist()
+    for kind, name, file, line in zip(kinds, window["op_names"], window["op_files"],
+                                      window["op_lines"]):
+        if kind == _OP_PYTHON:
+            out.append(f"{file}({line}): {name}")
+        elif kind == _OP_CFUNC:
+            out.append(builtin_name(name))
+        else:
+            out.append(name)
+    return out
+
+
+def program_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    return os.path.basename(argv0) or "python"
+
+
+def distributed_info() -> dict:
+    """Rank metadata: torch.distributed when it is initialised (never imported
+    here), else torchrun's RANK/WORLD_SIZE, else a single process."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return {"backend": str(dist.get_backend()), "rank": int(dist.get_rank()),
+                    "world_size": int(dist.get_world_size())}
+    except Exception:  # a half-initialised process group must not break the export
+        pass
+    try:
+        return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    except (KeyError, ValueError):
+        return {"rank": 0, "world_size": 1}
+
+
+def device_properties(results) -> list[dict]:
+    """deviceProperties entries: saved with the results, else asked of the
+    driver only when GPU capture was on (a CPU-only export never touches CUDA)."""
+    props = results.meta.get("device_properties")
+    if props is None:
+        props = _gpuprof.device_props() if results.cuda.get("active") else []
+    out = []
+    for p in props:
+        p = dict(p)
+        p.setdefault("maxSharedMemoryPerMultiProcessor", p.get("sharedMemPerMultiprocessor", 0))
+        out.append(p)
+    return out
+
+
+def _header(results, window: dict, props: list[dict]) -> str:
+    from .. import __version__
+
+    keys = {"schemaVersion": 1, "deviceProperties": props,
+            "distributedInfo": results.meta.get("distributed_info") or distributed_info(),
+            "gpuprof_version": __version__}
+    if results.meta.get("with_stack"):
+        keys["with_stack"] = 1
+    if results.meta.get("profile_memory"):
+        keys["profile_memory"] = 1
+    keys["displayTimeUnit"] = "ms"
+    keys["baseTimeNanoseconds"] = int(window["window_start_ns"]) + int(window["epoch_offset_ns"])
+    # json.dumps' default separators put a space after every colon, which HTA's
+    # rank lookup in distributedInfo needs.
+    return ",\n  ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in keys.items())
+
+
+def _thread_names(results, window: dict) -> list[str]:
+    saved = results.meta.get("thread_names")
+    if saved is not None:
+        names = {int(k): v for k, v in saved.items()}
+    else:
+        names = results.thread_names()
+    return [names.get(int(ident), f"thread {i}")
+            for i, ident in enumerate(window["threads"]["ident"].tolist())]
+
+
+def trace_meta(results, window: dict, trace_name: str) -> dict:
+    """The ``meta`` argument of ``_gpuprof._write_trace`` for one window."""
+    props = device_properties(results)
+    n_dev = max((int(p.get("id", i)) for i, p in enumerate(props)), default=-1) + 1
+    sm_counts, warp_sizes = [0] * n_dev, [0] * n_dev
+    for i, p in enumerate(props):
+        d = int(p.get("id", i))
+        sm_counts[d] = int(p.get("numSms", 0))
+        warp_sizes[d] = int(p.get("warpSize", 0))
+    kernel_names = window["kernel_names"]
+    return {
+        "header": _header(results, window, props),
+        "trace_name": trace_name,
+        "pid": int(results.meta.get("pid") or os.getpid()),
+        "process_name": results.meta.get("process_name") or program_name(),
+        "names": trace_names(window),
+        "kernel_names": [kernel_names[i] for i in window["kernels"]["name"].tolist()],
+        "thread_names": _thread_names(results, window),
+        "sm_counts": sm_counts,
+        "warp_sizes": warp_sizes,
+    }
+
+
+def export_chrome_trace(results, path) -> str:
+    """Write the last recorded window of ``results`` as a Chrome trace.
+
+    The file opens in Perfetto (ui.perfetto.dev), chrome://tracing, the
+    TensorBoard profiler plugin and Holistic Trace Analysis. A path ending in
+    ``.gz`` is gzip-compressed. The file appears atomically: it is written
+    under ``path + ".tmp"`` and renamed when complete.
+
+    Args:
+        results: a :class:`gpuprof.Results` (``prof.results``).
+        path: the output file (str or os.PathLike).
+
+    Returns:
+        The path written.
+
+    Raises:
+        OSError: ``path`` is a directory or cannot be written (the message names it).
+        RuntimeError: nothing has been recorded yet.
+    """
+    path = check_output_path(path, "export_chrome_trace")
+    window = results.windows[-1]
+    meta = trace_meta(results, window, path)
+    try:
+        if path.endswith(".gz"):
+            tmp = path + ".tmp"
+            try:
+                with open(tmp, "wb") as raw, gzip.GzipFile(
+                        filename=os.path.basename(path[:-3]), mode="wb", fileobj=raw,
+                        compresslevel=_GZIP_LEVEL) as gz:
+                    _gpuprof._write_trace(gz, window, meta)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                raise
+        else:
+            _gpuprof._write_trace(path, window, meta)
+    except OSError as e:
+        reraise_os_error(e, "export_chrome_trace", path)
+    return path

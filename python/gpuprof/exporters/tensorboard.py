@@ -1,0 +1,52 @@
+"""``on_trace_ready`` handler that writes traces for the TensorBoard profiler
+plugin and Holistic Trace Analysis, named like torch.profiler's handler."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+__all__ = ["tensorboard_trace_handler"]
+
+
+def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip: bool = False):
+    """Return a callable(prof) that writes one trace per recorded window.
+
+    Files are named ``<worker>.<ns timestamp>.pt.trace.json`` (``.gz`` with
+    ``use_gzip``) inside ``dir_name``, which is created when missing; point
+    ``tensorboard --logdir`` or HTA's ``TraceAnalysis(trace_dir=...)`` at it.
+
+    Args:
+        dir_name: the output folder (str or os.PathLike).
+        worker_name: unique per process/rank; default ``<hostname>_<pid>``
+            (the plugin splits it on the last ``_`` into node and pid).
+        use_gzip: compress the traces.
+
+    Example:
+        ``gpuprof.profile(schedule=..., on_trace_ready=gpuprof.tensorboard_trace_handler("./log"))``
+    """
+    if not isinstance(dir_name, (str, os.PathLike)):
+        raise TypeError(f"tensorboard_trace_handler(): dir_name must be a str or os.PathLike, "
+                        f"got {dir_name!r}")
+    if worker_name is not None and (not isinstance(worker_name, str) or not worker_name
+                                    or os.sep in worker_name):
+        raise ValueError(f"tensorboard_trace_handler(): worker_name must be a non-empty file "
+                         f"name or None, got {worker_name!r}")
+    if not isinstance(use_gzip, bool):
+        raise TypeError(f"tensorboard_trace_handler(): use_gzip must be a bool, got {use_gzip!r}")
+    dir_name = os.fspath(dir_name)
+
+    def handler_fn(prof) -> str:
+        os.makedirs(dir_name, exist_ok=True)
+        # the default is taken per call: the pid changes in forked workers
+        worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
+        suffix = ".pt.trace.json.gz" if use_gzip else ".pt.trace.json"
+        ts = time.time_ns()
+        path = os.path.join(dir_name, f"{worker}.{ts}{suffix}")
+        while os.path.exists(path):  # two windows within one clock tick
+            ts += 1
+            path = os.path.join(dir_name, f"{worker}.{ts}{suffix}")
+        return prof.export_chrome_trace(path)
+
+    return handler_fn
