@@ -250,6 +250,26 @@ class profile:
 
         return diagnose(self.results)
 
+    def export_chrome_trace(self, path) -> str:
+        """Write the last recorded window as a Chrome/Perfetto trace (``.gz`` compresses);
+        opens in Perfetto, chrome://tracing, TensorBoard and HTA. See docs/traces.md."""
+        from .exporters.chrome import export_chrome_trace
+
+        return export_chrome_trace(self.results, path)
+
+    def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
+        """Write collapsed stacks for flame graphs; ``metric`` is
+        ``"self_cpu_time_total"`` or ``"self_cuda_time_total"``."""
+        from .exporters.stacks import export_stacks
+
+        return export_stacks(self.results, path, metric)
+
+    def save(self, path) -> str:
+        """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""
+        from .exporters.saved import save
+
+        return save(self.results, path)
+
 
 class record_function:
     """Label a region: ``with record_function("forward"):`` or ``@record_function("load")``.
