@@ -325,3 +325,14 @@ gp_buffer_bytes_held(void)
     pthread_mutex_unlock(&registry_lock);
     return bytes;
 }
+
+void
+gp_buffer_after_fork_child(void)
+{
+    /* fork() copied the lock in whatever state a parent thread held it. */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    registry_lock = fresh;
+    atomic_store(&gp_buffer_phase, GP_PHASE_OFF);
+    if (session_open)
+        gp_buffer_session_end();
+}

@@ -142,6 +142,10 @@ void gp_buffer_quiesce(void);
  * thread buffers. Writers must be quiesced. */
 void gp_buffer_reset(void);
 
+/* In a child process right after fork(): drop the parent's session (the
+ * child has one thread; the other threads' buffers are just memory). */
+void gp_buffer_after_fork_child(void);
+
 /* Registry access for readers (quiesced): first thread, or NULL. */
 GpThreadBuf *gp_buffer_threads(void);
 uint32_t gp_buffer_thread_count(void);

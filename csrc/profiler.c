@@ -42,6 +42,7 @@ typedef struct GpProfilerObject {
     uint64_t step_thread;   /* pthread_self() of the thread that started */
     int64_t windows;        /* completed windows */
     int in_transition;      /* guards re-entry from on_trace_ready */
+    int forked_off;         /* this is a forked child's copy of a running profiler */
 } GpProfilerObject;
 
 /* ---- status -> exception ------------------------------------------------- */
@@ -525,6 +526,8 @@ fail:
 static PyObject *
 Profiler_step(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
 {
+    if (self->forked_off)
+        Py_RETURN_NONE; /* a forked child: the parent owns the session */
     if (!self->started) {
         PyErr_SetString(PyExc_RuntimeError,
                         "prof.step() called on a profiler that is not running; call it inside "
@@ -555,6 +558,8 @@ Profiler_step(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 Profiler_stop(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
 {
+    if (self->forked_off)
+        Py_RETURN_NONE;
     if (!self->started) {
         PyErr_SetString(PyExc_RuntimeError, "Profiler.stop(): the profiler is not running");
         return NULL;
@@ -749,4 +754,21 @@ gp_profiler_range_pop(PyObject *module, PyObject *op_id)
     if (op != 0 && active_profiler != NULL)
         gp_hook_marker(GP_EV_RANGE_POP, (uint32_t)op);
     Py_RETURN_NONE;
+}
+
+void
+gp_profiler_after_fork_child(void)
+{
+    gp_hook_uninstall();
+    gp_cuda_after_fork_child();
+    gp_buffer_after_fork_child();
+    if (active_profiler != NULL) {
+        GpProfilerObject *p = (GpProfilerObject *)active_profiler;
+        p->started = 0;
+        p->cuda_on = 0;
+        p->cuda_window = 0;
+        p->forked_off = 1;
+        active_profiler = NULL;
+        gp_intern_clear();
+    }
 }

@@ -22,6 +22,11 @@ PyObject *gp_status_raise(GpStatus status, const char *context);
  * New reference, or NULL with an exception. */
 PyObject *gp_profiler_result_dict(GpTables *t);
 
+/* In a child process right after fork(): the running profiler (if any)
+ * belongs to the parent; stop recording in the child without touching CUDA.
+ * Its step()/stop() become no-ops there. GIL held. */
+void gp_profiler_after_fork_child(void);
+
 /* Module-level functions for ranges and steps (module.c's method table). */
 PyObject *gp_profiler_range_push(PyObject *module, PyObject *label);
 PyObject *gp_profiler_range_pop(PyObject *module, PyObject *op_id);

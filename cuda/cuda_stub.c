@@ -126,3 +126,8 @@ gp_cuda_device_props(int device, GpDeviceProps *out)
     (void)out;
     return GP_ERR_CUDA_UNAVAIL;
 }
+
+void
+gp_cuda_after_fork_child(void)
+{
+}

@@ -463,3 +463,16 @@ gp_cuda_session_end(void)
     atomic_store(&session_open, 0); /* last: the next owner sees a clean state */
     return st;
 }
+
+void
+gp_cuda_after_fork_child(void)
+{
+    /* The parent's subscription, buffers and enabled kinds belong to the
+     * parent's CUDA context, which the child cannot use: drop our view of
+     * them (the child's copy of the buffers is leaked, by design). */
+    subscriber = NULL;
+    window_open = 0;
+    forced_activity = 0;
+    gp_cupti_loader_set_mode(GP_CUPTI_MODE_OFF);
+    atomic_store(&session_open, 0);
+}

@@ -172,6 +172,10 @@ enum {
 };
 int gp_cuda_api_class(uint32_t api_key);
 
+/* In a child process right after fork(): forget the parent's session
+ * without calling CUPTI or CUDA (neither works in a forked child). */
+void gp_cuda_after_fork_child(void);
+
 /* Number of CUDA devices (0 when the driver is absent) and their properties. */
 int gp_cuda_device_count(void);
 GpStatus gp_cuda_device_props(int device, GpDeviceProps *out);

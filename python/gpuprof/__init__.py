@@ -40,6 +40,17 @@ __all__ = [
     "__version__",
 ]
 
+# A forked child (DataLoader workers, multiprocessing) must not keep recording
+# into the parent's session, nor touch the parent's CUDA capture.
+def _after_fork_in_child() -> None:
+    import threading
+
+    _gpuprof._after_fork_child()
+    threading.setprofile(None)
+
+
+_os.register_at_fork(after_in_child=_after_fork_in_child)
+
 # Frames of gpuprof's own Python code are not shown: their time goes to the caller.
 # The bundled workloads (gpuprof/workloads/) are user code and are shown.
 _here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep

@@ -184,3 +184,24 @@ def test_memory_stays_flat_over_10000_steps():
     # the chunk pool reaches its size in the first cycles and never grows after
     assert max(calls[10:]) == max(calls[:10])
     assert rss[1] - rss[0] < 8 * 1024, rss  # < 8 MiB drift over 9,000 steps
+
+
+def test_forked_child_stops_recording_and_parent_is_unaffected():
+    with gpuprof.profile(activities=CPU) as prof:
+        work(10)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: keeps running, records nothing, step/stop are no-ops
+            import sys
+            ok = sys.getprofile() is None
+            prof.step()
+            work(1000)
+            os.write(w, b"1" if ok and not prof.running else b"0")
+            os._exit(0)
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        child_ok = os.read(r, 1)
+        os.close(r)
+        work(10)
+    assert status == 0 and child_ok == b"1"
+    assert prof.ops()[prof.ops()["name"] == "work"]["calls"][0] == 2
