@@ -95,6 +95,14 @@ mod_device_props(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
+mod_after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    gp_profiler_after_fork_child();
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 mod_clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
@@ -120,6 +128,8 @@ static PyMethodDef module_methods[] = {
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode of CUDA capture."},
     {"device_props", mod_device_props, METH_NOARGS, "Properties of each visible CUDA device."},
+    {"_after_fork_child", mod_after_fork_child, METH_NOARGS,
+     "os.register_at_fork hook: a forked child stops recording the parent's session."},
     {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},
     {"epoch_offset_ns", mod_epoch_offset_ns, METH_NOARGS,
      "Unix-epoch ns minus profiler-clock ns."},
