@@ -1,0 +1,733 @@
+"""Exporters: Chrome trace schema (trace-format.md section 11), gzip, the
+TensorBoard handler, collapsed stacks, save/load. GPU records are synthetic
+(no GPU needed): they go through the real C aggregation."""
+
+import collections
+import gzip
+import json
+import os
+import re
+import socket
+import sys
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gpuprof
+from gpuprof import _gpuprof, record_function
+from gpuprof._results import Results
+from gpuprof.exporters import export_chrome_trace, export_stacks, load, save
+from gpuprof.exporters.stacks import collapsed_stacks
+
+C = _gpuprof._test_constants()
+US = 1000  # synthetic timestamps are in microseconds
+TB_NAME = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")
+HOST_CATS = {"python_function", "user_annotation", "cuda_runtime", "cuda_driver", "cpu_op"}
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"}
+META_KEYS = ["schemaVersion", "deviceProperties", "distributedInfo", "displayTimeUnit",
+             "baseTimeNanoseconds"]
+
+
+# ---- workloads -------------------------------------------------------------------
+
+def leaf(n):
+    return sum(range(n))
+
+
+def work(n):
+    out = 0
+    for _ in range(3):
+        out += leaf(n)
+        isinstance(out, int)
+    return out
+
+
+def cpu_profile(steps=3):
+    """A real CPU profile: steps, nested record_function ranges, a second thread."""
+    def helper():
+        with record_function("helper range"):
+            work(50)
+
+    with gpuprof.profile() as prof:
+        for _ in range(steps):
+            with record_function("forward"):
+                work(200)
+                with record_function("inner"):
+                    leaf(10)
+            t = threading.Thread(target=helper, name="helper-thread")
+            t.start()
+            t.join()
+            prof.step()
+    return prof
+
+
+def train_step():
+    pass
+
+
+def api_key(cbid):
+    return _gpuprof._test_api_key(C["API_RUNTIME"], cbid)["key"]
+
+
+LAUNCH, MEMCPY, MEMSET, MALLOC, DEVSYNC = 211, 41, 116, 20, 165
+API_NAMES = {LAUNCH: "cudaLaunchKernel", MEMCPY: "cudaMemcpyAsync", MEMSET: "cudaMemsetAsync",
+             MALLOC: "cudaMalloc", DEVSYNC: "cudaDeviceSynchronize"}
+TRAIN, LINEAR = 2, 3
+
+
+def synthetic_gpu_results(real_api_names=False):
+    """Three steps with launches, a copy, a set, a sync, an allocation and its
+    free; one kernel on stream 0 and one with no launch on record."""
+    ev = [
+        (50, C["EV_STEP_BEGIN"], 0),
+        (100, C["EV_CALL"], TRAIN),
+        (110, C["EV_RANGE_PUSH"], LINEAR),
+        (120, C["EV_API_ENTER"], 7, api_key(LAUNCH)),
+        (125, C["EV_API_EXIT"], 7),
+        (126, C["EV_API_ENTER"], 9, api_key(MEMCPY)),
+        (127, C["EV_API_EXIT"], 9),
+        (128, C["EV_API_ENTER"], 14, api_key(MEMSET)),
+        (129, C["EV_API_EXIT"], 14),
+        (130, C["EV_RANGE_POP"], LINEAR),
+        (140, C["EV_API_ENTER"], 8, api_key(DEVSYNC)),
+        (400, C["EV_API_EXIT"], 8),
+        (500, C["EV_RETURN"], 0),
+        (550, C["EV_STEP_END"], 0),
+        (560, C["EV_STEP_BEGIN"], 1),
+        (600, C["EV_CALL"], TRAIN),
+        (610, C["EV_API_ENTER"], 10, api_key(LAUNCH)),
+        (615, C["EV_API_EXIT"], 10),
+        (620, C["EV_API_ENTER"], 11, api_key(MALLOC)),
+        (630, C["EV_API_EXIT"], 11),
+        (700, C["EV_RETURN"], 0),
+        (750, C["EV_STEP_END"], 1),
+        (760, C["EV_STEP_BEGIN"], 2),
+        (770, C["EV_API_ENTER"], 12, api_key(LAUNCH)),
+        (775, C["EV_API_EXIT"], 12),
+        (800, C["EV_STEP_END"], 2),
+    ]
+    ev = [(e[0] * US,) + e[1:] for e in ev]
+
+    def rec(kind, corr, start, end, **kw):
+        d = dict(kind=C[kind], correlation=corr, start_ns=start * US, end_ns=end * US, stream=7,
+                 device=0)
+        d.update(kw)
+        return d
+
+    gpu = [
+        rec("GPU_KERNEL", 7, 200, 300, name_id=0, registers=32, grid_x=8, block_x=256),
+        rec("GPU_MEMCPY", 9, 310, 340, bytes=4096, subkind=C["COPY_HTOD"],
+            src_mem=C["MEM_PINNED"], dst_mem=C["MEM_DEVICE"]),
+        rec("GPU_MEMSET", 14, 345, 350, bytes=1024, dst_mem=C["MEM_DEVICE"], stream=0),
+        rec("GPU_SYNC", 8, 300, 400, subkind=C["SYNC_STREAM"]),
+        rec("GPU_KERNEL", 10, 650, 690, name_id=1, grid_x=4, block_x=128),
+        rec("GPU_MALLOC", 11, 625, 625, bytes=1 << 20, address=0x7000, dst_mem=C["MEM_DEVICE"]),
+        rec("GPU_FREE", 0, 720, 720, bytes=1 << 20, address=0x7000, dst_mem=C["MEM_DEVICE"]),
+        rec("GPU_KERNEL", 12, 780, 790, name_id=0, stream=20),
+        rec("GPU_KERNEL", 99, 795, 798, name_id=1, stream=20),
+    ]
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0), (C["OP_USER"], "linear", 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], gpu, 0, 1000 * US,
+                                   ["_Z6kernelv", "_Z4gemmPfS_"], 1)
+    if real_api_names:  # libcupti names them only on a machine with the driver
+        for i, (kind, op) in enumerate(zip(raw["ops"]["kind"], raw["ops"]["op"])):
+            if kind == C["OP_CUDA_API"]:
+                raw["op_names"][i] = API_NAMES[int(op) & 0xFFFFF]
+    return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+
+
+# ---- reading a trace back -----------------------------------------------------------
+
+def read_trace(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    text = data.decode("utf-8")  # strict: the file must be valid UTF-8
+    pairs = json.loads(text, object_pairs_hook=lambda kv: kv)
+    return json.loads(text), [k for k, _ in pairs], text
+
+
+def ns(x):
+    return round(x * 1000)
+
+
+def slices(trace):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+
+
+def check_schema(trace, keys, text):
+    """Every checkable rule of trace-format.md section 11 (and sections 2-7)."""
+    events = trace["traceEvents"]
+    # 1. metadata keys first, in order; baseTimeNanoseconds present; traceName last
+    assert keys.index("traceEvents") > max(keys.index(k) for k in META_KEYS)
+    assert [k for k in keys if k in META_KEYS] == META_KEYS
+    assert keys[-1] == "traceName"
+    assert trace["schemaVersion"] == 1 and trace["displayTimeUnit"] == "ms"
+    assert isinstance(trace["baseTimeNanoseconds"], int) and trace["baseTimeNanoseconds"] > 0
+    assert isinstance(trace["deviceProperties"], list)
+    # 7. distributedInfo: space after the colon, as HTA's rank lookup needs
+    assert re.search(r'"distributedInfo": \{"rank": 0, "world_size": 1\}', text)
+    # 2. ts/dur: numbers with exactly three decimals, non-negative
+    for m in re.finditer(r'"(ts|dur)": ([^,}]*)', text):
+        assert re.fullmatch(r"\d+\.\d{3}", m.group(2)), m.group(0)
+    for e in events:
+        if "ts" in e:
+            assert isinstance(e["ts"], float) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], float) and e["dur"] >= 0
+            for f in ("ts", "dur", "name", "cat", "pid", "tid"):
+                assert f in e, (f, e)
+    # the window end marker is last and nothing ends after it
+    assert events[-1]["name"] == "Record Window End" and events[-1]["ph"] == "i"
+    end = events[-1]["ts"]
+    assert all(ns(e["ts"] + e.get("dur", 0.0)) <= ns(end) for e in events)
+    # 3. lanes
+    host_pid = None
+    for e in events:
+        if e["ph"] != "X":
+            continue
+        if e["cat"] in HOST_CATS:
+            host_pid = e["pid"] if host_pid is None else host_pid
+            assert e["pid"] == host_pid and isinstance(e["tid"], int) and e["tid"] > 0
+            assert "stream" not in e.get("args", {})
+        elif e["cat"] in GPU_CATS:
+            assert isinstance(e["pid"], int) and 0 <= e["pid"] < 64
+            assert isinstance(e["tid"], int) and e["tid"] > 0
+            assert e["args"]["device"] == e["pid"]
+            if e["cat"] != "cuda_sync":
+                assert e["args"]["stream"] == e["tid"]
+            else:
+                assert e["args"]["cuda_sync_kind"] == e["name"]
+        else:
+            assert e["cat"] == "Trace"
+    # 4. slices nest per lane; equal starts: longest first in file order
+    lanes = collections.defaultdict(list)
+    for e in slices(trace):
+        lanes[(e["pid"], e["tid"])].append((ns(e["ts"]), ns(e["ts"] + e["dur"])))
+    for lane, sl in lanes.items():
+        for (s0, e0), (s1, e1) in zip(sl, sl[1:]):
+            if s0 == s1:
+                assert e0 >= e1, (lane, s0)
+        stack = []
+        for s, e in sorted(sl, key=lambda x: (x[0], -x[1])):
+            while stack and stack[-1] <= s:
+                stack.pop()
+            assert not stack or e <= stack[-1], f"partial overlap on {lane} at {s}"
+            stack.append(e)
+    # 5. flows: pairs, bound exactly to an API slice and the GPU slice it produced
+    by_pos = collections.defaultdict(list)
+    for e in slices(trace):
+        by_pos[(e["pid"], e["tid"], e["ts"])].append(e)
+    flows = collections.defaultdict(dict)
+    for e in events:
+        if e["ph"] in "sf":
+            assert e["cat"] == e["name"] == "ac2g"
+            assert e["ph"] not in flows[e["id"]], "flow id used twice"
+            flows[e["id"]][e["ph"]] = e
+            bound = by_pos[(e["pid"], e["tid"], e["ts"])]
+            cats = ({"cuda_runtime", "cuda_driver"} if e["ph"] == "s"
+                    else {"kernel", "gpu_memcpy", "gpu_memset"})
+            assert any(b["cat"] in cats and b["args"]["correlation"] == e["id"] for b in bound), e
+            if e["ph"] == "f":
+                assert e["bp"] == "e"
+    for fid, pair in flows.items():
+        assert set(pair) == {"s", "f"}, f"dangling flow half {fid}"
+    # External id and python ids
+    ids = [e["args"]["Python id"] for e in slices(trace) if e["cat"] == "python_function"]
+    assert len(ids) == len(set(ids))
+    for e in slices(trace):
+        if e["cat"] in ("user_annotation", "cpu_op"):
+            assert isinstance(e["args"]["External id"], int) and e["args"]["External id"] > 0
+        if "External id" in e.get("args", {}):
+            assert e["args"]["External id"] != 0
+    return flows
+
+
+# ---- CPU profile -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cpu_prof():
+    return cpu_profile()
+
+
+def test_cpu_trace_schema(cpu_prof, tmp_path):
+    path = tmp_path / "cpu.json"
+    assert cpu_prof.export_chrome_trace(path) == str(path)
+    assert not os.path.exists(str(path) + ".tmp")
+    trace, keys, text = read_trace(path)
+    check_schema(trace, keys, text)
+    assert trace["traceName"] == str(path)
+    assert trace["deviceProperties"] == []
+    assert trace["baseTimeNanoseconds"] == (cpu_prof.results.windows[-1]["window_start_ns"]
+                                            + cpu_prof.results.windows[-1]["epoch_offset_ns"])
+    xs = slices(trace)
+    # 6. ProfilerStep#n for every recorded step, on the thread calling step()
+    step_names = sorted(e["name"] for e in xs if e["name"].startswith("ProfilerStep#"))
+    assert step_names == sorted(f"ProfilerStep#{s}" for s in cpu_prof.steps()["step"])
+    assert len(step_names) >= 3
+    assert all(e["cat"] == "user_annotation" for e in xs if e["name"] in step_names)
+    # host lanes are the OS ids; the helper thread has its own
+    pid = os.getpid()
+    assert all(e["pid"] == pid for e in xs if e["cat"] != "Trace")
+    os_tids = set(cpu_prof.results.threads()["os_tid"].tolist())
+    tids = {e["tid"] for e in xs if e["cat"] != "Trace"}
+    assert tids <= os_tids and len(tids) == 4  # main + one helper per step
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    main_tid = threading.get_native_id()
+    assert names[main_tid] == f"thread {main_tid} (MainThread)"
+    assert set(names) == os_tids
+    labels = {e["name"]: e for e in xs if e["cat"] == "user_annotation"}
+    assert {"forward", "inner", "helper range"} <= set(labels)
+    # Python names and parent links agree with containment
+    py = [e for e in xs if e["cat"] == "python_function"]
+    work_ev = [e for e in py if e["name"].endswith(": work")]
+    assert work_ev and work_ev[0]["name"] == f"{__file__}({work.__code__.co_firstlineno}): work"
+    assert any(e["name"] == "<built-in function isinstance>" for e in py)
+    by_id = {e["args"]["Python id"]: e for e in py}
+    for e in py:
+        p = e["args"]["Python parent id"]
+        if p is None:
+            continue
+        parent = by_id[p]
+        assert parent["tid"] == e["tid"]
+        assert ns(parent["ts"]) <= ns(e["ts"])
+        assert ns(e["ts"] + e["dur"]) <= ns(parent["ts"] + parent["dur"])
+    leafs = [e for e in py if e["name"].endswith(": leaf")]
+    assert all(by_id[e["args"]["Python parent id"]]["name"].endswith(": work")
+               for e in leafs if e["args"]["Python parent id"] in by_id
+               and not by_id[e["args"]["Python parent id"]]["name"].endswith(": cpu_profile"))
+    calls = [e for e in py if e["name"] == "<built-in function isinstance>"]
+    assert all(e["args"]["CallFrom"].startswith(__file__ + ":") for e in calls)
+    # lane metadata
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert {"process_name", "process_labels", "process_sort_index", "thread_name",
+            "thread_sort_index"} <= {e["name"] for e in meta}
+    assert any(e["name"] == "process_labels" and e["args"]["labels"] == "CPU" for e in meta)
+
+
+def test_gzip_round_trip(cpu_prof, tmp_path):
+    plain, gz = tmp_path / "a.json", tmp_path / "a.json.gz"
+    cpu_prof.export_chrome_trace(plain)
+    cpu_prof.export_chrome_trace(gz)
+    with open(gz, "rb") as f:
+        assert f.read(2) == b"\x1f\x8b"
+    t1, _, text1 = read_trace(plain)
+    t2, keys, text2 = read_trace(gz)
+    check_schema(t2, keys, text2)
+    assert t1["traceEvents"] == t2["traceEvents"]
+    assert text1.replace(str(plain), "") == text2.replace(str(gz), "")
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "a.json.gz"]
+
+
+def test_no_window_is_an_error(tmp_path):
+    prof = gpuprof.profile()
+    with pytest.raises(RuntimeError, match="no recorded window"):
+        prof.export_chrome_trace(tmp_path / "x.json")
+    assert os.listdir(tmp_path) == []
+
+
+# ---- synthetic GPU window --------------------------------------------------------------------
+
+def test_gpu_trace_schema(tmp_path):
+    res = synthetic_gpu_results()
+    path = tmp_path / "gpu.json"
+    export_chrome_trace(res, path)
+    trace, keys, text = read_trace(path)
+    flows = check_schema(trace, keys, text)
+    xs = slices(trace)
+    gpu = [e for e in xs if e["cat"] in GPU_CATS]
+    host = [e for e in xs if e["cat"] in HOST_CATS]
+    assert sorted(e["cat"] for e in gpu) == sorted(
+        ["kernel"] * 4 + ["gpu_memcpy", "gpu_memset", "cuda_sync"])
+    # ac2g: exactly the launches, copies and sets that produced GPU work
+    assert sorted(flows) == [7, 9, 10, 12, 14]
+    for corr, pair in flows.items():
+        api = [e for e in host if e["args"].get("correlation") == corr][0]
+        dev = [e for e in gpu if e["args"]["correlation"] == corr][0]
+        assert (pair["s"]["pid"], pair["s"]["tid"], pair["s"]["ts"]) == (
+            api["pid"], api["tid"], api["ts"])
+        assert (pair["f"]["pid"], pair["f"]["tid"], pair["f"]["ts"]) == (
+            dev["pid"], dev["tid"], dev["ts"])
+        assert api["tid"] == 101 and api["cat"] == "cuda_runtime"
+        assert api["args"]["cbid"] == {7: LAUNCH, 9: MEMCPY, 14: MEMSET, 10: LAUNCH,
+                                       12: LAUNCH}[corr]
+    # External id: the range a launch happened in, on the API call and its GPU work
+    linear = [e for e in host if e["name"] == "linear"][0]
+    lin_id = linear["args"]["External id"]
+    for corr in (7, 9, 14):
+        assert [e for e in host if e["args"].get("correlation") == corr][0]["args"][
+            "External id"] == lin_id
+        assert [e for e in gpu if e["args"]["correlation"] == corr][0]["args"][
+            "External id"] == lin_id
+    step1 = [e for e in host if e["name"] == "ProfilerStep#1"][0]
+    k10 = [e for e in gpu if e["args"]["correlation"] == 10][0]
+    assert k10["args"]["External id"] == step1["args"]["External id"]
+    k99 = [e for e in gpu if e["args"]["correlation"] == 99][0]
+    assert "External id" not in k99["args"]
+    # GPU lanes: stream 0 is remapped to an unused positive id; syncs get their own row
+    memset = [e for e in gpu if e["cat"] == "gpu_memset"][0]
+    assert memset["tid"] not in (0, 7, 20) and memset["tid"] > 0
+    assert memset["name"] == "Memset (Device)"
+    sync = [e for e in gpu if e["cat"] == "cuda_sync"][0]
+    assert sync["name"] == "Stream Sync" and sync["tid"] == 7 + 1000000
+    assert sync["args"]["stream"] == 7
+    memcpy = [e for e in gpu if e["cat"] == "gpu_memcpy"][0]
+    assert memcpy["name"] == "Memcpy HtoD (Pinned -> Device)"
+    assert memcpy["args"]["bytes"] == 4096
+    assert memcpy["args"]["memory bandwidth (GB/s)"] == pytest.approx(4096 / 30000, abs=0.01)
+    k7 = [e for e in gpu if e["args"]["correlation"] == 7][0]
+    assert k7["name"] == "kernel()" and k7["ts"] == 200.0 and k7["dur"] == 100.0
+    assert k7["args"]["grid"] == [8, 0, 0] and k7["args"]["block"] == [256, 0, 0]
+    assert k7["args"]["registers per thread"] == 32
+    # steps
+    assert sorted(e["name"] for e in host if e["name"].startswith("ProfilerStep")) == [
+        "ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    # memory: a counter per device and [memory] instants on the launching thread
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert [(e["name"], e["pid"], e["ts"], e["args"]["allocated"]) for e in counters] == [
+        ("GPU 0 memory", 0, 625.0, 1 << 20), ("GPU 0 memory", 0, 720.0, 0)]
+    mem = [e for e in trace["traceEvents"] if e.get("name") == "[memory]"]
+    assert len(mem) == 1 and mem[0]["tid"] == 101 and mem[0]["s"] == "t"
+    assert mem[0]["args"] == {"Device Type": 1, "Device Id": 0, "Addr": 0x7000,
+                              "Bytes": 1 << 20, "Total Allocated": 1 << 20,
+                              "Total Reserved": 1 << 20}
+    # device lane metadata
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert any(e["name"] == "process_labels" and e["pid"] == 0 and e["args"]["labels"] == "GPU 0"
+               for e in meta)
+    assert any(e["name"] == "process_sort_index" and e["pid"] == 0
+               and e["args"]["sort_index"] == 5000000 for e in meta)
+    lane_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta
+                  if e["name"] == "thread_name"}
+    assert lane_names[(0, 7)] == "stream 7" and lane_names[(0, 20)] == "stream 20"
+    assert lane_names[(0, 1000007)] == "stream 7 sync"
+    assert trace["traceEvents"][-1]["ts"] == 1000.0
+
+
+def test_kernel_occupancy_args_with_device_properties(tmp_path):
+    res = synthetic_gpu_results()
+    res.meta["device_properties"] = [{"id": 0, "name": "Fake", "numSms": 4, "warpSize": 32,
+                                      "computeMajor": 9, "totalGlobalMem": 1 << 30}]
+    export_chrome_trace(res, tmp_path / "t.json")
+    trace, _, _ = read_trace(tmp_path / "t.json")
+    assert trace["deviceProperties"][0]["numSms"] == 4
+    k7 = [e for e in slices(trace) if e["cat"] == "kernel" and e["args"]["correlation"] == 7][0]
+    assert k7["args"]["blocks per SM"] == 2.0       # 8 blocks / 4 SMs
+    assert k7["args"]["warps per SM"] == 16.0       # 8 blocks * 8 warps / 4 SMs
+
+
+def test_unordered_and_overlapping_spans_are_nested(tmp_path):
+    # A range left open by a returning function outlives it: clamped, not overlapping.
+    ev = [
+        (10, C["EV_CALL"], TRAIN),
+        (20, C["EV_RANGE_PUSH"], LINEAR),
+        (30, C["EV_RETURN"], 0),
+        (40, C["EV_CALL"], TRAIN),
+        (50, C["EV_RETURN"], 0),
+        (60, C["EV_RANGE_POP"], LINEAR),
+    ]
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0), (C["OP_USER"], "linear", 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], [], 0, 100, [], 1)
+    export_chrome_trace(Results([raw]), tmp_path / "t.json")
+    trace, keys, text = read_trace(tmp_path / "t.json")
+    check_schema(trace, keys, text)
+
+
+# ---- escaping (property) -------------------------------------------------------------------
+
+# any code point, lone surrogates and JSON's special characters included
+any_text = st.text(st.one_of(st.characters(),
+                             st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+                             st.sampled_from('"\\/\x00\x01\x1f\n\t\x7f\u2028\ufeff')),
+                   max_size=24)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(label=any_text, qualname=any_text, filename=any_text)
+def test_arbitrary_names_stay_valid_json(tmp_path, label, qualname, filename):
+    def victim():
+        return 1
+
+    victim.__code__ = victim.__code__.replace(co_name=qualname or "q", co_qualname=qualname or "q",
+                                              co_filename=filename or "f")
+    with gpuprof.profile() as prof:
+        with record_function(label):
+            victim()
+    path = tmp_path / "u.json.gz"
+    prof.export_chrome_trace(path)
+    trace, keys, text = read_trace(path)
+    check_schema(trace, keys, text)
+
+    def clean(s):
+        return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+    names = {e["name"] for e in slices(trace)}
+    assert clean(label) in names
+    want = f"{filename or 'f'}({victim.__code__.co_firstlineno}): {qualname or 'q'}"
+    assert clean(want) in names
+    assert not re.search(r"[\x00-\x1f]", text.replace("\n", ""))
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+def test_bad_paths_name_the_path(cpu_prof, tmp_path):
+    with pytest.raises(IsADirectoryError, match=re.escape(repr(str(tmp_path)))):
+        cpu_prof.export_chrome_trace(tmp_path)
+    missing = tmp_path / "no" / "such" / "t.json"
+    with pytest.raises(FileNotFoundError, match=re.escape(repr(str(missing)))):
+        cpu_prof.export_chrome_trace(missing)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    under_file = afile / "t.json"
+    with pytest.raises(NotADirectoryError, match=re.escape(repr(str(under_file)))):
+        cpu_prof.export_chrome_trace(under_file)
+    for fn in (cpu_prof.export_stacks, cpu_prof.save):
+        with pytest.raises(OSError, match="no"):
+            fn(missing)
+        with pytest.raises(IsADirectoryError):
+            fn(tmp_path)
+    with pytest.raises(TypeError, match="path"):
+        cpu_prof.export_chrome_trace(3)
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root can write anywhere")
+def test_read_only_folder(cpu_prof, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match="ro"):
+            cpu_prof.export_chrome_trace(ro / "t.json")
+    finally:
+        ro.chmod(0o700)
+
+
+def test_write_errors_from_c_name_the_path(cpu_prof, tmp_path):
+    # The folder disappears between the check and the write.
+    res = cpu_prof.results
+    window = res.windows[-1]
+    from gpuprof.exporters.chrome import trace_meta
+
+    with pytest.raises(FileNotFoundError) as info:
+        _gpuprof._write_trace(str(tmp_path / "gone" / "t.json"), window,
+                              trace_meta(res, window, "t"))
+    assert "gone" in str(info.value)
+
+
+def test_bad_metric(cpu_prof, tmp_path):
+    with pytest.raises(ValueError, match=r"metric.*self_cpu_time_total.*self_cuda_time_total"):
+        cpu_prof.export_stacks(tmp_path / "s.txt", metric="cpu_time_total")
+    assert os.listdir(tmp_path) == []
+
+
+def test_writer_exceptions_propagate(cpu_prof):
+    class Broken:
+        def write(self, b):
+            raise OSError(28, "No space left on device")
+
+    res = cpu_prof.results
+    from gpuprof.exporters.chrome import trace_meta
+
+    with pytest.raises(OSError, match="No space"):
+        _gpuprof._write_trace(Broken(), res.windows[-1], trace_meta(res, res.windows[-1], "t"))
+
+
+# ---- TensorBoard handler ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("use_gzip", [False, True])
+def test_tensorboard_handler(tmp_path, use_gzip):
+    logdir = tmp_path / "log" / "run1"
+    handler = gpuprof.tensorboard_trace_handler(logdir, use_gzip=use_gzip)
+    with gpuprof.profile(schedule=gpuprof.schedule(wait=0, warmup=1, active=2, repeat=2),
+                         on_trace_ready=handler) as prof:
+        for _ in range(8):
+            work(20)
+            prof.step()
+    files = sorted(os.listdir(logdir))
+    assert len(files) == 2
+    for name in files:
+        m = TB_NAME.match(name)
+        assert m, name
+        assert m.group(1) == f"{socket.gethostname()}_{os.getpid()}"
+        assert m.group(2) and (m.group(3) == ".gz") == use_gzip
+        trace, keys, text = read_trace(logdir / name)
+        check_schema(trace, keys, text)
+        assert any(e["name"].startswith("ProfilerStep#") for e in slices(trace))
+
+
+def test_tensorboard_handler_worker_name_and_arguments(tmp_path):
+    handler = gpuprof.tensorboard_trace_handler(str(tmp_path), worker_name="rank3")
+    path = handler(_FakeProf(synthetic_gpu_results()))
+    assert TB_NAME.match(os.path.basename(path)).group(1) == "rank3"
+    with pytest.raises(TypeError, match="dir_name"):
+        gpuprof.tensorboard_trace_handler(None)
+    with pytest.raises(TypeError, match="use_gzip"):
+        gpuprof.tensorboard_trace_handler(tmp_path, use_gzip="yes")
+    with pytest.raises(ValueError, match="worker_name"):
+        gpuprof.tensorboard_trace_handler(tmp_path, worker_name="a/b")
+
+
+class _FakeProf:
+    def __init__(self, results):
+        self.results = results
+
+    def export_chrome_trace(self, path):
+        return export_chrome_trace(self.results, path)
+
+
+# ---- stacks ------------------------------------------------------------------------------------
+
+def parse_stacks(path):
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            assert line.endswith("\n")
+            stack, _, value = line[:-1].rpartition(" ")
+            assert stack and value.isdigit() and int(value) > 0, line
+            frames = stack.split(";")
+            assert all(frames) and not any(c in stack for c in " \t"), line
+            out.append((frames, int(value)))
+    return out
+
+
+def test_stacks_cpu(cpu_prof, tmp_path):
+    path = tmp_path / "stacks.txt"
+    cpu_prof.export_stacks(path)
+    lines = parse_stacks(path)
+    tree = cpu_prof.call_tree()
+    total_us = tree["self_ns"].sum() / 1000
+    assert abs(sum(v for _, v in lines) - total_us) <= 0.5 * len(tree) + 1e-9
+    # root first: leaf() is called by work() or inside the "inner" range
+    leafs = [f for f, _ in lines if f[-1].endswith(":_leaf")]
+    assert leafs and all(f[-2].endswith(":_work") or f[-2] == "inner" for f in leafs)
+    assert any(f[-2] == "inner" and f[-3] == "forward" for f in leafs)
+    assert len({tuple(f) for f, _ in lines}) == len(lines)  # one line per path
+
+
+def test_stacks_cuda(tmp_path):
+    res = synthetic_gpu_results()
+    path = tmp_path / "cuda.txt"
+    export_stacks(res, path, metric="self_cuda_time_total")
+    lines = parse_stacks(path)
+    tree = res.call_tree()
+    assert sum(v for _, v in lines) == pytest.approx(tree["cuda_self_ns"].sum() / 1000,
+                                                     abs=0.5 * len(tree))
+    by_leaf = {f[-1]: v for f, v in lines}
+    assert by_leaf["linear"] == 100 + 30 + 5       # kernel, copy, set launched in the range
+    assert [f for f, _ in lines if f[-1] == "linear"][0][0] == "ProfilerStep*"
+    assert collapsed_stacks(res, "self_device_time_total") == collapsed_stacks(
+        res, "self_cuda_time_total")
+
+
+# ---- save / load --------------------------------------------------------------------------------
+
+def assert_tables_equal(a, b):
+    assert a.dtype == b.dtype and len(a) == len(b)
+    for f in a.dtype.names:
+        if a.dtype[f] == object:
+            assert list(a[f]) == list(b[f]), f
+        else:
+            assert np.array_equal(a[f], b[f]), f
+
+
+@pytest.mark.parametrize("which", ["cpu", "synthetic_cuda"])
+def test_save_load_round_trip(cpu_prof, tmp_path, which):
+    res = cpu_prof.results if which == "cpu" else synthetic_gpu_results()
+    path = tmp_path / "run.gpuprof"
+    save(res, path)
+    assert sorted(os.listdir(tmp_path)) == ["run.gpuprof"]
+    loaded = gpuprof.load(path)
+    assert "run.gpuprof" in repr(loaded)
+    assert loaded.results.cuda == res.cuda
+    for w0, w1 in zip(res.windows, loaded.results.windows):
+        assert set(w0) == set(w1)
+        for k, v in w0.items():
+            if isinstance(v, np.ndarray):
+                assert v.dtype == w1[k].dtype, k
+                for f in v.dtype.names:  # field by field: padding bytes are not data
+                    assert np.array_equal(v[f], w1[k][f]), (k, f)
+                assert not w1[k].flags.writeable
+            else:
+                assert v == w1[k], k
+    for acc in ("ops", "kernels", "gpu_events", "call_tree"):
+        assert_tables_equal(getattr(res, acc)(), getattr(loaded, acc)())
+    assert_tables_equal(loaded.steps(), res.steps())
+    assert loaded.key_averages().table() == gpuprof.KeyAverages(res).table()
+    assert isinstance(str(loaded.diagnose()), str)
+    # the same trace, from the file as from memory
+    loaded.export_chrome_trace(tmp_path / "b.json")
+    export_chrome_trace(loaded.results, tmp_path / "b2.json")
+    t_loaded, _, _ = read_trace(tmp_path / "b.json")
+    if which == "cpu":
+        cpu_prof.export_chrome_trace(tmp_path / "a.json")
+        t_orig, _, _ = read_trace(tmp_path / "a.json")
+        assert t_orig["traceEvents"] == t_loaded["traceEvents"]
+    loaded.export_stacks(tmp_path / "s.txt")
+    assert collapsed_stacks(loaded.results) == collapsed_stacks(res)
+    # numpy can read it without pickle
+    with np.load(path, allow_pickle=False) as npz:
+        assert np.array_equal(npz["w0/spans"], res.windows[0]["spans"])
+
+
+def test_save_keeps_every_window(tmp_path):
+    with gpuprof.profile(schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=3),
+                         acc_events=True) as prof:
+        for _ in range(7):
+            work(5)
+            prof.step()
+    n = len(prof.results.windows)
+    assert n >= 2
+    prof.save(tmp_path / "acc.gpuprof")
+    loaded = load(tmp_path / "acc.gpuprof")
+    assert len(loaded.results.windows) == n
+    assert_tables_equal(prof.ops(), loaded.ops())
+
+
+def test_load_rejects_other_files(tmp_path):
+    p = tmp_path / "x.gpuprof"
+    p.write_text("not a zip")
+    with pytest.raises(ValueError, match="not a gpuprof file"):
+        load(p)
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "missing.gpuprof")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    with pytest.raises(ValueError, match="not a gpuprof file"):
+        load(tmp_path / "other.npz")
+
+
+def test_saved_strings_survive_surrogates(tmp_path):
+    with gpuprof.profile() as prof:
+        with record_function("bad \ud800 label \x00"):
+            work(2)
+    prof.save(tmp_path / "s.gpuprof")
+    loaded = load(tmp_path / "s.gpuprof")
+    assert "bad \ud800 label \x00" in set(loaded.ops()["name"])
+
+
+# ---- Holistic Trace Analysis ------------------------------------------------------------------
+
+def test_hta_reads_the_trace(tmp_path):
+    hta = pytest.importorskip(
+        "hta.trace_analysis",
+        reason="Holistic Trace Analysis is not installed (pip install HolisticTraceAnalysis)")
+    res = synthetic_gpu_results(real_api_names=True)
+    trace_dir = tmp_path / "hta"
+    trace_dir.mkdir()
+    export_chrome_trace(res, trace_dir / "worker_1.1.pt.trace.json")
+    analyzer = hta.TraceAnalysis(trace_dir=str(trace_dir))
+    temporal = analyzer.get_temporal_breakdown(visualize=False)
+    assert temporal["rank"].tolist() == [0]  # found through distributedInfo
+    assert temporal["compute_time(us)"].iloc[0] > 0
+    by_type, by_kernel = analyzer.get_gpu_kernel_breakdown(visualize=False)
+    assert set(by_type["kernel_type"]) == {"COMPUTATION", "MEMORY"}
+    # HTA leaves out the last step: kernels of steps 0 and 1
+    assert {"kernel()", "gemm(float*, float*)", "Memcpy HtoD (Pinned -> Device)",
+            "Memset (Device)"} == set(by_kernel["name"])
+    launches = analyzer.get_cuda_kernel_launch_stats(visualize=False)[0]
+    assert set(launches["correlation"]) >= {7, 10}  # runtime call joined to its kernel
