@@ -8,19 +8,17 @@ import json
 import os
 import re
 import socket
-import sys
 import threading
 
+import gpuprof
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import gpuprof
 from gpuprof import _gpuprof, record_function
 from gpuprof._results import Results
 from gpuprof.exporters import export_chrome_trace, export_stacks, load, save
 from gpuprof.exporters.stacks import collapsed_stacks
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 C = _gpuprof._test_constants()
 US = 1000  # synthetic timestamps are in microseconds
@@ -133,7 +131,7 @@ def synthetic_gpu_results(real_api_names=False):
     raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], gpu, 0, 1000 * US,
                                    ["_Z6kernelv", "_Z4gemmPfS_"], 1)
     if real_api_names:  # libcupti names them only on a machine with the driver
-        for i, (kind, op) in enumerate(zip(raw["ops"]["kind"], raw["ops"]["op"])):
+        for i, (kind, op) in enumerate(zip(raw["ops"]["kind"], raw["ops"]["op"], strict=True)):
             if kind == C["OP_CUDA_API"]:
                 raw["op_names"][i] = API_NAMES[int(op) & 0xFFFFF]
     return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
@@ -208,7 +206,7 @@ def check_schema(trace, keys, text):
     for e in slices(trace):
         lanes[(e["pid"], e["tid"])].append((ns(e["ts"]), ns(e["ts"] + e["dur"])))
     for lane, sl in lanes.items():
-        for (s0, e0), (s1, e1) in zip(sl, sl[1:]):
+        for (s0, e0), (s1, e1) in zip(sl, sl[1:], strict=False):
             if s0 == s1:
                 assert e0 >= e1, (lane, s0)
         stack = []
@@ -630,7 +628,7 @@ def test_stacks_cuda(tmp_path):
 def assert_tables_equal(a, b):
     assert a.dtype == b.dtype and len(a) == len(b)
     for f in a.dtype.names:
-        if a.dtype[f] == object:
+        if a.dtype[f].kind == "O":
             assert list(a[f]) == list(b[f]), f
         else:
             assert np.array_equal(a[f], b[f]), f
@@ -645,7 +643,7 @@ def test_save_load_round_trip(cpu_prof, tmp_path, which):
     loaded = gpuprof.load(path)
     assert "run.gpuprof" in repr(loaded)
     assert loaded.results.cuda == res.cuda
-    for w0, w1 in zip(res.windows, loaded.results.windows):
+    for w0, w1 in zip(res.windows, loaded.results.windows, strict=True):
         assert set(w0) == set(w1)
         for k, v in w0.items():
             if isinstance(v, np.ndarray):

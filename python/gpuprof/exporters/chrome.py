@@ -68,7 +68,7 @@ def trace_names(window: dict) -> list[str]:
     out = []
     kinds = window["ops"]["kind"].tolist()
     for kind, name, file, line in zip(kinds, window["op_names"], window["op_files"],
-                                      window["op_lines"]):
+                                      window["op_lines"], strict=True):
         if kind == _OP_PYTHON:
             out.append(f"{file}({line}): {name}")
         elif kind == _OP_CFUNC:

@@ -18,8 +18,13 @@ import zipfile
 import numpy as np
 
 from .._results import Results
-from .chrome import check_output_path, device_properties, distributed_info, program_name, \
-    reraise_os_error
+from .chrome import (
+    check_output_path,
+    device_properties,
+    distributed_info,
+    program_name,
+    reraise_os_error,
+)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedProfile", "load", "save"]
 
