@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable, Iterable
 
 from . import _cuda, _gpuprof
+from . import memory as _memory  # imported here: start() must not import while hooked
 from ._results import Results
 from .schedule import Schedule
 from .tables import KeyAverages
@@ -58,6 +59,8 @@ class profile:
         acc_events: accumulate the results of every window instead of keeping the last.
         max_events: CPU event budget of one window (16 bytes each); past it events
             are dropped and counted.
+        memory_sample_interval_s: with profile_memory, how often host RSS and the
+            framework allocators (PyTorch, CuPy) are sampled, in seconds.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class profile:
         record_shapes: bool = False,
         acc_events: bool = False,
         max_events: int = 8_000_000,
+        memory_sample_interval_s: float = 0.01,
     ):
         if activities is None:
             acts = {ProfilerActivity.CPU}
@@ -111,6 +115,10 @@ class profile:
         self.record_shapes = record_shapes
         self.acc_events = acc_events
         self.max_events = max_events
+        # -- memory curves (gpuprof.memory) --
+        self.memory_sample_interval_s = _memory.validate_interval(memory_sample_interval_s)
+        self._memory_sampler = None
+        # -- end memory curves --
         self._windows: list[dict] = []
         self._cuda_state: dict = {"active": False, "mode": "off", "error": None}
         cuda = ProfilerActivity.CUDA in acts
@@ -153,10 +161,21 @@ class profile:
                             "error": cuda["error"] or self._cuda_state.get("error")}
         if self._explicit_cuda and cuda["error"]:
             warnings.warn(f"gpuprof: GPU capture is off: {cuda['error']}", stacklevel=2)
+        # -- memory curves (gpuprof.memory): host RSS and allocator sampler --
+        if self.profile_memory:
+            if self._memory_sampler is not None:
+                self._memory_sampler.stop()
+            self._memory_sampler = _memory.start_sampler(self.memory_sample_interval_s,
+                                                         owner=self)
+        # -- end memory curves --
 
     def stop(self) -> None:
         """Stop profiling; a window still recording is closed and aggregated."""
         try:
+            # -- memory curves: the sampler stops first, its samples stay readable --
+            if self._memory_sampler is not None:
+                self._memory_sampler.stop()
+            # -- end memory curves --
             self._core.stop()
         finally:
             threading.setprofile(None)
@@ -269,6 +288,51 @@ class profile:
         from .exporters.saved import save
 
         return save(self.results, path)
+
+    # -- memory (gpuprof.memory, docs/memory.md) ------------------------------------------
+    def _memory_check(self, what: str) -> None:
+        if not self.profile_memory:
+            raise RuntimeError(f"{what}: memory was not recorded; use "
+                               "gpuprof.profile(profile_memory=True)")
+
+    def memory_curve(self, device: str = "cuda:0", source: str = "auto"):
+        """Memory over time of one device, as a NumPy structured array.
+
+        Args:
+            device: "cuda:N" (or "cuda" for "cuda:0") for device memory: fields
+                timestamp_ns, allocated_bytes, reserved_bytes; "cpu" for the host:
+                timestamp_ns, rss_bytes. Timestamps are on the profiler clock.
+            source: for a CUDA device, "auto" (the framework allocator when one was
+                sampled, else CUPTI), "cupti" (device allocations CUPTI recorded,
+                relative to the window start), "torch" or "cupy" (sampled allocator).
+
+        Raises:
+            ValueError: a device or source not of the forms above.
+            RuntimeError: the profile was made without profile_memory=True.
+        """
+        _memory.parse_device(device)
+        _memory.parse_source(source)
+        self._memory_check("memory_curve()")
+        return _memory.memory_curve(self.results, device, sampler=self._memory_sampler,
+                                   source=source)
+
+    def memory_summary(self):
+        """Peak memory per device and on the host, the op and line that reached it, the
+        largest allocations, and allocator overhead (a :class:`gpuprof.memory.MemorySummary`:
+        ``print()`` it, ``.to_dict()``)."""
+        self._memory_check("memory_summary()")
+        return _memory.memory_summary(self.results, sampler=self._memory_sampler)
+
+    def plot_memory(self, path_or_ax=None):
+        """Plot the memory curves with matplotlib (``pip install matplotlib``).
+
+        Args:
+            path_or_ax: None returns a new matplotlib Figure; a file path saves the
+                figure there (format from the extension) and returns it; a matplotlib
+                Axes is drawn into and returned.
+        """
+        self._memory_check("plot_memory()")
+        return _memory.plot_memory(self.results, path_or_ax, sampler=self._memory_sampler)
 
 
 class record_function:
