@@ -18,6 +18,7 @@ import os as _os
 from . import _gpuprof
 from ._cuda import cuda_status
 from ._results import Results
+from .compare import compare
 from .exporters import load, tensorboard_trace_handler
 from .profiler import ProfilerActivity, profile, record_function
 from .schedule import ProfilerAction, Schedule, schedule
@@ -31,6 +32,7 @@ __all__ = [
     "ProfilerActivity",
     "Results",
     "Schedule",
+    "compare",
     "cuda_status",
     "load",
     "profile",
