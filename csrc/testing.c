@@ -134,6 +134,14 @@ test_aggregate(PyObject *module, PyObject *args)
         if (!PyArg_ParseTuple(PyList_GET_ITEM(ops, i), "iOi", &kind, &what, &flags))
             goto done;
         uint32_t op;
+        if (kind != GP_OP_PYTHON && kind != GP_OP_USER) {
+            /* C-function ops are keyed by PyMethodDef, which a test cannot make. */
+            PyErr_Format(PyExc_ValueError,
+                         "_test_aggregate: op kind must be OP_PYTHON (a code object) or OP_USER "
+                         "(a str label), got %d",
+                         kind);
+            goto done;
+        }
         if (kind == GP_OP_PYTHON && PyCode_Check(what)) {
             op = gp_intern_code((PyCodeObject *)what);
         } else if (PyUnicode_Check(what)) {

@@ -1,0 +1,61 @@
+"""Shared pieces of examples/slow_training.py and examples/fast_training.py."""
+
+import argparse
+import math
+import time
+
+import numpy as np
+import torch
+
+WIDTH = 256
+
+
+class Samples(torch.utils.data.Dataset):
+    """Synthetic samples with a per-sample Python transform (like decoding + augmenting)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng(i)
+        x = rng.standard_normal(WIDTH).astype(np.float32)
+        for k in range(0, WIDTH, 2):  # slow, pure-Python "augmentation"
+            x[k] = math.tanh(x[k])
+        y = np.float32(x.sum() > 0)
+        return torch.from_numpy(x), torch.tensor([y])
+
+
+def model() -> torch.nn.Module:
+    """Many thin layers (short kernels) and a few wide ones (most of the GEMM time)."""
+    layers = []
+    for _ in range(12):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    layers += [torch.nn.Linear(WIDTH, 4096), torch.nn.ReLU()]
+    for _ in range(3):
+        layers += [torch.nn.Linear(4096, 4096), torch.nn.ReLU()]
+    layers += [torch.nn.Linear(4096, 1)]
+    return torch.nn.Sequential(*layers).cuda()
+
+
+def args(default_batch: int):
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=default_batch)
+    p.add_argument("--save", help="write the profile here (.gpuprof)")
+    return p.parse_args()
+
+
+def report(prof, batch: int, started: float, save: str | None):
+    sort = "self_cuda_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=12))
+    steps = prof.steps()
+    step_ms = steps["cpu_ns"].mean() / 1e6
+    print(f"recorded steps: {len(steps)}; mean step {step_ms:.2f} ms; "
+          f"{batch / step_ms * 1e3:,.0f} samples/s; wall {time.perf_counter() - started:.1f} s\n")
+    print(prof.diagnose())
+    if save:
+        prof.save(save)
+        print(f"saved {save}")
