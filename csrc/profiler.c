@@ -285,6 +285,15 @@ op_discard(GpProfilerObject *self)
 static int
 op_stop(GpProfilerObject *self)
 {
+    if (self->result == NULL) {
+        /* tp_clear already ran: the GC is breaking the cycle with the
+         * gpuprof.profile wrapper (at interpreter exit, or once the last
+         * reference to a running profile went away) and dealloc is stopping
+         * us. Nobody can read a result now, and storing one into the
+         * cleared field crashed: drop the window instead. */
+        op_discard(self);
+        return 0;
+    }
     set_phase(GP_PHASE_WAIT);
     uint64_t window_end = gp_clock_now();
     gp_buffer_quiesce();
