@@ -38,6 +38,8 @@ KERNELS_DTYPE = np.dtype([
     ("name", object), ("device", "i4"), ("calls", "i8"), ("total_ns", "i8"), ("min_ns", "i8"),
     ("max_ns", "i8"), ("bytes", "i8"), ("grid", "u4", (3,)), ("block", "u4", (3,)),
     ("registers", "u4"), ("shared_mem", "u4"), ("category", "U13"),
+    # theoretical occupancy (gpuprof.occupancy): 0..1, NaN when unknown
+    ("occupancy", "f4"), ("occupancy_limiter", "U13"), ("blocks_per_sm", "i4"),
 ])
 
 GPU_EVENTS_DTYPE = np.dtype([
@@ -64,8 +66,9 @@ def _display_name(name: str, file: str, line: int, kind: str) -> str:
 class _Window:
     """One window's raw dict plus the public arrays built from it (lazily)."""
 
-    def __init__(self, raw: dict):
+    def __init__(self, raw: dict, device_props=None):
         self.raw = raw
+        self._device_props = device_props  # callable -> device_props() list, for occupancy
         self._ops = None
         self._kernels = None
 
@@ -92,6 +95,9 @@ class _Window:
                       "registers", "shared_mem"):
                 out[f] = r[f]
             out["category"] = [KERNEL_CATEGORIES.get(int(c), "compute") for c in r["category"]]
+            from .occupancy import annotate_kernels
+
+            annotate_kernels(out, self._device_props or [])
             self._kernels = out
         return self._kernels
 
@@ -143,9 +149,19 @@ class Results:
         if not windows:
             raise RuntimeError("no recorded window: the profiler has not completed a recording "
                                "window yet (check the schedule and call prof.step())")
-        self._windows = [_Window(w) for w in windows]
+        self._windows = [_Window(w, self._device_props) for w in windows]
         self.cuda = cuda or {"active": False, "mode": "off", "error": None}
         self.meta = dict(meta or {})
+
+    def _device_props(self) -> list[dict]:
+        """Device properties for occupancy: saved with the results, else the live
+        devices' when GPU capture was on (a CPU-only run never touches CUDA)."""
+        props = self.meta.get("device_properties")
+        if props is None:
+            from .occupancy import live_device_props
+
+            props = live_device_props() if self.cuda.get("active") else []
+        return props
 
     # -- scalars ---------------------------------------------------------------
     @property
@@ -184,7 +200,8 @@ class Results:
             return self._windows[0].kernels()
         return _merge_rows([w.kernels() for w in self._windows], ("name", "device"),
                            mins=("min_ns",), maxs=("max_ns",),
-                           keep=("grid", "block", "registers", "shared_mem", "category"))
+                           keep=("grid", "block", "registers", "shared_mem", "category",
+                                 "occupancy", "occupancy_limiter", "blocks_per_sm"))
 
     def gpu_events(self) -> np.ndarray:
         parts = [w.gpu_events() for w in self._windows]

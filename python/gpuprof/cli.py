@@ -242,15 +242,21 @@ def _print_kernels(k, limit):
 
     order = (-k["total_ns"]).argsort()[:limit]
     total = max(int(k["total_ns"].sum()), 1)
+    occ = "occupancy" in (k.dtype.names or ())  # theoretical occupancy (gpuprof.occupancy)
     print(f"{'Kernel':60s} {'Dev':>3s} {'Calls':>7s} {'Total':>11s} {'%':>6s} {'Avg':>10s} "
-          f"{'Category':>13s}")
+          f"{'Category':>13s}" + (f" {'Occ':>5s} {'Limited by':<13s}" if occ else ""))
     for i in order:
         name = str(k["name"][i])
         name = name if len(name) <= 60 else name[:57] + "..."
+        extra = ""
+        if occ:
+            o = float(k["occupancy"][i])
+            extra = (f" {'-':>5s} {'':13s}" if o != o else
+                     f" {100 * o:4.0f}% {k['occupancy_limiter'][i]:<13s}")
         print(f"{name:60s} {k['device'][i]:3d} {k['calls'][i]:7d} "
               f"{format_time(k['total_ns'][i]):>11s} {100 * k['total_ns'][i] / total:5.1f}% "
               f"{format_time(k['total_ns'][i] / max(k['calls'][i], 1)):>10s} "
-              f"{k['category'][i]:>13s}")
+              f"{k['category'][i]:>13s}" + extra.rstrip())
 
 
 def _print_steps(s):
