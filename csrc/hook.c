@@ -62,14 +62,11 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
         }
         uint32_t kind = GP_EV_CALL;
         if (GP_UNLIKELY(gp_intern.flags[op] & GP_OPF_GENERATOR)) {
-            /* The first entry of a generator frame sits at its prologue's
-             * RESUME, the lowest offset ever seen at entry; later entries
-             * resume after a yield or await, at higher offsets. */
-            int lasti = PyFrame_GetLasti(frame);
-            if (lasti > gp_intern.gen_lasti[op])
+            /* A generator frame's first entry is at or before its prologue's
+             * RESUME (intern.c computes that offset per code object); later
+             * entries resume after a yield or await, at higher offsets. */
+            if (PyFrame_GetLasti(frame) > gp_intern.gen_lasti[op])
                 kind = GP_EV_RESUME;
-            else
-                gp_intern.gen_lasti[op] = lasti;
         }
         gp_buffer_push(tb, ts, op, kind);
         break;

@@ -6,6 +6,9 @@
 
 #include "compat.h"
 
+#if PY_VERSION_HEX >= 0x030B0000
+#include <opcode.h> /* RESUME, for first_entry_lasti */
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,6 +167,41 @@ is_hidden_code(PyCodeObject *code)
            !starts_with(filename, gp_intern.shown_prefix);
 }
 
+/* Largest f_lasti at which a frame of generator code `code` is entered for
+ * the first time. Up to 3.10 a fresh frame has f_lasti -1. From 3.11 the
+ * prologue (MAKE_CELL/COPY_FREE_VARS, RETURN_GENERATOR, POP_TOP) ends in a
+ * RESUME: a normal start enters at that RESUME, a close() or throw() before
+ * the start at offset 0 (3.11), and each resume after a yield or await at a
+ * later RESUME. (Learning the offset from the entries seen failed both ways:
+ * closing an unstarted generator made every later start look like a resume,
+ * and a generator started before the window made its resumes look like
+ * calls.) First sight of a code object only. */
+static int32_t
+first_entry_lasti(PyCodeObject *code)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *bytecode = PyCode_GetCode(code); /* new reference */
+    if (bytecode == NULL) {
+        PyErr_Clear();
+        return INT32_MAX; /* unknown: every entry counts as a call, as in cProfile */
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytecode);
+    Py_ssize_t n = PyBytes_GET_SIZE(bytecode);
+    int32_t at = INT32_MAX;
+    for (Py_ssize_t i = 0; i + 1 < n; i += 2) { /* 2-byte code units: opcode, arg */
+        if (b[i] == RESUME) {
+            at = (int32_t)i;
+            break;
+        }
+    }
+    Py_DECREF(bytecode);
+    return at;
+#else
+    (void)code;
+    return -1;
+#endif
+}
+
 uint32_t
 gp_intern_code_slow(PyCodeObject *code)
 {
@@ -177,6 +215,8 @@ gp_intern_code_slow(PyCodeObject *code)
     if (is_hidden_code(code))
         flags |= GP_OPF_HIDDEN;
     uint32_t op = add_op(code, NULL, GP_OP_PYTHON, flags, Py_NewRef((PyObject *)code), NULL);
+    if (op != 0 && (flags & GP_OPF_GENERATOR))
+        gp_intern.gen_lasti[op] = first_entry_lasti(code);
     PyErr_Restore(exc_type, exc_value, exc_tb);
     return op;
 }

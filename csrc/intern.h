@@ -31,7 +31,7 @@ typedef struct GpIntern {
     uint32_t cap_ops;
     uint8_t *kinds;     /* per op id */
     uint8_t *flags;     /* per op id */
-    int32_t *gen_lasti; /* per op id: smallest f_lasti seen at a generator's CALL */
+    int32_t *gen_lasti; /* per op id: largest f_lasti of a generator frame's first entry */
     PyObject **refs;    /* per op id, strong: code, module/type, or label str */
     const PyMethodDef **methods; /* per op id (C functions) */
     PyObject *labels;   /* dict: label str -> op id (int) */

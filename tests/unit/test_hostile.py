@@ -567,6 +567,58 @@ def test_generators_abandoned_mid_iteration(no_gc):
     check_consistent(prof)
 
 
+def test_closing_an_unstarted_generator_does_not_hide_later_calls(no_gc):
+    # given a generator closed (or thrown into) before it ever ran: its frame is
+    # entered once, at an offset below the usual first entry
+    def close_and_throw_early():
+        never_run(3).close()
+        g = never_run(3)
+        with pytest.raises(KeyError):
+            g.throw(KeyError("before start"))
+
+    with gpuprof.profile(activities=CPU) as alone:
+        close_and_throw_early()
+    early = calls(alone, "never_run")  # 2 on 3.11, where both enter the frame
+    assert early <= 2
+    with gpuprof.profile(activities=CPU) as prof:
+        close_and_throw_early()
+        # when the same generator function then runs normally
+        assert list(never_run(3)) == [0, 1, 2]
+        assert list(never_run(3)) == [0, 1, 2]
+    # then each run is one more call
+    assert calls(prof, "never_run") == early + 2
+    check_consistent(prof)
+
+
+def test_resumes_of_a_generator_started_before_the_window_are_not_calls(no_gc):
+    # given a generator started before profiling (a data loader, say)
+    g = counter(100)
+    next(g)
+    with gpuprof.profile(activities=CPU) as prof:
+        for _ in range(5):
+            next(g)
+        # a fresh one started inside the window is one call
+        h = counter(10)
+        next(h)
+        next(h)
+    # then resuming it is not a call; only the fresh one counts
+    assert calls(prof, "counter") == 1
+    assert calls(prof, "leaf") == 7
+    check_consistent(prof)
+
+
+def test_closing_an_unstarted_coroutine_does_not_hide_later_calls(no_gc):
+    async def main():
+        sleeper(3).close()
+        return await sleeper(1) + await sleeper(1)
+
+    with gpuprof.profile(activities=CPU) as prof:
+        assert asyncio.run(main()) == 4
+    assert calls(prof, "sleeper") in (2, 3)  # the closed one is entered on 3.11 only
+    assert calls(prof, "leaf") == 2
+    check_consistent(prof)
+
+
 async def sleeper(n):
     for _ in range(n):
         await asyncio.sleep(0)
