@@ -210,12 +210,13 @@ def test_eight_threads_while_profiling_starts_and_stops_repeatedly():
             before = list(counts)
             with gpuprof.profile(activities=CPU) as prof:
                 middle(30)
-                while sum(c > b for c, b in zip(counts, before)) < 8:
+                # two completed loops per worker: at least one whole middle() inside
+                while any(c < b + 2 for c, b in zip(counts, before)):
                     time.sleep(0.0005)
-            # then every window is consistent and saw the threads' work
+            # then every window is consistent and saw every thread's work
             check_consistent(prof)
-            assert calls(prof, "middle") >= 1 + 8 - 8  # the main thread's at least
-            assert len(prof.results.threads()) >= 2
+            assert calls(prof, "middle") >= 1 + 8
+            assert len(prof.results.threads()) >= 9
             assert sys.getprofile() is None
     finally:
         sys.setswitchinterval(old)
@@ -480,8 +481,9 @@ def test_exceptions_and_interrupts_at_many_depths(no_gc):
             with pytest.raises(ValueError):
                 sort_with_raising_key(depth)
             n_sort += 1
+            n_raise += depth + 1
         marker()
-    assert calls(prof, "raise_at") == n_raise + n_sort * 0 + sum(d + 1 for d in range(0, 60, 3))
+    assert calls(prof, "raise_at") == n_raise
     assert calls(prof, "interrupt_at") == n_int
     assert calls(prof, "sorted") == n_sort
     assert parents_of(prof, marker) == {"ProfilerStep*"}
@@ -744,7 +746,8 @@ def test_buffer_limit_drops_counts_and_stays_consistent(no_gc):
     assert "max_events" in table
     threads = prof.results.threads()
     assert threads["dropped"].sum() == prof.dropped_events
-    assert threads["events"].sum() <= prof.buffer_stats()["capacity_events"] or True
+    chunk = gpuprof._gpuprof._test_constants()["CHUNK_EVENTS"]
+    assert threads["events"].sum() <= -(-100_000 // chunk) * chunk  # the budget, in chunks
     ops = check_consistent(prof)
     assert calls(prof, "leaf") < 100_000  # a clean prefix, not the whole run
     assert (ops["cpu_total_ns"] > 0).any()
