@@ -19,6 +19,7 @@ from . import _gpuprof
 from ._cuda import cuda_status
 from ._results import Results
 from .compare import compare
+from .distributed import merge
 from .exporters import load, tensorboard_trace_handler
 from .profiler import ProfilerActivity, profile, record_function
 from .schedule import ProfilerAction, Schedule, schedule
@@ -35,6 +36,7 @@ __all__ = [
     "compare",
     "cuda_status",
     "load",
+    "merge",
     "profile",
     "record_function",
     "schedule",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m gpuprof {demo,run,report,compare}``.
+"""Command line: ``python -m gpuprof {demo,run,report,compare,merge}``.
 
 ``run`` profiles an unmodified program, like ``nsys profile`` or ``py-spy record``:
 
@@ -284,6 +284,28 @@ def cmd_compare(args) -> int:
     return 0
 
 
+# -- merge (gpuprof.distributed) --
+def cmd_merge(args) -> int:
+    from .distributed import merge
+
+    ranks = None
+    if args.ranks:
+        try:
+            ranks = [int(r) for r in args.ranks.split(",")]
+        except ValueError:
+            raise _CliError(f"--ranks takes comma-separated ints, e.g. 0,1,2,3; got "
+                            f"{args.ranks!r}") from None
+    try:
+        run = merge(args.out, args.traces, align=args.align, ranks=ranks)
+    except (OSError, ValueError, TypeError) as e:
+        raise _CliError(str(e)) from e
+    print(run.table(max_steps=args.limit))
+    print(run.diagnose())
+    print(f"gpuprof: wrote {args.out}", file=sys.stderr)
+    return 0
+# -- end merge --
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpuprof",
                                 description="Profile Python programs that drive GPUs.")
@@ -327,6 +349,22 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("before")
     c.add_argument("after")
     c.set_defaults(fn=cmd_compare)
+
+    # -- merge (gpuprof.distributed) --
+    mg = sub.add_parser("merge", help="merge per-rank traces into one timeline; compare ranks",
+                        description="Write one trace with a process per rank (open it in "
+                        "Perfetto) and print per-rank step, compute, communication and idle "
+                        "time with the slowest rank of each step.")
+    mg.add_argument("out", help="the merged trace to write (.json or .json.gz)")
+    mg.add_argument("traces", nargs="+", help="per-rank traces (or one folder of them)")
+    mg.add_argument("--align", choices=("auto", "clock", "step"), default="auto",
+                    help="auto: the traces' clocks unless ranks disagree by far more than a "
+                    "step, then their first common ProfilerStep (default: auto)")
+    mg.add_argument("--ranks", help="rank of each trace, comma-separated, when the traces "
+                    "carry none")
+    mg.add_argument("--limit", type=int, default=20, help="steps shown in the per-step table")
+    mg.set_defaults(fn=cmd_merge)
+    # -- end merge --
     return p
 
 

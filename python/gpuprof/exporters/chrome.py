@@ -86,17 +86,10 @@ def program_name() -> str:
 def distributed_info() -> dict:
     """Rank metadata: torch.distributed when it is initialised (never imported
     here), else torchrun's RANK/WORLD_SIZE, else a single process."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return {"backend": str(dist.get_backend()), "rank": int(dist.get_rank()),
-                    "world_size": int(dist.get_world_size())}
-    except Exception:  # a half-initialised process group must not break the export
-        pass
-    try:
-        return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
-    except (KeyError, ValueError):
-        return {"rank": 0, "world_size": 1}
+    # -- distributed (gpuprof.distributed): also pg_count, pg_config, nccl_version --
+    from ..distributed import distributed_info as _distributed_info
+
+    return _distributed_info()
 
 
 def device_properties(results) -> list[dict]:

@@ -21,6 +21,8 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
         dir_name: the output folder (str or os.PathLike).
         worker_name: unique per process/rank; default ``<hostname>_<pid>``
             (the plugin splits it on the last ``_`` into node and pid).
+            ``dir_name`` and ``worker_name`` may hold ``{rank}``, ``{local_rank}``
+            and ``{world_size}`` (see gpuprof.distributed.expand_name).
         use_gzip: compress the traces.
 
     Example:
@@ -38,15 +40,21 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
     dir_name = os.fspath(dir_name)
 
     def handler_fn(prof) -> str:
-        os.makedirs(dir_name, exist_ok=True)
+        # -- distributed: {rank}, {local_rank}, {world_size}, expanded per call --
+        from ..distributed import expand_name
+
+        out_dir = expand_name(dir_name)
+        worker = expand_name(worker_name) if worker_name else None
+        # -- end distributed --
+        os.makedirs(out_dir, exist_ok=True)
         # the default is taken per call: the pid changes in forked workers
-        worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
+        worker = worker or f"{socket.gethostname()}_{os.getpid()}"
         suffix = ".pt.trace.json.gz" if use_gzip else ".pt.trace.json"
         ts = time.time_ns()
-        path = os.path.join(dir_name, f"{worker}.{ts}{suffix}")
+        path = os.path.join(out_dir, f"{worker}.{ts}{suffix}")
         while os.path.exists(path):  # two windows within one clock tick
             ts += 1
-            path = os.path.join(dir_name, f"{worker}.{ts}{suffix}")
+            path = os.path.join(out_dir, f"{worker}.{ts}{suffix}")
         return prof.export_chrome_trace(path)
 
     return handler_fn
