@@ -497,7 +497,7 @@ def _align(traces: list[_RankTrace], align: str) -> tuple[str, dict[int, int], i
         durs = [t.steps[k][1] - t.steps[k][0] for t in traces for k in common]
         tolerance = max(10 * int(np.median(durs)), 100_000_000)
         if max(starts.values()) - min(starts.values()) <= tolerance:
-            return "clock", zero, k0
+            return "clock", zero, None
     ref = starts[traces[0].rank]
     return "step", {r: ref - s for r, s in starts.items()}, k0
 
