@@ -735,6 +735,16 @@ PyType_Spec gp_profiler_spec = {
 
 /* ---- ranges ------------------------------------------------------------------ */
 
+/* A range token is the session it was opened in (high 32 bits) and the
+ * label's op id (low 32 bits); 0 means "not recorded". Op ids restart with
+ * every session, so a bare id from a range left open when one session
+ * stopped closed whichever range of the next session had the same id. */
+static uint64_t
+range_session(void)
+{
+    return (uint64_t)atomic_load(&gp_buffer_session) & 0xffffffffu;
+}
+
 PyObject *
 gp_profiler_range_push(PyObject *module, PyObject *label)
 {
@@ -750,18 +760,19 @@ gp_profiler_range_push(PyObject *module, PyObject *label)
     if (op == 0)
         return NULL;
     gp_hook_marker(GP_EV_RANGE_PUSH, op);
-    return PyLong_FromUnsignedLong(op);
+    return PyLong_FromUnsignedLongLong(range_session() << 32 | op);
 }
 
 PyObject *
 gp_profiler_range_pop(PyObject *module, PyObject *op_id)
 {
     (void)module;
-    unsigned long op = PyLong_AsUnsignedLong(op_id);
-    if (op == (unsigned long)-1 && PyErr_Occurred())
+    unsigned long long token = PyLong_AsUnsignedLongLong(op_id);
+    if (token == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    if (op != 0 && active_profiler != NULL)
-        gp_hook_marker(GP_EV_RANGE_POP, (uint32_t)op);
+    /* Tokens of another session (or forged ones) close nothing. */
+    if (token != 0 && active_profiler != NULL && token >> 32 == range_session())
+        gp_hook_marker(GP_EV_RANGE_POP, (uint32_t)token);
     Py_RETURN_NONE;
 }
 

@@ -346,3 +346,24 @@ def test_forged_and_stale_tokens_are_ignored():
         _gpuprof.range_pop("a")
     _gpuprof.range_pop(0)  # the "not recording" token
     _gpuprof.range_pop(2 ** 64 - 1)
+
+
+def test_a_range_left_open_across_sessions_does_not_close_another():
+    # given a range opened in one session and left open
+    with gpuprof.profile(activities=CPU):
+        left_open = record_function("A")
+        left_open.__enter__()
+    # when it is closed inside another session's range
+    with gpuprof.profile(activities=CPU) as prof:
+        with record_function("B"):
+            left_open.__exit__(None, None, None)
+            time.sleep(0.002)
+            middle(20)
+    # then B is untouched: it still contains the work done after
+    ops = prof.ops()
+    b = ops[ops["name"] == "B"][0]
+    mid = ops[ops["name"] == "middle"][0]
+    assert b["cpu_total_ns"] >= mid["cpu_total_ns"] + 2_000_000
+    tree = prof.call_tree()
+    mid_nodes = tree[np.array([str(n).startswith("middle (") for n in tree["name"]])]
+    assert {str(tree["name"][p]) for p in mid_nodes["parent"]} == {"B"}
