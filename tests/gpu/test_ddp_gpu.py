@@ -21,32 +21,34 @@ DELAY_MS = 20.0
 STEPS = 12
 
 
-def _two_gpus():
+def _gpus(n=2):
     torch = pytest.importorskip("torch")
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 CUDA devices, torch sees {torch.cuda.device_count()}")
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} CUDA devices, torch sees {torch.cuda.device_count()}")
     if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
         pytest.skip("torch.distributed with NCCL is not available")
 
 
-def _torchrun(out_dir, *extra) -> str:
+def _torchrun(out_dir, *extra, nproc=2) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("OMP_NUM_THREADS", "4")
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           EXAMPLE, "--out", str(out_dir), "--steps", str(STEPS), *extra]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", EXAMPLE, "--out", str(out_dir), "--steps", str(STEPS),
+           *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env, cwd=ROOT)
     print(r.stdout[-8000:])
     assert r.returncode == 0, r.stderr[-5000:]
     return r.stdout
 
 
-def _rank_traces(out_dir):
+def _rank_traces(out_dir, world=2):
     files = sorted(glob.glob(os.path.join(out_dir, "rank*.pt.trace.json")))
-    assert [os.path.basename(f).split(".")[0] for f in files] == ["rank0", "rank1"], files
+    assert [os.path.basename(f).split(".")[0] for f in files] == \
+        [f"rank{r}" for r in range(world)], files
     for rank, f in enumerate(files):
         with open(f) as fh:
             text = fh.read()
@@ -54,13 +56,24 @@ def _rank_traces(out_dir):
         # HTA's rank lookup needs whitespace after the colon
         assert re.search(r'"rank":\s+(\d+)', head).group(1) == str(rank)
         info = json.loads(text)["distributedInfo"]
-        assert info["world_size"] == 2 and info["backend"] == "nccl", info
+        assert info["world_size"] == world and info["backend"] == "nccl", info
         assert re.fullmatch(r"\d+\.\d+\.\d+", info.get("nccl_version", "")), info
     return files
 
 
+def test_ddp_single_rank(tmp_path):
+    """World size 1 on one GPU: the trace says so and merging one rank works."""
+    _gpus(1)
+    out = _torchrun(tmp_path / "one", "--steps", "6", nproc=1)
+    assert "rank 0/1:" in out
+    run = gpuprof.merge(tmp_path / "one.json", _rank_traces(tmp_path / "one", world=1))
+    assert run.ranks == [0] and len(run.common_steps) == 6
+    assert run.rank_summary()["compute_ns"][0] > 0
+    assert "straggler" not in run.diagnose().kinds()
+
+
 def test_ddp_straggler_is_named(tmp_path):
-    _two_gpus()
+    _gpus(2)
     normal_dir, slow_dir = tmp_path / "normal", tmp_path / "slow"
     _torchrun(normal_dir)
     slow_out = _torchrun(slow_dir, "--inject-delay-rank", "1", "--delay-ms", str(DELAY_MS))
