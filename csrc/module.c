@@ -76,7 +76,7 @@ mod_device_props(PyObject *module, PyObject *Py_UNUSED(ignored))
         if (gp_cuda_device_props(i, &p) != GP_OK)
             continue;
         PyObject *d = Py_BuildValue(
-            "{sisssKsisisisisisisisisisisisisi}", "id", p.id, "name", p.name, "totalGlobalMem",
+            "{sisssK" "sisisisisisisisisisisisi}", "id", p.id, "name", p.name, "totalGlobalMem",
             (unsigned long long)p.total_global_mem, "computeMajor", p.compute_major,
             "computeMinor", p.compute_minor, "maxThreadsPerBlock", p.max_threads_per_block,
             "maxThreadsPerMultiprocessor", p.max_threads_per_sm, "regsPerBlock", p.regs_per_block,
