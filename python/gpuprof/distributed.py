@@ -33,6 +33,7 @@ import numpy as np
 
 __all__ = [
     "MergedRun",
+    "collective_name",
     "comm_overlap",
     "distributed_info",
     "expand_name",
@@ -323,11 +324,22 @@ def comm_overlap(results) -> np.ndarray:
 # ---- reading per-rank traces ------------------------------------------------------------------
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# ncclDevKernel_AllReduce_Sum_f32_RING_LL(...), ncclKernel_AllGather_RING_LL_Sum_int8_t(...)
+_COLLECTIVE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _GPU_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
                        "gpu_memory"))
 _SPECIAL_PIDS = ("Spans", "Traces", "")
 _GPU_TID_BASE = 1_000_000_000   # merged lanes: host threads keep their OS tid (< 2**22)
 _OVERHEAD_TID_BASE = 1_500_000_000
+
+
+def collective_name(kernel_name: str) -> str:
+    """The collective an NCCL kernel runs, from its name ("AllReduce", "AllGather",
+    "ReduceScatter", "Broadcast", "SendRecv", ...); "" for other kernels."""
+    m = _COLLECTIVE.match(kernel_name)
+    if m:
+        return m.group(1)
+    return "other" if kernel_name.startswith("nccl") else ""
 
 
 def _read_json(path: str) -> dict:
@@ -366,6 +378,7 @@ class _RankTrace:
         self.events: list[tuple[int, dict]] = []   # (absolute ns of ts, event)
         self.steps: dict[int, tuple[int, int]] = {}
         self.host_pids: set = set()
+        self.collectives: dict[str, tuple[int, int]] = {}  # name -> (calls, total ns)
         iv: dict[str, tuple[list, list]] = {"compute": ([], []), "comm": ([], []),
                                              "memory": ([], [])}
         for doc in docs:
@@ -391,6 +404,10 @@ class _RankTrace:
                     if m:
                         self.host_pids.add(ev.get("pid"))
                         self.steps.setdefault(int(m.group(1)), (t, t + dur))
+                if kind == "comm":
+                    c = collective_name(str(name))
+                    calls, total = self.collectives.get(c, (0, 0))
+                    self.collectives[c] = (calls + 1, total + dur)
                 if kind is not None:
                     iv[kind][0].append(t)
                     iv[kind][1].append(t + dur)
@@ -614,6 +631,8 @@ def _write_merged(path: str, header: dict, events: list[dict]) -> None:
 
 RANK_STEP_DTYPE = np.dtype([("rank", "i4")] + OVERLAP_DTYPE.descr + [("work_ns", "i8"),
                                                                       ("slowest", "?")])
+COLLECTIVES_DTYPE = np.dtype([("rank", "i4"), ("collective", "U32"), ("calls", "i8"),
+                              ("total_ns", "i8")])
 SLOWEST_DTYPE = np.dtype([("step", "i8"), ("rank", "i4"), ("work_ns", "i8"),
                           ("others_wait_ns", "i8"), ("max_wait_ns", "i8")])
 
@@ -641,6 +660,9 @@ class MergedRun:
             rank (the slowest), work_ns (its), others_wait_ns (mean over the
             other ranks of their exposed communication beyond the slowest
             rank's: the time they waited for it), max_wait_ns.
+        collectives: structured array, one row per rank and collective (from
+            the NCCL kernel names, :func:`collective_name`): rank, collective,
+            calls, total_ns (every recorded step, not only the common ones).
         gpu: whether any rank recorded GPU activity.
     """
 
@@ -677,6 +699,8 @@ class MergedRun:
                        int(waits.mean()) if len(waits) else 0, int(waits.max(initial=0)))
         self.steps = steps
         self.slowest = slow
+        coll = [(t.rank, c, n, ns) for t in traces for c, (n, ns) in sorted(t.collectives.items())]
+        self.collectives = np.array(coll, dtype=COLLECTIVES_DTYPE)
 
     @property
     def common_steps(self) -> list[int]:
@@ -752,6 +776,13 @@ class MergedRun:
             more = ", ..." if len(shown) < len(self.slowest) else ""
             lines += ["", f"slowest rank per step: {per_step}{more} "
                       f"(rank {top} in {int(counts.max())} of {n})"]
+        if len(self.collectives):
+            lines += ["", "NCCL kernels per rank (all recorded steps)",
+                      f"{'Rank':>5} {'Collective':<16} {'Calls':>7} {'Total':>11} {'Mean':>11}"]
+            for c in self.collectives:
+                lines.append(f"{c['rank']:5d} {c['collective']:<16} {c['calls']:7d} "
+                             f"{ft(c['total_ns']):>11} "
+                             f"{ft(c['total_ns'] / max(c['calls'], 1)):>11}")
         return "\n".join(line.rstrip() for line in lines) + "\n"
 
     def __str__(self) -> str:
@@ -765,7 +796,8 @@ class MergedRun:
         return {"path": self.path, "ranks": self.ranks, "files": self.files,
                 "alignment": self.alignment, "aligned_step": self.aligned_step,
                 "shifts_ns": self.shifts_ns, "steps": rows(self.steps),
-                "slowest": rows(self.slowest), "rank_summary": rows(self.rank_summary())}
+                "slowest": rows(self.slowest), "rank_summary": rows(self.rank_summary()),
+                "collectives": rows(self.collectives)}
 
 
 def merge(out_path, paths, *, align: str = "auto", ranks=None) -> MergedRun:

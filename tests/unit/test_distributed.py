@@ -19,6 +19,7 @@ import pytest
 from gpuprof import _gpuprof
 from gpuprof._results import Results
 from gpuprof.distributed import (
+    collective_name,
     comm_overlap,
     distributed_info,
     expand_name,
@@ -324,6 +325,20 @@ def test_merge_names_the_slow_rank(tmp_path):
     assert f.evidence["waited_per_step"] == "rank 0: 550.000us"
     assert f.severity == pytest.approx(0.55)
     assert "Rank 1 is a straggler" in str(diag)
+
+
+def test_collectives_from_nccl_kernel_names(tmp_path):
+    assert collective_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)") == \
+        "AllReduce"
+    assert collective_name("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)") == \
+        "AllGather"
+    assert collective_name("ncclDevKernel_SendRecv(ncclDevKernelArgs)") == "SendRecv"
+    assert collective_name("ncclSomethingNew") == "other"
+    assert collective_name("gemm") == ""
+    run = merge(None, write_ranks(tmp_path, [fast_rank, slow_rank]))
+    assert run.collectives.tolist() == [(0, "AllReduce", 4, 4 * 640 * US),
+                                        (1, "AllReduce", 4, 4 * 90 * US)]
+    assert "NCCL kernels per rank" in run.table()
 
 
 def test_balanced_ranks_have_no_straggler(tmp_path):
