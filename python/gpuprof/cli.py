@@ -23,7 +23,7 @@ import os
 import runpy
 import sys
 import threading
-import time
+import traceback
 
 __all__ = ["main"]
 
@@ -105,7 +105,12 @@ class _StepHook(importlib.abc.MetaPathFinder):
 
 
 def _run_target(args) -> int:
-    """Run the script or module as __main__; return its exit code."""
+    """Run the script or module as __main__; return its exit code.
+
+    An exception escaping the program is printed as Python would print it
+    (without gpuprof's and runpy's frames) and gives exit code 1, or 130 for
+    KeyboardInterrupt, after which the profile is still reported.
+    """
     sys.argv = [args.target] + list(args.args)
     try:
         if args.module:
@@ -121,7 +126,17 @@ def _run_target(args) -> int:
             return code
         print(code, file=sys.stderr)
         return 1
+    except BaseException as e:  # noqa: BLE001 - the program's own exception, reported as-is
+        tb = e.__traceback__
+        while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
     return 0
+
+
+def _is_ours(filename: str) -> bool:
+    return filename.startswith(os.path.dirname(__file__)) or "runpy" in filename
 
 
 def _write_outputs(prof, out_dir: str) -> list[str]:
@@ -142,13 +157,13 @@ def _write_outputs(prof, out_dir: str) -> list[str]:
 def cmd_run(args) -> int:
     import gpuprof
 
+    if (args.delay is None) != (args.duration is None):
+        raise _CliError("--delay and --duration go together")
     if args.module:
         if importlib.util.find_spec(args.target) is None:
             raise _CliError(f"no module named {args.target!r}")
     elif not os.path.isfile(args.target):
         raise _CliError(f"no such script: {args.target!r}")
-    if (args.delay is None) != (args.duration is None):
-        raise _CliError("--delay and --duration go together")
     prof = gpuprof.profile(**_profile_kwargs(args))
     steps = {"n": 0}
 

@@ -1,0 +1,81 @@
+"""python -m gpuprof in subprocesses: run, report, demo, errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+PYTHONPATH = os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", ""), SCRIPTS] if p)
+
+
+def gpuprof(*args, cwd=None, timeout=120):
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_run_prints_table_and_diagnosis_and_keeps_exit_code():
+    r = gpuprof("run", "--no-cuda", os.path.join(SCRIPTS, "cpu_train.py"), "5", "3")
+    assert r.returncode == 3, r.stderr
+    assert "done" in r.stdout  # the program's own output is untouched
+    assert "train_step (cpu_train.py:" in r.stderr
+    assert "Self CPU time total" in r.stderr
+    assert "gpuprof diagnosis" in r.stderr
+
+
+def test_run_lets_exceptions_through():
+    r = gpuprof("run", "--no-cuda", os.path.join(SCRIPTS, "raises.py"))
+    assert r.returncode == 1
+    assert "ValueError: boom from the profiled program" in r.stderr
+    assert "(raises.py:" in r.stderr  # the profile is still reported
+
+
+def test_run_step_fn_detects_steps_and_writes_outputs(tmp_path):
+    out = tmp_path / "out"
+    r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--output", str(out),
+                os.path.join(SCRIPTS, "uses_steps_module.py"))
+    assert r.returncode == 0, r.stderr
+    assert "steps detected: 7 (step boundaries: steps_module:train_step)" in r.stderr
+    files = sorted(os.listdir(out))
+    assert any(f.endswith(".pt.trace.json.gz") for f in files), files
+    saved = [f for f in files if f.endswith(".gpuprof")]
+    assert saved
+    rep = gpuprof("report", str(out / saved[0]), "--steps")
+    assert rep.returncode == 0, rep.stderr
+    assert len([ln for ln in rep.stdout.splitlines()[1:] if ln.strip()]) >= 7
+    rep = gpuprof("report", str(out / saved[0]), "--sort", "count", "--limit", "5")
+    assert rep.returncode == 0 and "# of Calls" in rep.stdout
+
+
+def test_run_module_with_schedule():
+    r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--wait", "1",
+                "--warmup", "1", "--active", "3", "-m", "uses_steps_module")
+    assert r.returncode == 0, r.stderr
+    assert "steps detected: 7" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "no_such_script.py"), "no such script"),
+    (("run", "-m", "no_such_module_xyz"), "no module named"),
+    (("report", "/nonexistent/file.gpuprof"), "cannot read"),
+    (("run", "--delay", "1", "x.py"), "--delay and --duration go together"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = gpuprof(*args)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_unknown_option_exits_2():
+    r = gpuprof("run", "--frobnicate", "x.py")
+    assert r.returncode == 2
+
+
+def test_demo_runs():
+    r = gpuprof("demo", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "gpuprof diagnosis" in r.stdout
+    assert "augment (training.py:" in r.stdout or "forward" in r.stdout

@@ -1,0 +1,3 @@
+import steps_module
+
+steps_module.run(7)
