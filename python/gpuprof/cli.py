@@ -253,37 +253,15 @@ def cmd_report(args) -> int:
 
 
 def _print_kernels(k, limit):
-    from .tables import format_time
+    from .views import kernel_table
 
-    order = (-k["total_ns"]).argsort()[:limit]
-    total = max(int(k["total_ns"].sum()), 1)
-    occ = "occupancy" in (k.dtype.names or ())  # theoretical occupancy (gpuprof.occupancy)
-    print(f"{'Kernel':60s} {'Dev':>3s} {'Calls':>7s} {'Total':>11s} {'%':>6s} {'Avg':>10s} "
-          f"{'Category':>13s}" + (f" {'Occ':>5s} {'Limited by':<13s}" if occ else ""))
-    for i in order:
-        name = str(k["name"][i])
-        name = name if len(name) <= 60 else name[:57] + "..."
-        extra = ""
-        if occ:
-            o = float(k["occupancy"][i])
-            extra = (f" {'-':>5s} {'':13s}" if o != o else
-                     f" {100 * o:4.0f}% {k['occupancy_limiter'][i]:<13s}")
-        print(f"{name:60s} {k['device'][i]:3d} {k['calls'][i]:7d} "
-              f"{format_time(k['total_ns'][i]):>11s} {100 * k['total_ns'][i] / total:5.1f}% "
-              f"{format_time(k['total_ns'][i] / max(k['calls'][i], 1)):>10s} "
-              f"{k['category'][i]:>13s}" + extra.rstrip())
+    print(kernel_table(k, row_limit=limit))
 
 
 def _print_steps(s):
-    from .tables import format_time
+    from .views import step_table
 
-    print(f"{'Step':>5s} {'Wall':>10s} {'GPU busy':>10s} {'GPU idle':>10s} {'Memcpy':>10s} "
-          f"{'Comm':>10s} {'Sync wait':>10s} {'Kernels':>8s}")
-    for r in s:
-        print(f"{r['step']:5d} {format_time(r['cpu_ns']):>10s} {format_time(r['gpu_busy_ns']):>10s}"
-              f" {format_time(r['gpu_idle_ns']):>10s} {format_time(r['memcpy_ns']):>10s} "
-              f"{format_time(r['comm_ns']):>10s} {format_time(r['sync_wait_ns']):>10s} "
-              f"{r['kernels']:8d}")
+    print(step_table(s))
 
 
 def cmd_compare(args) -> int:

@@ -9,8 +9,9 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 
-from . import _cuda, _gpuprof
+from . import _cuda, _gpuprof, _subprocess  # _subprocess: docs/subprocesses.md
 from . import memory as _memory  # imported here: start() must not import while hooked
+from . import processes as _processes  # -- subprocesses --
 from ._results import Results
 from .schedule import Schedule
 from .tables import KeyAverages
@@ -61,6 +62,9 @@ class profile:
             are dropped and counted.
         memory_sample_interval_s: with profile_memory, how often host RSS and the
             framework allocators (PyTorch, CuPy) are sampled, in seconds.
+        subprocesses: also profile child processes started while profiling (forked,
+            spawned or forkserver: DataLoader workers, multiprocessing pools); see
+            ``prof.processes()``, ``prof.ops(pid=...)`` and docs/subprocesses.md.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class profile:
         acc_events: bool = False,
         max_events: int = 8_000_000,
         memory_sample_interval_s: float = 0.01,
+        subprocesses: bool = False,
     ):
         if activities is None:
             acts = {ProfilerActivity.CPU}
@@ -104,7 +109,8 @@ class profile:
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"profile(): max_events must be a positive int, got {max_events!r}")
         for name, flag in (("profile_memory", profile_memory), ("with_stack", with_stack),
-                           ("record_shapes", record_shapes), ("acc_events", acc_events)):
+                           ("record_shapes", record_shapes), ("acc_events", acc_events),
+                           ("subprocesses", subprocesses)):
             if not isinstance(flag, bool):
                 raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
         self.activities = acts
@@ -140,6 +146,12 @@ class profile:
         )
         # prof.step() is the C method itself: no Python frame of ours per step.
         self.step = self._core.step
+        # -- subprocesses (gpuprof._subprocess): children follow the schedule --
+        self.subprocesses = subprocesses
+        self._subprocs = _subprocess.ParentSession(self) if subprocesses else None
+        if subprocesses:
+            self.step = self._step_and_tell_children
+        # -- end subprocesses --
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -150,12 +162,20 @@ class profile:
             raise RuntimeError(f"gpuprof.profile.start(): another profiler is active ({other}); "
                                "stop it first, gpuprof will not silently replace it")
         self._windows = []
+        # -- subprocesses: folder, state file and fork/spawn hooks before the hook goes on --
+        if self._subprocs is not None:
+            self._subprocs.begin()
+        # -- end subprocesses --
         threading.setprofile(_gpuprof._thread_bootstrap)
         try:
             self._core.start()
         except BaseException:
             threading.setprofile(None)
+            if self._subprocs is not None:  # -- subprocesses --
+                self._subprocs.end()
             raise
+        if self._subprocs is not None:  # -- subprocesses: children record when we do --
+            self._subprocs.started()
         cuda = self._core.cuda
         self._cuda_state = {"active": cuda["active"], "mode": cuda["mode"],
                             "error": cuda["error"] or self._cuda_state.get("error")}
@@ -176,9 +196,13 @@ class profile:
             if self._memory_sampler is not None:
                 self._memory_sampler.stop()
             # -- end memory curves --
+            if self._subprocs is not None:  # -- subprocesses: the last window, no next one --
+                self._subprocs.stopping = True
             self._core.stop()
         finally:
             threading.setprofile(None)
+            if self._subprocs is not None:  # -- subprocesses: children stop, folder removed --
+                self._subprocs.end()
 
     def __enter__(self) -> profile:
         self.start()
@@ -196,6 +220,8 @@ class profile:
 
     def _window_ready(self, _core) -> None:
         self._collect()
+        if self._subprocs is not None:  # -- subprocesses: collect the children's window --
+            self._subprocs.window_ended(self._core.result)
         if self.on_trace_ready is not None:
             self.on_trace_ready(self)
 
@@ -222,8 +248,14 @@ class profile:
     def results(self) -> Results:
         """The recorded window(s) as a :class:`gpuprof.Results`."""
         self._collect()
-        return Results(self._windows, cuda=self._cuda_state,
-                       meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack})
+        res = Results(self._windows, cuda=self._cuda_state,
+                      meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack})
+        # -- subprocesses: res.subprocesses, one gpuprof.processes.ProcessData per child --
+        if self._subprocs is not None:
+            res.subprocesses = _processes.group_children(
+                self._subprocs.children_of(self._windows))
+        # -- end subprocesses --
+        return res
 
     @property
     def dropped_events(self) -> int:
@@ -235,16 +267,25 @@ class profile:
         return self._core.buffer_stats()
 
     # -- results ---------------------------------------------------------------
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0):
-        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints)."""
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0,
+                     pid=None):
+        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints).
+        ``pid``: see :meth:`ops`."""
         if group_by_input_shape:
             raise ValueError("key_averages(): group_by_input_shape is not supported (gpuprof "
                              "does not record input shapes)")
+        if pid is not None:  # -- subprocesses --
+            return _processes.key_averages(self.results, pid, self.subprocesses,
+                                           group_by_stack_n, self.profile_memory)
         return KeyAverages(self.results, group_by_stack_n=group_by_stack_n,
                            show_memory=self.profile_memory)
 
-    def ops(self):
-        """One row per op: see docs/tables.md for the fields."""
+    def ops(self, pid=None):
+        """One row per op: see docs/tables.md for the fields. ``pid`` (with
+        ``subprocesses=True``): None the main process, an int that process,
+        "workers" summed over child processes, "all" summed over every process."""
+        if pid is not None:  # -- subprocesses --
+            return _processes.select(self.results, pid, self.subprocesses).ops()
         return self.results.ops()
 
     def kernels(self):
@@ -333,6 +374,71 @@ class profile:
         """
         self._memory_check("plot_memory()")
         return _memory.plot_memory(self.results, path_or_ax, sampler=self._memory_sampler)
+
+    # -- kernel deep dive (gpuprof.deepdive, docs/kernels.md) ------------------------------
+    def deep_dive(self, top: int = 5, replay=None, *, command=None, backend: str = "auto",
+                  max_kernels: int = 20000, timeout_s: float | None = 1800.0, ncu=None):
+        """Hardware metrics (SM and DRAM throughput as % of peak, achieved occupancy,
+        L1/L2 hit rates, tensor-pipe use, FLOP/s) and a compute-, memory- or
+        latency-bound verdict for the ``top`` kernels with the most GPU time.
+
+        The kernels are measured on a replay of the work after recording:
+        ``replay`` is a callable that runs the same work again (one step); it runs
+        twice, outside any recorded window, so recorded timings are never
+        perturbed. Or ``command`` runs a program under Nsight Compute. See
+        :func:`gpuprof.deepdive.deep_dive` for every argument and docs/kernels.md.
+
+        Returns:
+            A :class:`gpuprof.deepdive.DeepDiveReport` (``print()`` it). When the
+            counters cannot be read, its ``reason`` says why and how to fix it.
+
+        Raises:
+            RuntimeError: the profiler is still running (call it after the with block).
+            ValueError, TypeError: bad arguments.
+        """
+        if self.running:
+            raise RuntimeError("deep_dive(): the profiler is still running; call it after "
+                               "prof.stop() (after the with block), so that replaying kernels "
+                               "cannot perturb a recorded window")
+        from .deepdive import deep_dive
+
+        return deep_dive(self.results, top, replay, command=command, backend=backend,
+                         max_kernels=max_kernels, timeout_s=timeout_s, ncu=ncu)
+
+    # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
+    def _step_and_tell_children(self) -> None:
+        """prof.step() with subprocesses=True: the C step, then the children learn
+        whether the parent records."""
+        self._subprocs.before_step()
+        self._core.step()
+        self._subprocs.sync()
+
+    def processes(self):
+        """One row per profiled process of the kept window(s), the main process first:
+        pid, ppid, role ("main"/"worker"), name, start_method, status ("ok", "exited",
+        "lost", "timeout"), windows, events, dropped, recorded_ns, cpu_self_ns
+        (see :data:`gpuprof.processes.PROCESSES_DTYPE` and docs/subprocesses.md)."""
+        return _processes.processes_array(self.results)
+    # -- end subprocesses --
+
+    # -- printable views (terminal text, HTML in notebooks) -----------------
+    def kernel_table(self, sort_by: str = "total_ns", row_limit: int = 20):
+        """GPU activities by name, most time first (see gpuprof.views.kernel_table)."""
+        from .views import kernel_table
+
+        return kernel_table(self.kernels(), sort_by=sort_by, row_limit=row_limit)
+
+    def step_table(self):
+        """One line per recorded step: wall, GPU busy/idle, memcpy, comm, sync wait."""
+        from .views import step_table
+
+        return step_table(self.steps())
+
+    def plot_steps(self, path_or_ax=None):
+        """Stacked bar per step of GPU compute, memcpy, comm, sync wait and idle (matplotlib)."""
+        from .views import plot_steps
+
+        return plot_steps(self.steps(), path_or_ax)
 
 
 class record_function:
