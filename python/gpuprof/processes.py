@@ -1,0 +1,356 @@
+"""Per-process views of a profile made with ``gpuprof.profile(subprocesses=True)``.
+
+The main process's data is what it always was (``prof.ops()``); each child
+process adds its own windows. This module turns them into:
+
+- ``prof.processes()``: one row per process (:data:`PROCESSES_DTYPE`);
+- ``prof.ops(pid=...)`` and ``prof.key_averages(pid=...)``: the ops of one
+  process (``pid=<int>``), summed over the child processes (``"workers"``)
+  or over every process (``"all"``);
+- :func:`worker_hotspot`: where the workers spent their time, for the
+  diagnosis.
+
+Exporters read the children from ``results.subprocesses``: a list of
+:class:`ProcessData`, one per child process, each with its raw window dicts
+(the same layout as ``results.windows``; timestamps on the same
+CLOCK_MONOTONIC clock as the parent's, so child lanes line up with the
+main process's). See docs/subprocesses.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from ._results import Results, _merge_rows
+from .tables import KeyAverages
+
+__all__ = ["PROCESSES_DTYPE", "ProcessData", "worker_hotspot", "processes_array", "select"]
+
+PROCESSES_DTYPE = np.dtype([
+    ("pid", "i8"), ("ppid", "i8"), ("role", "U6"), ("name", object), ("start_method", "U10"),
+    ("status", "U7"), ("windows", "i4"), ("events", "i8"), ("dropped", "i8"),
+    ("recorded_ns", "i8"), ("cpu_self_ns", "i8"),
+])
+
+_OPS_KEY = ("name", "file", "line", "kind")
+
+# A C call whose nearest Python caller is in one of these files is a worker
+# waiting for work or handing results back, not doing it.
+_WAIT_MARKERS = tuple(os.sep + p for p in (
+    os.path.join("multiprocessing", ""), os.path.join("concurrent", "futures", ""),
+    "queue.py", "threading.py", "selectors.py", "socket.py",
+    os.path.join("torch", "utils", "data", "_utils", "worker.py"),
+    os.path.join("torch", "multiprocessing", ""),
+))
+
+
+class ProcessData:
+    """One child process's recorded data, over the kept windows of the parent.
+
+    Attributes:
+        pid, ppid: process ids (ppid is the child's parent: the main process,
+            or another child for a grandchild).
+        role: "worker" (every child process).
+        name: multiprocessing's process name (e.g. "ForkPoolWorker-1") or the program.
+        start_method: "fork", "spawn" or "forkserver".
+        status: "ok" (alive, answered), "exited" (ended, its data was saved),
+            "lost" (ended without saving: killed or crashed), "timeout" (alive
+            but did not answer in time).
+        windows: the child's raw window dicts, same layout as
+            ``Results.windows`` (several per parent window when the child
+            saved pieces, e.g. before being terminated).
+    """
+
+    def __init__(self, pid: int, ppid: int, name: str, start_method: str, status: str,
+                 windows: list[dict]):
+        self.pid = pid
+        self.ppid = ppid
+        self.role = "worker"
+        self.name = name
+        self.start_method = start_method
+        self.status = status
+        self.windows = windows
+
+    def __repr__(self) -> str:
+        return (f"<gpuprof.ProcessData pid={self.pid} {self.name!r} {self.status}: "
+                f"{len(self.windows)} window(s)>")
+
+    def ops(self) -> np.ndarray:
+        """This process's ops (``prof.ops()`` fields), its windows summed."""
+        return _child_ops(self.windows)
+
+
+def group_children(children) -> list[ProcessData]:
+    """ChildWindow entries of several parent windows -> one ProcessData per pid."""
+    by_pid: dict[int, ProcessData] = {}
+    for c in children:
+        p = by_pid.get(c.pid)
+        if p is None:
+            by_pid[c.pid] = ProcessData(c.pid, c.ppid, c.name, c.how, c.status, list(c.pieces))
+            continue
+        p.windows += c.pieces
+        p.status = c.status  # the latest window's word
+        p.name = c.name or p.name
+    return [by_pid[k] for k in sorted(by_pid)]
+
+
+def _child_ops(windows: list[dict]) -> np.ndarray:
+    """Ops of a child's windows without the session marker rows (kind "step": a child
+    has no steps; its session's start and stop mark one)."""
+    if not windows:
+        return _empty_ops()
+    parts = [Results([w]).ops() for w in windows]
+    parts = [p[p["kind"] != "step"] for p in parts]
+    if len(parts) == 1:
+        return parts[0]
+    return _merge(parts)
+
+
+def _empty_ops() -> np.ndarray:
+    from ._results import OPS_DTYPE
+
+    return np.zeros(0, dtype=OPS_DTYPE)
+
+
+def _merge(parts: list[np.ndarray]) -> np.ndarray:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return _empty_ops()
+    if len(parts) == 1:
+        return parts[0]
+    return _merge_rows(parts, _OPS_KEY, mins=("cpu_min_ns",), maxs=("cpu_max_ns",))
+
+
+def _window_events(windows: list[dict]) -> tuple[int, int, int]:
+    events = dropped = recorded = 0
+    for w in windows:
+        th = w["threads"]
+        events += int(th["events"].sum())
+        dropped += int(w["dropped_events"])
+        recorded += int(w["window_end_ns"]) - int(w["window_start_ns"])
+    return events, dropped, recorded
+
+
+def processes_array(results: Results) -> np.ndarray:
+    """One row per process: the main process first, then each child by pid."""
+    children = getattr(results, "subprocesses", None) or []
+    out = np.zeros(1 + len(children), dtype=PROCESSES_DTYPE)
+    ev, dr, rec = _window_events(results.windows)
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    main_ops = results.ops()
+    out[0] = (int(results.meta.get("pid") or os.getpid()), os.getppid(), "main",
+              os.path.basename(argv0) or "python", "", "ok", len(results.windows), ev, dr, rec,
+              int(main_ops["cpu_self_ns"].sum()))
+    for i, c in enumerate(children, 1):
+        ev, dr, rec = _window_events(c.windows)
+        out[i] = (c.pid, c.ppid, c.role, c.name, c.start_method, c.status, len(c.windows),
+                  ev, dr, rec, int(c.ops()["cpu_self_ns"].sum()))
+    return out
+
+
+class ProcessResults(Results):
+    """A :class:`Results` whose ops() are one process's or a sum over processes
+    (what ``key_averages(pid=...)`` tabulates)."""
+
+    def __init__(self, windows: list[dict], ops: np.ndarray, cuda: dict | None,
+                 meta: dict | None, label: str):
+        super().__init__(windows, cuda=cuda, meta=meta)
+        self._ops_rows = ops
+        self.label = label
+
+    def ops(self) -> np.ndarray:
+        return self._ops_rows
+
+    def call_tree(self) -> np.ndarray:
+        if len(self._windows) == 1:
+            return super().call_tree()
+        raise NotImplementedError(f"call_tree() of {self.label}: it spans several windows or "
+                                  "processes; group_by_stack_n and top_level_events_only need "
+                                  "one process and one window (pid=<int>, acc_events=False)")
+
+
+def _check_pid(pid) -> None:
+    if isinstance(pid, bool) or not (pid is None or isinstance(pid, (int, np.integer))
+                                     or pid in ("workers", "all", "main")):
+        raise ValueError(f"pid must be None, a process id (int), 'main', 'workers' or 'all', "
+                         f"got {pid!r}")
+
+
+def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
+    """The :class:`ProcessResults` of ``pid``: None or "main" the main process, an
+    int that process, "workers" every child summed, "all" every process summed.
+
+    Raises:
+        ValueError: ``pid`` is not one of the above, or no such process was recorded.
+        RuntimeError: workers were asked for but the profile was made without
+            ``subprocesses=True``.
+    """
+    _check_pid(pid)
+    main_pid = int(results.meta.get("pid") or os.getpid())
+    children = getattr(results, "subprocesses", None) or []
+    if pid is None or pid == "main" or (not isinstance(pid, str) and int(pid) == main_pid):
+        return ProcessResults(results.windows, results.ops(), results.cuda, results.meta,
+                              f"process {main_pid} (main)")
+    if not subprocesses:
+        raise RuntimeError(f"pid={pid!r}: child processes were not profiled; use "
+                           "gpuprof.profile(subprocesses=True)")
+    if pid == "workers":
+        wins = [w for c in children for w in c.windows]
+        if not wins:
+            raise ValueError("pid='workers': no child process recorded anything in the kept "
+                             "window(s); see prof.processes()")
+        ops = _merge([c.ops() for c in children])
+        return ProcessResults(wins, ops, {"active": False, "mode": "off", "error": None},
+                              {}, f"{len(children)} worker process(es)")
+    if pid == "all":
+        wins = list(results.windows) + [w for c in children for w in c.windows]
+        ops = _merge([results.ops()] + [c.ops() for c in children])
+        return ProcessResults(wins, ops, results.cuda, results.meta,
+                              f"{1 + len(children)} processes")
+    pid = int(pid)
+    for c in children:
+        if c.pid == pid:
+            if not c.windows:
+                raise ValueError(f"pid={pid}: process {pid} recorded nothing in the kept "
+                                 f"window(s) (status {c.status!r}); see prof.processes()")
+            return ProcessResults(c.windows, c.ops(), {"active": False, "mode": "off",
+                                                      "error": None},
+                                  {"pid": pid, "process_name": c.name},
+                                  f"process {pid} ({c.name or 'worker'})")
+    known = ", ".join(str(p) for p in [main_pid] + [c.pid for c in children])
+    raise ValueError(f"pid={pid}: no such process in this profile; recorded: {known} "
+                     "(see prof.processes())")
+
+
+def key_averages(results: Results, pid, subprocesses: bool, group_by_stack_n: int,
+                 show_memory: bool) -> KeyAverages:
+    sel = select(results, pid, subprocesses)
+    return KeyAverages(sel, group_by_stack_n=group_by_stack_n,
+                       show_memory=show_memory and pid in (None, "main"))
+
+
+# ---- diagnosis -------------------------------------------------------------------------
+
+def _is_wait_file(file: str) -> bool:
+    return any(m in file for m in _WAIT_MARKERS)
+
+
+def _nearest_python(spans: np.ndarray, is_py_row: np.ndarray) -> np.ndarray:
+    """For each span, the index of the nearest span at or above it that is a Python
+    call (-1 if none), by pointer jumping over the parent links."""
+    n = len(spans)
+    idx = np.arange(n, dtype=np.int64)
+    is_py = is_py_row[spans["op_row"].astype(np.int64)] if n else np.zeros(0, dtype=bool)
+    parent = spans["parent"].astype(np.int64)
+    cur = np.where(is_py, idx, parent)
+    while True:
+        valid = cur >= 0
+        settled = ~valid
+        settled[valid] = is_py[cur[valid]]
+        if settled.all():
+            return cur
+        nxt = cur.copy()
+        m = ~settled
+        nxt[m] = parent[cur[m]]
+        cur = nxt
+
+
+def _worker_rows(windows: list[dict]):
+    """Per op key over the workers' windows: self ns, self ns spent waiting (C calls
+    made by the multiprocessing/queue machinery), and the main call site of C calls."""
+    self_ns: dict[tuple, int] = {}
+    wait_ns: dict[tuple, int] = {}
+    sites: dict[tuple, dict[str, int]] = {}
+    for raw in windows:
+        ops = Results([raw]).ops()
+        if not len(ops):
+            continue
+        keys = [tuple(r) for r in zip(ops["name"], ops["file"], ops["line"], ops["kind"],
+                                      strict=True)]
+        for k, kind, file, s in zip(keys, ops["kind"], ops["file"], ops["cpu_self_ns"],
+                                   strict=True):
+            if kind == "step":
+                continue
+            self_ns[k] = self_ns.get(k, 0) + int(s)
+            if kind == "python" and _is_wait_file(str(file)):
+                wait_ns[k] = wait_ns.get(k, 0) + int(s)
+        sp = raw["spans"]
+        if not len(sp):
+            continue
+        is_py = ops["kind"] == "python"
+        is_c = ops["kind"] == "c"
+        owner = _nearest_python(sp, is_py)
+        rows = sp["op_row"].astype(np.int64)
+        c_idx = np.flatnonzero(is_c[rows] & (owner >= 0))
+        if not len(c_idx):
+            continue
+        files = ops["file"]
+        caller_rows = rows[owner[c_idx]]
+        waiting = np.array([_is_wait_file(str(files[r])) for r in caller_rows], dtype=bool)
+        # self time of a C span: its duration minus its children's
+        dur = (sp["end_ns"] - sp["start_ns"]).astype(np.int64)
+        child_sum = np.zeros(len(sp), dtype=np.int64)
+        par = sp["parent"].astype(np.int64)
+        has_p = par >= 0
+        np.add.at(child_sum, par[has_p], dur[has_p])
+        self_c = dur[c_idx] - child_sum[c_idx]
+        for j, i in enumerate(c_idx):
+            k = keys[rows[i]]
+            if waiting[j]:
+                wait_ns[k] = wait_ns.get(k, 0) + int(self_c[j])
+            else:
+                r = int(caller_rows[j])
+                site = f"{_short(str(files[r]))}:{int(sp['line'][i]) or int(ops['line'][r])}"
+                d = sites.setdefault(k, {})
+                d[site] = d.get(site, 0) + int(self_c[j])
+    return self_ns, wait_ns, sites
+
+
+def _short(file: str) -> str:
+    if file and os.path.isabs(file):
+        try:
+            rel = os.path.relpath(file)
+        except ValueError:
+            return file
+        return rel if not rel.startswith("..") else file
+    return file
+
+
+def worker_hotspot(results: Results) -> dict:
+    """Where the child processes spent their recorded time, for the data-stall finding.
+
+    Returns {} without worker data, else:
+        workers: child processes with data,
+        workers_hottest: the op with most self time outside waiting for work,
+            "name (file:line)" (a C function shows where it was called from),
+        workers_hottest_share: its share of all the workers' recorded time,
+        workers_busy_share: the share not spent waiting for work in the
+            multiprocessing/queue/DataLoader machinery.
+    """
+    children = [c for c in (getattr(results, "subprocesses", None) or []) if c.windows]
+    if not children:
+        return {}
+    wins = [w for c in children for w in c.windows]
+    self_ns, wait_ns, sites = _worker_rows(wins)
+    total = sum(self_ns.values())
+    if total <= 0:
+        return {}
+    busy = {k: v - wait_ns.get(k, 0) for k, v in self_ns.items()}
+    key = max(busy, key=lambda k: busy[k])
+    if busy[key] <= 0:
+        return {}
+    name, file, line, kind = key
+    if kind == "python":
+        label = f"{name} ({_short(str(file))}:{int(line)})"
+    elif key in sites and sites[key]:
+        site = max(sites[key], key=sites[key].get)
+        label = f"{name} (called at {site})"
+    else:
+        label = str(name)
+    waiting = sum(wait_ns.values())
+    return {"workers": len(children), "workers_hottest": label,
+            "workers_hottest_share": busy[key] / total,
+            "workers_busy_share": max(0.0, 1.0 - waiting / total)}
