@@ -152,7 +152,7 @@ map_put(Map *m, uint64_t key, uint32_t val)
 
 /* ---- replay state -------------------------------------------------------- */
 
-enum { E_PY = 1, E_C, E_RANGE, E_STEP, E_API };
+enum { E_PY = 1, E_C, E_RANGE, E_STEP, E_API, E_NVTX, E_NVTX_SE };
 
 typedef struct Entry {
     int64_t start;
@@ -162,6 +162,7 @@ typedef struct Entry {
     int32_t span;   /* span index, -1 when hidden */
     uint32_t op;    /* intern op id, step number, or api key */
     uint32_t launch;/* E_API: index into launches */
+    uint32_t nvtx;  /* E_NVTX: domain index; E_NVTX_SE: range tag */
     uint8_t kind;   /* E_* */
     uint8_t hidden;
     uint8_t outermost;
@@ -190,12 +191,16 @@ typedef struct Agg {
     int32_t *row_of_op;   /* op id -> op row, -1 */
     GP_VEC(int32_t) active;      /* per op row: open non-hidden entries */
     GP_VEC(uint32_t) api_rows;   /* (api key, row) pairs, flattened */
+    Map nvtx_rows;        /* NVTX name id -> op row */
+    GpEvent *foreign_ends;/* NVTX ends recorded on another thread than the start, by ts */
+    size_t n_foreign_ends;
     Map nodes;            /* (parent node, row) -> node */
     GP_VEC(Entry) stack;
     GP_VEC(Launch) launches;
     GP_VEC(StepMark) stepmarks;
     Map corr;             /* correlation -> launch index */
     uint32_t thread;      /* index of the thread being replayed */
+    uint32_t buf_index;   /* its GpThreadBuf.index (NVTX range ends name it) */
     int64_t busy;         /* this thread's time with a non-empty stack */
     int64_t self_sum;
 } Agg;
@@ -207,6 +212,10 @@ op_row_for(Agg *a, uint32_t op, uint8_t kind)
         for (size_t i = 0; i + 1 < a->api_rows.n; i += 2)
             if (a->api_rows.v[i] == op)
                 return a->api_rows.v[i + 1];
+    } else if (kind == GP_OP_NVTX) {
+        uint32_t hit = map_get(&a->nvtx_rows, op);
+        if (hit != UINT32_MAX)
+            return hit;
     } else {
         if (op >= a->in->n_ops)
             return -1;
@@ -219,10 +228,15 @@ op_row_for(Agg *a, uint32_t op, uint8_t kind)
         return -2;
     uint32_t row = (uint32_t)(a->t->ops.n - 1);
     r->op = op;
-    r->kind = kind;
-    r->flags = kind == GP_OP_CUDA_API ? (uint8_t)gp_cuda_api_class(op) : a->in->op_flags[op];
+    r->kind = kind == GP_OP_NVTX ? GP_OP_USER : kind;
+    r->flags = kind == GP_OP_CUDA_API ? (uint8_t)gp_cuda_api_class(op)
+               : kind == GP_OP_NVTX   ? GP_OPF_NVTX
+                                      : a->in->op_flags[op];
     r->cpu_min_ns = INT64_MAX;
-    if (kind == GP_OP_CUDA_API) {
+    if (kind == GP_OP_NVTX) {
+        if (map_put(&a->nvtx_rows, op, row) < 0)
+            return -2;
+    } else if (kind == GP_OP_CUDA_API) {
         uint32_t *k = VEC_PUSH(a->api_rows);
         uint32_t *v = VEC_PUSH(a->api_rows);
         if (k == NULL || v == NULL)
@@ -235,6 +249,9 @@ op_row_for(Agg *a, uint32_t op, uint8_t kind)
     return row;
 }
 
+/* Map value of a node taken back (reparent_nvtx): node_for makes a new one. */
+#define NODE_GONE (UINT32_MAX - 1)
+
 static int32_t
 node_for(Agg *a, int32_t parent, uint32_t row)
 {
@@ -242,7 +259,7 @@ node_for(Agg *a, int32_t parent, uint32_t row)
     uint64_t pkey = parent >= 0 ? (uint64_t)parent : (0x80000000ull | a->thread);
     uint64_t key = (pkey << 32) | row;
     uint32_t id = map_get(&a->nodes, key);
-    if (id != UINT32_MAX)
+    if (id != UINT32_MAX && id != NODE_GONE)
         return (int32_t)id;
     GpNodeRow *n = VEC_PUSH(a->t->nodes);
     if (n == NULL)
@@ -319,7 +336,7 @@ push_entry(Agg *a, int64_t ts, uint8_t ekind, uint8_t opkind, uint32_t op, int h
     s->parent = parent_span;
     s->thread = a->thread;
     s->node = node;
-    s->kind = opkind;
+    s->kind = opkind == GP_OP_NVTX ? GP_OP_USER : opkind;
     s->flags = snapshot ? 1 : 0;
     s->depth = (uint16_t)(parent_span >= 0 ? a->t->spans.v[parent_span].depth + 1 : 0);
     if (count) {
@@ -425,6 +442,55 @@ caller_is_hidden(const Agg *a)
     return 0;
 }
 
+/* Topmost NVTX entry of kind `kind` whose domain (E_NVTX) or tag
+ * (E_NVTX_SE) is `key`, or -1. */
+static int64_t
+find_nvtx(const Agg *a, uint8_t kind, uint32_t key)
+{
+    for (int64_t i = (int64_t)a->stack.n - 1; i >= 0; i--)
+        if (a->stack.v[i].kind == kind && a->stack.v[i].nvtx == key)
+            return i;
+    return -1;
+}
+
+/* An NVTX range opened inside a call (torch.cuda.nvtx.range_push and its C
+ * binding, nvtx.push_range) and still open when that call returns belongs
+ * to the call's caller: move it there while nothing was recorded under it.
+ * A range that ends inside the call stays its child. i: the call's entry. */
+static int
+reparent_nvtx(Agg *a, size_t i)
+{
+    GpTables *t = a->t;
+    if (a->stack.n != i + 2)
+        return 0;
+    Entry *e = &a->stack.v[i + 1];
+    const Entry *c = &a->stack.v[i];
+    if ((e->kind != E_NVTX && e->kind != E_NVTX_SE) || e->hidden || c->hidden || e->node < 0 ||
+        e->span < 0 || (size_t)e->span != t->spans.n - 1 || t->nodes.v[e->node].parent != c->node)
+        return 0;
+    int64_t below = visible_below(a, (int64_t)i - 1);
+    int32_t pnode = below >= 0 ? a->stack.v[below].node : -1;
+    int32_t pspan = below >= 0 ? a->stack.v[below].span : -1;
+    GpNodeRow *old = &t->nodes.v[e->node];
+    old->calls--;
+    if (old->calls == 0 && (size_t)e->node == t->nodes.n - 1) {
+        /* Made by this push: take it back, so no empty node stays behind. */
+        if (map_put(&a->nodes, (uint64_t)c->node << 32 | e->row, NODE_GONE) < 0)
+            return -1;
+        t->nodes.n--;
+    }
+    int32_t node = node_for(a, pnode, e->row);
+    if (node < 0)
+        return -1;
+    e->node = node;
+    t->nodes.v[node].calls++;
+    GpSpanRow *sp = &t->spans.v[e->span];
+    sp->parent = pspan;
+    sp->node = node;
+    sp->depth = (uint16_t)(pspan >= 0 ? t->spans.v[pspan].depth + 1 : 0);
+    return 0;
+}
+
 static int
 replay_event(Agg *a, const GpEvent *ev)
 {
@@ -462,13 +528,18 @@ replay_event(Agg *a, const GpEvent *ev)
         for (int64_t k = (int64_t)a->stack.n - 1; k > i; k--)
             if (a->stack.v[k].kind == E_C)
                 remove_entry(a, (size_t)k, ts);
+        if (reparent_nvtx(a, (size_t)i) < 0)
+            return -1;
         remove_entry(a, (size_t)i, ts);
         return 0;
     }
     case GP_EV_CRETURN: {
         int64_t i = find_top(a, E_C, E_PY, 0, 0);
-        if (i >= 0)
+        if (i >= 0) {
+            if (reparent_nvtx(a, (size_t)i) < 0)
+                return -1;
             remove_entry(a, (size_t)i, ts);
+        }
         return 0;
     }
     case GP_EV_RANGE_PUSH:
@@ -502,6 +573,26 @@ replay_event(Agg *a, const GpEvent *ev)
         return on_api_enter(a, ts, ev->arg, GP_EV_PAYLOAD(ev->kind));
     case GP_EV_API_EXIT: {
         int64_t i = find_top(a, E_API, 0, 0, 0);
+        if (i >= 0)
+            remove_entry(a, (size_t)i, ts);
+        return 0;
+    }
+    case GP_EV_NVTX_PUSH:
+    case GP_EV_NVTX_START: {
+        uint8_t ek = kind == GP_EV_NVTX_PUSH ? E_NVTX : E_NVTX_SE;
+        if (push_entry(a, ts, ek, GP_OP_NVTX, ev->arg, 0, 1, 0) < 0)
+            return -1;
+        a->stack.v[a->stack.n - 1].nvtx = GP_EV_PAYLOAD(ev->kind);
+        return 0;
+    }
+    case GP_EV_NVTX_POP:
+    case GP_EV_NVTX_END: {
+        /* An end recorded on another thread closes the range on the thread
+         * that started it (merged into that thread's replay). */
+        if (kind == GP_EV_NVTX_END && ev->arg != a->buf_index)
+            return 0;
+        int64_t i = find_nvtx(a, kind == GP_EV_NVTX_POP ? E_NVTX : E_NVTX_SE,
+                              GP_EV_PAYLOAD(ev->kind));
         if (i >= 0)
             remove_entry(a, (size_t)i, ts);
         return 0;
@@ -550,10 +641,80 @@ api_events_for_thread(const GpAggInput *in, const GpThreadBuf *tb, size_t *n_out
 }
 
 static int
+cmp_event_ts(const void *x, const void *y)
+{
+    const GpEvent *a = x, *b = y;
+    return (a->ts > b->ts) - (a->ts < b->ts);
+}
+
+/* NVTX ends recorded on another thread than their start, sorted by time:
+ * each is replayed on the thread that started the range. */
+static int
+collect_foreign_ends(Agg *a)
+{
+    size_t n = 0, cap = 0;
+    GpEvent *v = NULL;
+    for (const GpThreadBuf *tb = gp_buffer_threads(); tb; tb = tb->next_thread) {
+        for (const GpChunk *c = tb->head; c; c = c->next) {
+            for (uint32_t k = 0; k < c->n; k++) {
+                const GpEvent *ev = &c->ev[k];
+                if (GP_EV_KIND(ev->kind) != GP_EV_NVTX_END || ev->arg == tb->index)
+                    continue;
+                if (vec_grow((void **)&v, &cap, n + 1, sizeof(GpEvent)) == NULL) {
+                    free(v);
+                    return -1;
+                }
+                v[n++] = *ev;
+            }
+        }
+    }
+    if (n > 1)
+        qsort(v, n, sizeof(GpEvent), cmp_event_ts);
+    a->foreign_ends = v;
+    a->n_foreign_ends = n;
+    return 0;
+}
+
+/* Merge the foreign ends of ranges `tb` started into its sorted extra
+ * events (*evp)[0..*n), replacing *evp. 0, or -1 when out of memory. */
+static int
+merge_foreign_ends(const Agg *a, const GpThreadBuf *tb, GpEvent **evp, size_t *n)
+{
+    GpEvent *ev = *evp;
+    size_t k = 0;
+    for (size_t i = 0; i < a->n_foreign_ends; i++)
+        k += a->foreign_ends[i].arg == tb->index;
+    if (k == 0)
+        return 0;
+    GpEvent *out = malloc((*n + k) * sizeof(GpEvent));
+    if (out == NULL)
+        return -1;
+    size_t i = 0, j = 0, o = 0;
+    while (i < *n || j < a->n_foreign_ends) {
+        if (j < a->n_foreign_ends && a->foreign_ends[j].arg != tb->index) {
+            j++;
+        } else if (j < a->n_foreign_ends && (i == *n || a->foreign_ends[j].ts < ev[i].ts)) {
+            out[o++] = a->foreign_ends[j++];
+        } else {
+            out[o++] = ev[i++];
+        }
+    }
+    free(ev);
+    *evp = out;
+    *n = o;
+    return 0;
+}
+
+static int
 replay_thread(Agg *a, const GpThreadBuf *tb, GpThreadRow *tr)
 {
     size_t n_api = 0;
     GpEvent *api = api_events_for_thread(a->in, tb, &n_api);
+    if (a->n_foreign_ends > 0 && merge_foreign_ends(a, tb, &api, &n_api) < 0) {
+        free(api);
+        return -1;
+    }
+    a->buf_index = tb->index;
     size_t ai = 0;
     a->stack.n = 0;
     a->busy = 0;
@@ -1006,7 +1167,9 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     a.row_of_op = malloc((in->n_ops + 1) * sizeof(int32_t));
     GpStatus st = GP_ERR_NOMEM;
     if (!span_lo || !span_hi || !a.row_of_op || map_init(&a.nodes, 1024) < 0 ||
-        map_init(&a.corr, 1024) < 0)
+        map_init(&a.corr, 1024) < 0 || map_init(&a.nvtx_rows, 64) < 0)
+        goto done;
+    if (gp_nvtx_cross_thread_ends() > 0 && collect_foreign_ends(&a) < 0)
         goto done;
     memset(a.row_of_op, 0xff, (in->n_ops + 1) * sizeof(int32_t));
     out->window_start_ns = (int64_t)in->window_start_ns;
@@ -1063,6 +1226,8 @@ done:
     free(a.stepmarks.v);
     map_free(&a.nodes);
     map_free(&a.corr);
+    map_free(&a.nvtx_rows);
+    free(a.foreign_ends);
     if (st != GP_OK)
         gp_aggregate_free(out);
     return st;

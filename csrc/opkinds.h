@@ -11,12 +11,15 @@ enum {
     GP_OP_USER = 3,     /* record_function / NVTX label */
     GP_OP_STEP = 4,     /* ProfilerStep* */
     GP_OP_CUDA_API = 5, /* CUDA runtime/driver call (made by aggregation) */
+    GP_OP_NVTX = 6,     /* aggregation only: NVTX name ids (cuda/nvtx.c) are their own id
+                           space; their rows are GP_OP_USER with GP_OPF_NVTX */
 };
 
 /* Op flags. */
 enum {
     GP_OPF_HIDDEN = 1,    /* gpuprof's own frames: time goes to the caller */
     GP_OPF_GENERATOR = 2, /* generator/coroutine code: resumes are not calls */
+    GP_OPF_NVTX = 4,      /* GP_OP_USER row whose op is an NVTX name id (gp_nvtx_describe) */
 };
 
 /* Reserved op ids. */

@@ -43,7 +43,13 @@ typedef struct GpProfilerObject {
     int64_t windows;        /* completed windows */
     int in_transition;      /* guards re-entry from on_trace_ready */
     int forked_off;         /* this is a forked child's copy of a running profiler */
+    int capture;            /* GP_CAPTURE_*: a capture range, not the schedule, decides */
+    char *capture_name;     /* GP_CAPTURE_NVTX: range name and domain ("" default); malloc'ed */
+    char *capture_domain;
 } GpProfilerObject;
+
+/* Capture ranges (profile(capture=...)). */
+enum { GP_CAPTURE_NONE = 0, GP_CAPTURE_PROFILER_API = 1, GP_CAPTURE_NVTX = 2 };
 
 /* ---- status -> exception ------------------------------------------------- */
 
@@ -130,6 +136,20 @@ gp_profiler_result_dict(GpTables *t)
         if (r->kind == GP_OP_CUDA_API) {
             name = PyUnicode_FromString(gp_cuda_api_name(r->op));
             file = PyUnicode_FromString("");
+            if (!name || !file) {
+                Py_XDECREF(name);
+                Py_XDECREF(file);
+                goto fail;
+            }
+        } else if (r->kind == GP_OP_USER && (r->flags & GP_OPF_NVTX)) {
+            /* NVTX range: its message, and "nvtx[:domain][/category]" as file. */
+            char text[1024], where[600];
+            if (gp_nvtx_describe(r->op, text, sizeof text, where, sizeof where) < 0) {
+                snprintf(text, sizeof text, "<nvtx %u>", r->op);
+                snprintf(where, sizeof where, "nvtx");
+            }
+            name = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+            file = PyUnicode_DecodeUTF8(where, (Py_ssize_t)strlen(where), "replace");
             if (!name || !file) {
                 Py_XDECREF(name);
                 Py_XDECREF(file);
@@ -367,9 +387,149 @@ transit(GpProfilerObject *self, GpAction prev, GpAction cur)
     return rc;
 }
 
+/* ---- capture ranges and NVTX out ---------------------------------------------- */
+
+/* Gate state requested by a capture notice (any thread, maybe without the
+ * GIL), applied with the GIL by a pending call or the next step(). */
+static atomic_int capture_want;
+static atomic_int capture_queued;
+
+enum { CAP_OPEN = 1, CAP_CLOSE = 2 };
+
+static int capture_pending_call(void *arg);
+
+/* GpNvtxCaptureFn: only atomics and Py_AddPendingCall, which needs neither
+ * the GIL nor a thread state. The pending call runs on the main thread at
+ * its next bytecode boundary. */
+static void
+capture_request(int open)
+{
+    atomic_store(&capture_want, open);
+    if (atomic_exchange(&capture_queued, 1) == 0 &&
+        Py_AddPendingCall(capture_pending_call, NULL) < 0)
+        atomic_store(&capture_queued, 0); /* queue full: the next step() applies it */
+}
+
+/* Markers at a capture window's start: the step in progress (so steps()
+ * shows it, from here), and the NVTX range that opened the window, when it
+ * was pushed on this thread (its push came before recording began). */
+static void
+capture_open_markers(GpProfilerObject *self)
+{
+    gp_hook_marker(GP_EV_STEP_BEGIN, (uint32_t)self->step_num);
+    uint64_t thread;
+    uint32_t name, domain;
+    if (self->capture == GP_CAPTURE_NVTX && gp_nvtx_capture_label(&thread, &name, &domain) &&
+        thread == (uint64_t)pthread_self())
+        gp_hook_marker(GP_EV_MAKE(GP_EV_NVTX_PUSH, domain), name);
+}
+
+/* Open or close the window to match the requested gate (`which`: CAP_*).
+ * GIL. 0, or -1 with an exception. */
+static int
+capture_apply(GpProfilerObject *self, int which)
+{
+    if (self->capture == GP_CAPTURE_NONE || !self->started || self->in_transition)
+        return 0;
+    int want = atomic_load(&capture_want);
+    int on = self->action == GP_ACT_RECORD;
+    if (want == on || (want && !(which & CAP_OPEN)) || (!want && !(which & CAP_CLOSE)))
+        return 0;
+    int rc;
+    self->in_transition = 1;
+    if (want) {
+        rc = transit(self, GP_ACT_NONE, GP_ACT_RECORD);
+        if (rc == 0) {
+            self->action = GP_ACT_RECORD;
+            capture_open_markers(self);
+        } else {
+            op_discard(self);
+        }
+    } else {
+        self->action = GP_ACT_NONE;
+        rc = transit(self, GP_ACT_RECORD_AND_SAVE, GP_ACT_NONE);
+    }
+    self->in_transition = 0;
+    return rc;
+}
+
+static int
+capture_pending_call(void *arg)
+{
+    (void)arg;
+    atomic_store(&capture_queued, 0);
+    if (active_profiler == NULL)
+        return 0;
+    return capture_apply((GpProfilerObject *)active_profiler, CAP_OPEN | CAP_CLOSE);
+}
+
+/* Arm the capture source for a starting session. 0, or -1 with an exception. */
+static int
+capture_arm(GpProfilerObject *self)
+{
+    atomic_store(&capture_want, 0);
+    if (self->capture == GP_CAPTURE_PROFILER_API) {
+        if (!self->cuda_on) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "profile(capture='cudaProfilerApi') needs CUDA capture, which is off: %S",
+                         self->cuda_error);
+            return -1;
+        }
+        if (gp_cuda_capture_profiler_api(1) != GP_OK) {
+            PyErr_Format(PyExc_RuntimeError, "profile(capture='cudaProfilerApi'): %s",
+                         gp_cuda_reason());
+            return -1;
+        }
+    } else if (self->capture == GP_CAPTURE_NVTX) {
+        if (gp_nvtx_capture_set(self->capture_name, self->capture_domain) != GP_OK) {
+            PyErr_SetString(PyExc_ValueError,
+                            "profile(capture='nvtx:NAME'): NAME and domain must be under 256 bytes");
+            return -1;
+        }
+    }
+    if (self->capture != GP_CAPTURE_NONE)
+        gp_nvtx_capture_handler(capture_request);
+    return 0;
+}
+
+static void
+capture_disarm(GpProfilerObject *self)
+{
+    if (self->capture == GP_CAPTURE_NONE)
+        return;
+    gp_nvtx_capture_handler(NULL);
+    gp_nvtx_capture_set(NULL, NULL);
+    if (self->capture == GP_CAPTURE_PROFILER_API && self->cuda_on)
+        gp_cuda_capture_profiler_api(0);
+}
+
+/* ProfilerStep#N out to an attached NVTX tool (Nsight Systems); nothing
+ * when none is. */
+static void
+emit_step_begin(int64_t step)
+{
+    if (!gp_nvtx_emit_ready())
+        return;
+    char buf[48];
+    snprintf(buf, sizeof buf, "ProfilerStep#%lld", (long long)step);
+    gp_nvtx_emit_push(buf);
+}
+
+static void
+emit_step_end(void)
+{
+    if (gp_nvtx_emit_ready())
+        gp_nvtx_emit_pop();
+}
+
 static int
 action_for(GpProfilerObject *self, int64_t step, GpAction *out)
 {
+    if (self->capture != GP_CAPTURE_NONE) {
+        /* The capture range, not the step count, opens and closes windows. */
+        *out = self->action == GP_ACT_RECORD ? GP_ACT_RECORD : GP_ACT_NONE;
+        return 0;
+    }
     if (self->has_schedule) {
         *out = gp_schedule_action(&self->sched, step);
         return 0;
@@ -410,13 +570,22 @@ static int
 Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"max_events", "cuda", "memory", "schedule", "schedule_fn",
-                             "on_trace_ready", "owner", NULL};
+                             "on_trace_ready", "owner", "capture", "capture_name",
+                             "capture_domain", NULL};
     unsigned long long max_events = 8000000;
-    int cuda = 0, memory = 0;
+    int cuda = 0, memory = 0, capture = GP_CAPTURE_NONE;
+    const char *capture_name = NULL, *capture_domain = NULL;
     PyObject *sched = Py_None, *schedule_fn = Py_None, *on_ready = Py_None, *owner = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KppOOOO:Profiler", kwlist, &max_events, &cuda,
-                                     &memory, &sched, &schedule_fn, &on_ready, &owner))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KppOOOOizz:Profiler", kwlist, &max_events,
+                                     &cuda, &memory, &sched, &schedule_fn, &on_ready, &owner,
+                                     &capture, &capture_name, &capture_domain))
         return -1;
+    if (capture < GP_CAPTURE_NONE || capture > GP_CAPTURE_NVTX ||
+        (capture == GP_CAPTURE_NVTX && capture_name == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "capture must be 0 (none), 1 (cudaProfilerApi) or 2 "
+                                          "(NVTX, with capture_name)");
+        return -1;
+    }
     if (self->started) {
         PyErr_SetString(PyExc_RuntimeError, "Profiler.__init__: profiler is running");
         return -1;
@@ -450,6 +619,24 @@ Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "on_trace_ready must be callable or None");
         return -1;
     }
+    if (capture != GP_CAPTURE_NONE && (sched != Py_None || schedule_fn != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "capture and schedule cannot be combined: the capture "
+                                          "range decides when to record");
+        return -1;
+    }
+    char *cname = capture_name ? strdup(capture_name) : NULL;
+    char *cdomain = strdup(capture_domain ? capture_domain : "");
+    if ((capture_name && cname == NULL) || cdomain == NULL) {
+        free(cname);
+        free(cdomain);
+        PyErr_NoMemory();
+        return -1;
+    }
+    free(self->capture_name);
+    free(self->capture_domain);
+    self->capture_name = cname;
+    self->capture_domain = cdomain;
+    self->capture = capture;
     self->max_events = max_events;
     self->want_cuda = cuda;
     self->memory = memory;
@@ -499,12 +686,15 @@ Profiler_start(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         }
     }
     set_phase(GP_PHASE_WAIT);
+    if (capture_arm(self) < 0)
+        goto fail;
     if (gp_hook_install((PyObject *)self) < 0)
         goto fail;
     self->started = 1;
     active_profiler = (PyObject *)self;
     self->step_num = 0;
     self->step_thread = (uint64_t)pthread_self();
+    self->action = GP_ACT_NONE;
     GpAction first;
     if (action_for(self, 0, &first) < 0)
         goto fail_started;
@@ -513,11 +703,13 @@ Profiler_start(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         goto fail_started;
     self->action = first;
     gp_hook_marker(GP_EV_STEP_BEGIN, 0);
+    emit_step_begin(0);
     Py_RETURN_NONE;
 fail_started:
     self->started = 0;
     active_profiler = NULL;
 fail:
+    capture_disarm(self);
     set_phase(GP_PHASE_OFF);
     gp_hook_uninstall();
     if (self->cuda_on) {
@@ -547,7 +739,12 @@ Profiler_step(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "prof.step() called from on_trace_ready");
         return NULL;
     }
+    /* A capture close that is still queued takes effect before the step
+     * ends, an open after the next one begins: no sliver of a step. */
+    if (capture_apply(self, CAP_CLOSE) < 0)
+        return NULL;
     gp_hook_marker(GP_EV_STEP_END, (uint32_t)self->step_num);
+    emit_step_end();
     int64_t next = self->step_num + 1;
     GpAction cur;
     if (action_for(self, next, &cur) < 0)
@@ -559,7 +756,10 @@ Profiler_step(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
     self->in_transition = 0;
     self->action = cur;
     gp_hook_marker(GP_EV_STEP_BEGIN, (uint32_t)self->step_num);
+    emit_step_begin(self->step_num);
     if (rc < 0)
+        return NULL;
+    if (capture_apply(self, CAP_OPEN) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -574,6 +774,8 @@ Profiler_stop(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     gp_hook_marker(GP_EV_STEP_END, (uint32_t)self->step_num);
+    emit_step_end();
+    capture_disarm(self);
     /* Keep any exception the caller is propagating (the with block's). */
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
@@ -594,6 +796,7 @@ Profiler_stop(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
     }
     gp_buffer_session_end();
     gp_intern_clear();
+    gp_nvtx_clear();
     self->started = 0;
     active_profiler = NULL;
     if (exc_type != NULL) {
@@ -690,12 +893,28 @@ Profiler_dealloc(GpProfilerObject *self)
         Py_XDECREF(r);
     }
     PyTypeObject *tp = Py_TYPE(self);
+    free(self->capture_name);
+    free(self->capture_domain);
     Profiler_clear(self);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
 
+static PyObject *
+Profiler_nvtx_info(PyObject *Py_UNUSED(cls), PyObject *Py_UNUSED(ignored))
+{
+    GpNvtxInfo info;
+    gp_nvtx_info(&info);
+    return Py_BuildValue("{sisOsssIsIsKsI}", "clients", info.clients, "emit",
+                         info.emit ? Py_True : Py_False, "emit_reason", info.emit_reason, "names",
+                         info.names, "domains", info.domains, "names_dropped",
+                         (unsigned long long)info.names_dropped, "probe_hits", info.probe_hits);
+}
+
 static PyMethodDef Profiler_methods[] = {
+    {"nvtx_info", (PyCFunction)Profiler_nvtx_info, METH_NOARGS | METH_STATIC,
+     "NVTX state: clients attached to gpuprof's injection, whether gpuprof's ranges go out "
+     "to another NVTX tool (and why not), names interned this session."},
     {"start", (PyCFunction)Profiler_start, METH_NOARGS, "Start the session (installs the hook)."},
     {"step", (PyCFunction)Profiler_step, METH_NOARGS, "Mark the end of a step."},
     {"stop", (PyCFunction)Profiler_stop, METH_NOARGS, "Stop the session."},
@@ -735,6 +954,10 @@ PyType_Spec gp_profiler_spec = {
 
 /* ---- ranges ------------------------------------------------------------------ */
 
+/* Token bit of range_push: the label also went out as an NVTX range (op ids
+ * stay far below it). */
+#define GP_RANGE_EMITTED 0x80000000ull
+
 /* A range token is the session it was opened in (high 32 bits) and the
  * label's op id (low 32 bits); 0 means "not recorded". Op ids restart with
  * every session, so a bare id from a range left open when one session
@@ -754,13 +977,26 @@ gp_profiler_range_push(PyObject *module, PyObject *label)
                      Py_TYPE(label)->tp_name);
         return NULL;
     }
+    /* Out to Nsight Systems (or any NVTX tool) when one is attached;
+     * GP_RANGE_EMITTED in the token tells range_pop. */
+    uint64_t emitted = 0;
+    if (gp_nvtx_emit_ready()) {
+        const char *utf8 = PyUnicode_AsUTF8(label);
+        if (utf8 == NULL)
+            return NULL;
+        gp_nvtx_emit_push(utf8);
+        emitted = GP_RANGE_EMITTED;
+    }
     if (active_profiler == NULL || atomic_load(&gp_buffer_phase) < GP_PHASE_WARMUP)
-        return PyLong_FromLong(0);
+        return PyLong_FromUnsignedLongLong(emitted);
     uint32_t op = gp_intern_label(label);
-    if (op == 0)
+    if (op == 0) {
+        if (emitted)
+            gp_nvtx_emit_pop();
         return NULL;
+    }
     gp_hook_marker(GP_EV_RANGE_PUSH, op);
-    return PyLong_FromUnsignedLongLong(range_session() << 32 | op);
+    return PyLong_FromUnsignedLongLong(range_session() << 32 | op | emitted);
 }
 
 PyObject *
@@ -770,6 +1006,12 @@ gp_profiler_range_pop(PyObject *module, PyObject *op_id)
     unsigned long long token = PyLong_AsUnsignedLongLong(op_id);
     if (token == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
+    if (token & GP_RANGE_EMITTED) {
+        gp_nvtx_emit_pop();
+        token &= ~(unsigned long long)GP_RANGE_EMITTED;
+        if (token >> 32 == 0)
+            Py_RETURN_NONE; /* emitted only: not recorded */
+    }
     /* Tokens of another session (or forged ones) close nothing. */
     if (token != 0 && active_profiler != NULL && token >> 32 == range_session())
         gp_hook_marker(GP_EV_RANGE_POP, (uint32_t)token);
@@ -781,6 +1023,7 @@ gp_profiler_after_fork_child(void)
 {
     gp_hook_uninstall();
     gp_cuda_after_fork_child();
+    gp_nvtx_after_fork_child();
     gp_buffer_after_fork_child();
     if (active_profiler != NULL) {
         GpProfilerObject *p = (GpProfilerObject *)active_profiler;

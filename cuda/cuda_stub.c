@@ -131,3 +131,14 @@ void
 gp_cuda_after_fork_child(void)
 {
 }
+
+GpStatus
+gp_cuda_capture_profiler_api(int on)
+{
+    (void)on;
+    return GP_ERR_CUDA_UNAVAIL;
+}
+
+/* NVTX needs no CUDA header, so builds without CUPTI get it too; setup.py
+ * compiles cuda/nvtx.c only in CUPTI builds, hence this include. */
+#include "nvtx.c"

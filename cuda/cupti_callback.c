@@ -76,6 +76,27 @@ static const uint32_t driver_cbids[] = {
  * traced call: a runtime call that goes through a traced driver call on the
  * same thread is recorded once, under the runtime call's correlation id,
  * which is the id CUPTI puts on the kernel or copy it launched. */
+/* capture="cudaProfilerApi": the profiler-API callbacks are on (see
+ * gp_cuda_capture_profiler_api). Written on the interpreter thread. */
+static atomic_int capture_api_on;
+
+static int
+is_profiler_api(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, int *start)
+{
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API &&
+        (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000 ||
+         cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000)) {
+        *start = cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000;
+        return 1;
+    }
+    if (domain == CUPTI_CB_DOMAIN_DRIVER_API && (cbid == CUPTI_DRIVER_TRACE_CBID_cuProfilerStart ||
+                                                 cbid == CUPTI_DRIVER_TRACE_CBID_cuProfilerStop)) {
+        *start = cbid == CUPTI_DRIVER_TRACE_CBID_cuProfilerStart;
+        return 1;
+    }
+    return 0;
+}
+
 static void CUPTIAPI
 on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
@@ -83,6 +104,16 @@ on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
     if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API)
         return;
     const CUpti_CallbackData *cb = data;
+    int start;
+    if (GP_UNLIKELY(atomic_load_explicit(&capture_api_on, memory_order_relaxed)) &&
+        is_profiler_api(domain, cbid, &start)) {
+        /* Open once cudaProfilerStart has returned, close as cudaProfilerStop
+         * is entered: neither call lands in the window. The runtime call
+         * goes through the driver call; the second notice changes nothing. */
+        if ((cb->callbackSite == CUPTI_API_EXIT) == start)
+            gp_nvtx_capture_notify(start);
+        return;
+    }
     uint64_t gen = atomic_load_explicit(&window_gen, memory_order_relaxed);
     if (tls_window != gen) {
         tls_window = gen;
@@ -464,6 +495,38 @@ gp_cuda_session_end(void)
     return st;
 }
 
+GpStatus
+gp_cuda_capture_profiler_api(int on)
+{
+    if (on && (!atomic_load(&session_open) || subscriber == NULL))
+        return gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL,
+                                    "capture='cudaProfilerApi' needs CUPTI's API callbacks, %s",
+                                    subscriber == NULL && atomic_load(&session_open)
+                                        ? "which another CUPTI client holds (activity-only mode)"
+                                        : "and no CUDA profiling session is open");
+    static const struct {
+        CUpti_CallbackDomain domain;
+        CUpti_CallbackId cbid;
+    } ids[] = {
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000},
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000},
+        {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuProfilerStart},
+        {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuProfilerStop},
+    };
+    atomic_store(&capture_api_on, on);
+    if (subscriber == NULL)
+        return GP_OK; /* off: the unsubscribe already dropped them */
+    for (size_t i = 0; i < GP_ARRAY_LEN(ids); i++) {
+        CUptiResult r = gp_cupti.cuptiEnableCallback((uint32_t)on, subscriber, ids[i].domain,
+                                                     ids[i].cbid);
+        if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && on) {
+            atomic_store(&capture_api_on, 0);
+            return cupti_fail(GP_ERR_CUPTI, "cuptiEnableCallback(cudaProfilerStart/Stop)", r);
+        }
+    }
+    return GP_OK;
+}
+
 void
 gp_cuda_after_fork_child(void)
 {
@@ -473,6 +536,7 @@ gp_cuda_after_fork_child(void)
     subscriber = NULL;
     window_open = 0;
     forced_activity = 0;
+    atomic_store(&capture_api_on, 0);
     gp_cupti_loader_set_mode(GP_CUPTI_MODE_OFF);
     atomic_store(&session_open, 0);
 }

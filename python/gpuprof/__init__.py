@@ -16,7 +16,8 @@ from __future__ import annotations
 import os as _os
 
 from . import _gpuprof
-from ._cuda import cuda_status
+from . import _nvtx  # first: makes gpuprof the NVTX injection library (docs/nvtx.md)
+from ._cuda import cuda_status as _cuda_status
 from ._results import Results
 from .compare import compare
 from .distributed import merge
@@ -26,6 +27,16 @@ from .schedule import ProfilerAction, Schedule, schedule
 from .tables import KeyAverages
 
 __version__ = "0.1.0"
+
+
+def cuda_status() -> dict:
+    """Whether GPU capture can work here, and if not, why (see ``gpuprof._cuda.cuda_status``
+    for the keys), plus ``nvtx``: where NVTX ranges go and which libraries' ranges gpuprof
+    cannot see (``gpuprof._nvtx.status``, docs/nvtx.md)."""
+    status = _cuda_status()
+    status["nvtx"] = _nvtx.status()
+    return status
+
 
 __all__ = [
     "KeyAverages",

@@ -1,0 +1,1002 @@
+/* NVTX ranges in and out, and the switch for capture ranges.
+ *
+ * In: this extension is itself an NVTX injection library. NVTX (the
+ * header-only nvtx3 that PyTorch, CuPy and the `nvtx` package compile in, and
+ * the older libnvToolsExt) reads NVTX_INJECTION64_PATH at its first call,
+ * dlopens that file and calls its InitializeInjectionNvtx2 with a getter for
+ * the client's export tables; the injection writes its own functions into
+ * the client's function-pointer slots. python/gpuprof/_nvtx.py points the
+ * variable at this extension when it is unset. Each NVTX client (every
+ * library that compiled nvtx3 in) attaches separately, so the initializer
+ * runs once per client. Chosen over CUPTI's NVTX callback domain because it
+ * works without CUPTI and without a GPU, keeps working in activity-only mode
+ * (another CUPTI subscriber), and is testable on any machine.
+ *
+ * Pushes, pops, starts and ends become GP_EV_NVTX_* events in the calling
+ * thread's buffer while a window records; messages (ASCII, Unicode,
+ * registered) are interned here, in C, under nv_lock, because NVTX calls
+ * come on any thread, with or without the GIL.
+ *
+ * Out: a minimal NVTX client. When NVTX_INJECTION64_PATH names another tool
+ * (Nsight Systems), gpuprof attaches to it like any NVTX client and pushes
+ * its record_function labels and ProfilerStep#N there. When the injection is
+ * gpuprof itself nothing is emitted, so gpuprof's own ranges never come back
+ * in as NVTX input.
+ *
+ * Capture: profile(capture="nvtx:NAME") opens the window at the push (or
+ * start) of a range named NAME and closes it at its pop (or end), through a
+ * handler the profiler registers (gp_nvtx_capture_handler); the CUPTI side
+ * calls the same notifier for cudaProfilerStart/Stop.
+ *
+ * No Python API here (STYLE.md section 3). Builds without CUPTI headers
+ * compile this file through cuda/cuda_stub.c: it needs no CUDA header.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* RTLD_NOLOAD, clock_gettime */
+#endif
+
+#include "gp_cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <wchar.h>
+
+#include "../csrc/buffer.h"
+#include "../csrc/clock.h"
+
+/* ---- The NVTX injection ABI (nvtx3 nvtxDetail/nvtxTypes.h, NVTX_VERSION 3) -- */
+
+typedef void (*NvFn)(void);   /* slot type; cast to the real signature */
+typedef NvFn **NvTable;       /* array of pointers to the client's slots */
+typedef const void *(*NvGetExportTable)(uint32_t table_id);
+
+enum { NV_ETID_CALLBACKS = 1, NV_ETID_VERSIONINFO = 3 };
+enum { NV_MODULE_CORE = 1, NV_MODULE_CORE2 = 5 };
+enum {
+    NV_CORE_MarkEx = 1, NV_CORE_MarkA = 2, NV_CORE_MarkW = 3, NV_CORE_RangeStartEx = 4, NV_CORE_RangeStartA = 5, NV_CORE_RangeStartW = 6,
+    NV_CORE_RangeEnd = 7, NV_CORE_RangePushEx = 8, NV_CORE_RangePushA = 9,
+    NV_CORE_RangePushW = 10, NV_CORE_RangePop = 11, NV_CORE_NameCategoryA = 12,
+    NV_CORE_NameCategoryW = 13, NV_CORE_SIZE = 16,
+};
+enum {
+    NV_CORE2_DomainMarkEx = 1, NV_CORE2_DomainRangeStartEx = 2, NV_CORE2_DomainRangeEnd = 3,
+    NV_CORE2_DomainRangePushEx = 4, NV_CORE2_DomainRangePop = 5,
+    NV_CORE2_DomainNameCategoryA = 8, NV_CORE2_DomainNameCategoryW = 9,
+    NV_CORE2_DomainRegisterStringA = 10, NV_CORE2_DomainRegisterStringW = 11,
+    NV_CORE2_DomainCreateA = 12, NV_CORE2_DomainCreateW = 13, NV_CORE2_DomainDestroy = 14,
+    NV_CORE2_SIZE = 16,
+};
+enum { NV_MSG_ASCII = 1, NV_MSG_UNICODE = 2, NV_MSG_REGISTERED = 3 };
+
+typedef struct NvCallbacksTable {
+    size_t struct_size;
+    int (*get_module_table)(int module, NvTable *out_table, unsigned int *out_size);
+} NvCallbacksTable;
+
+typedef struct NvVersionTable {
+    size_t struct_size;
+    uint32_t version;
+    uint32_t reserved0;
+    void (*set_injection_version)(uint32_t version);
+} NvVersionTable;
+
+/* nvtxEventAttributes_v2. */
+typedef struct NvAttr {
+    uint16_t version;
+    uint16_t size;
+    uint32_t category;
+    int32_t color_type;
+    uint32_t color;
+    int32_t payload_type;
+    int32_t reserved0;
+    uint64_t payload;
+    int32_t message_type;
+    union {
+        const char *ascii;
+        const wchar_t *unicode;
+        const void *registered;
+    } message;
+} NvAttr;
+
+_Static_assert(offsetof(NvAttr, message) == 40 && sizeof(NvAttr) == 48,
+               "nvtxEventAttributes_v2 layout");
+
+/* ---- Domains, registered strings, names ---------------------------------- */
+
+#define DOMAIN_MAGIC 0x6770444du /* "gpDM" */
+#define STRING_MAGIC 0x67705354u /* "gpST" */
+#define MAX_NAMES 65536u         /* distinct (domain, category, message) per session */
+#define MAX_DOMAINS 4096u
+#define TEXT_MAX 1024            /* bytes kept of one message */
+
+typedef struct Category {
+    uint32_t id;
+    char *name;
+    struct Category *next;
+} Category;
+
+/* A domain handle handed to the program. Never freed (handles may be used
+ * after nvtxDomainDestroy by buggy programs, and there are few). Fields:
+ * written once under nv_lock before the handle is published, except `cats`
+ * (nv_lock). */
+typedef struct GpNvtxDomain {
+    uint32_t magic;
+    uint32_t index; /* 0: the default domain */
+    char *name;     /* "" for the default domain */
+    Category *cats;
+} GpNvtxDomain;
+
+/* A registered string handle. Never freed, like domains. `cache` holds
+ * (names generation << 32 | name id) of its category-0 name. */
+typedef struct GpNvtxString {
+    uint32_t magic;
+    GpNvtxDomain *domain;
+    char *text;
+    atomic_uint_fast64_t cache;
+} GpNvtxString;
+
+typedef struct Name {
+    char *text;
+    uint64_t hash;
+    uint32_t domain;
+    uint32_t category;
+} Name;
+
+/* Everything below up to the next section: nv_lock. */
+static pthread_mutex_t nv_lock = PTHREAD_MUTEX_INITIALIZER;
+static GpNvtxDomain default_domain = {DOMAIN_MAGIC, 0, "", NULL};
+static GpNvtxDomain **domains;  /* by index; [0] = &default_domain */
+static uint32_t n_domains, cap_domains;
+static Name *names;             /* id = index + 1 */
+static uint32_t n_names, cap_names;
+static uint32_t *slots;         /* open addressing: name id, 0 empty */
+static uint32_t slot_mask;
+static uint64_t names_dropped;  /* messages past MAX_NAMES (named by overflow_id) */
+static uint32_t overflow_id;
+/* Bumped by gp_nvtx_clear; read without the lock by registered strings. */
+static atomic_uint names_gen = 1;
+
+/* Clients attached to us (InitializeInjectionNvtx2 calls that succeeded). */
+static atomic_int clients;
+/* Ends recorded on another thread than their start (aggregation). */
+static atomic_uint_fast64_t cross_ends;
+/* Range ids handed out by nvtxRangeStart* (low 24 bits: the tag in events). */
+static atomic_uint_fast64_t next_range = 1;
+
+static uint64_t
+hash_name(uint32_t domain, uint32_t category, const char *text, size_t len)
+{
+    uint64_t h = 1469598103934665603ull ^ ((uint64_t)domain << 32 | category);
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)text[i];
+        h *= 1099511628211ull;
+    }
+    return h ? h : 1;
+}
+
+static int
+grow_slots_locked(void)
+{
+    uint32_t cap = slot_mask ? (slot_mask + 1) * 2 : 1024;
+    uint32_t *s = calloc(cap, sizeof(uint32_t));
+    if (s == NULL)
+        return -1;
+    for (uint32_t id = 1; id <= n_names; id++) {
+        uint32_t i = (uint32_t)names[id - 1].hash & (cap - 1);
+        while (s[i])
+            i = (i + 1) & (cap - 1);
+        s[i] = id;
+    }
+    free(slots);
+    slots = s;
+    slot_mask = cap - 1;
+    return 0;
+}
+
+static uint32_t
+add_name_locked(uint32_t domain, uint32_t category, const char *text, size_t len, uint64_t h)
+{
+    if ((n_names + 1) * 2 > slot_mask + 1 && grow_slots_locked() < 0)
+        return 0;
+    if (n_names == cap_names) {
+        uint32_t cap = cap_names ? cap_names * 2 : 256;
+        Name *p = realloc(names, cap * sizeof(Name));
+        if (p == NULL)
+            return 0;
+        names = p;
+        cap_names = cap;
+    }
+    char *copy = malloc(len + 1);
+    if (copy == NULL)
+        return 0;
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    names[n_names] = (Name){copy, h, domain, category};
+    uint32_t id = ++n_names;
+    uint32_t i = (uint32_t)h & slot_mask;
+    while (slots[i])
+        i = (i + 1) & slot_mask;
+    slots[i] = id;
+    return id;
+}
+
+/* Name id of (domain, category, text[0..len)), added on first sight; 0 when
+ * out of memory. Any thread. */
+static uint32_t
+intern(uint32_t domain, uint32_t category, const char *text, size_t len)
+{
+    uint64_t h = hash_name(domain, category, text, len);
+    uint32_t id = 0;
+    pthread_mutex_lock(&nv_lock);
+    if (slots != NULL) {
+        for (uint32_t i = (uint32_t)h & slot_mask; slots[i]; i = (i + 1) & slot_mask) {
+            const Name *n = &names[slots[i] - 1];
+            if (n->hash == h && n->domain == domain && n->category == category &&
+                strncmp(n->text, text, len) == 0 && n->text[len] == '\0') {
+                id = slots[i];
+                goto done;
+            }
+        }
+    }
+    if (n_names >= MAX_NAMES) {
+        names_dropped++;
+        if (overflow_id == 0) {
+            static const char full[] = "<nvtx: too many distinct range names>";
+            overflow_id = add_name_locked(0, 0, full, sizeof full - 1, 0);
+        }
+        id = overflow_id;
+        goto done;
+    }
+    id = add_name_locked(domain, category, text, len, h);
+done:
+    pthread_mutex_unlock(&nv_lock);
+    return id;
+}
+
+/* UTF-8 of a wide (UTF-32 on Linux) string into buf; returns its length. */
+static size_t
+wide_to_utf8(const wchar_t *w, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (; w != NULL && *w; w++) {
+        uint32_t c = (uint32_t)*w;
+        char tmp[4];
+        size_t k;
+        if (c < 0x80) {
+            tmp[0] = (char)c;
+            k = 1;
+        } else if (c < 0x800) {
+            tmp[0] = (char)(0xc0 | (c >> 6));
+            tmp[1] = (char)(0x80 | (c & 0x3f));
+            k = 2;
+        } else if (c < 0x10000) {
+            if (c >= 0xd800 && c < 0xe000)
+                c = 0xfffd; /* a lone surrogate is not a character */
+            tmp[0] = (char)(0xe0 | (c >> 12));
+            tmp[1] = (char)(0x80 | ((c >> 6) & 0x3f));
+            tmp[2] = (char)(0x80 | (c & 0x3f));
+            k = 3;
+        } else if (c < 0x110000) {
+            tmp[0] = (char)(0xf0 | (c >> 18));
+            tmp[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+            tmp[2] = (char)(0x80 | ((c >> 6) & 0x3f));
+            tmp[3] = (char)(0x80 | (c & 0x3f));
+            k = 4;
+        } else {
+            tmp[0] = '?';
+            k = 1;
+        }
+        if (n + k >= cap)
+            break;
+        memcpy(buf + n, tmp, k);
+        n += k;
+    }
+    buf[n] = '\0';
+    return n;
+}
+
+static char *
+dup_utf8(const char *s, const wchar_t *w)
+{
+    if (w != NULL) {
+        char buf[TEXT_MAX];
+        size_t n = wide_to_utf8(w, buf, sizeof buf);
+        return strndup(buf, n);
+    }
+    return strdup(s ? s : "");
+}
+
+static GpNvtxDomain *
+as_domain(const void *handle)
+{
+    const GpNvtxDomain *d = handle;
+    if (d == NULL || d->magic != DOMAIN_MAGIC)
+        return &default_domain;
+    return (GpNvtxDomain *)d;
+}
+
+static GpNvtxDomain *
+domain_create(const char *name, const wchar_t *wname)
+{
+    char *utf8 = dup_utf8(name, wname);
+    if (utf8 == NULL)
+        return NULL;
+    GpNvtxDomain *d = NULL;
+    pthread_mutex_lock(&nv_lock);
+    /* The same name gives the same handle, as NVTX tools do. */
+    for (uint32_t i = 1; i < n_domains; i++) {
+        if (strcmp(domains[i]->name, utf8) == 0) {
+            d = domains[i];
+            goto done;
+        }
+    }
+    if (n_domains == 0) {
+        if ((domains = malloc(16 * sizeof(*domains))) == NULL)
+            goto done;
+        cap_domains = 16;
+        domains[n_domains++] = &default_domain;
+    }
+    if (n_domains >= MAX_DOMAINS)
+        goto done;
+    if (n_domains == cap_domains) {
+        GpNvtxDomain **p = realloc(domains, cap_domains * 2 * sizeof(*domains));
+        if (p == NULL)
+            goto done;
+        domains = p;
+        cap_domains *= 2;
+    }
+    d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        goto done;
+    d->magic = DOMAIN_MAGIC;
+    d->index = n_domains;
+    d->name = utf8;
+    utf8 = NULL;
+    domains[n_domains++] = d;
+done:
+    pthread_mutex_unlock(&nv_lock);
+    free(utf8);
+    return d;
+}
+
+static void
+name_category(GpNvtxDomain *d, uint32_t id, const char *name, const wchar_t *wname)
+{
+    char *utf8 = dup_utf8(name, wname);
+    if (utf8 == NULL)
+        return;
+    pthread_mutex_lock(&nv_lock);
+    Category *c = d->cats;
+    while (c != NULL && c->id != id)
+        c = c->next;
+    if (c == NULL && (c = calloc(1, sizeof(*c))) != NULL) {
+        c->id = id;
+        c->next = d->cats;
+        d->cats = c;
+    }
+    if (c != NULL) {
+        free(c->name);
+        c->name = utf8;
+        utf8 = NULL;
+    }
+    pthread_mutex_unlock(&nv_lock);
+    free(utf8);
+}
+
+static const void *
+register_string(GpNvtxDomain *d, const char *s, const wchar_t *w)
+{
+    GpNvtxString *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->text = dup_utf8(s, w);
+    if (r->text == NULL) {
+        free(r);
+        return NULL;
+    }
+    r->magic = STRING_MAGIC;
+    r->domain = d;
+    return r;
+}
+
+/* ---- Recording ------------------------------------------------------------- */
+
+/* Whether a window records now (WARMUP or ACTIVE). */
+GP_INLINE int
+recording(void)
+{
+    return atomic_load_explicit(&gp_buffer_phase, memory_order_relaxed) >= GP_PHASE_WARMUP;
+}
+
+/* One event into the calling thread's buffer, with the same handshake as
+ * gp_buffer_record_api (buffer.h: `writing` against gp_buffer_quiesce). */
+static void
+record(uint32_t arg, uint32_t kind)
+{
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (tb == NULL)
+        return;
+    atomic_store(&tb->writing, 1);
+    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP)
+        gp_buffer_push(tb, gp_clock_now(), arg, kind);
+    atomic_store(&tb->writing, 0);
+}
+
+/* The message of an event: UTF-8 text and length (buf holds converted
+ * Unicode), or the registered string behind it (*reg). */
+typedef struct Message {
+    const char *text;
+    size_t len;
+    const GpNvtxString *reg;
+    uint32_t category;
+} Message;
+
+static void
+message_of(const NvAttr *a, const char *ascii, const wchar_t *wide, char *buf, Message *m)
+{
+    m->reg = NULL;
+    m->category = 0;
+    if (a != NULL) {
+        ascii = NULL;
+        wide = NULL;
+        /* Older clients pass a shorter struct: read only what it has. */
+        if (a->size >= offsetof(NvAttr, category) + sizeof(a->category))
+            m->category = a->category;
+        if (a->size >= sizeof(NvAttr)) {
+            switch (a->message_type) {
+            case NV_MSG_ASCII:
+                ascii = a->message.ascii;
+                break;
+            case NV_MSG_UNICODE:
+                wide = a->message.unicode;
+                break;
+            case NV_MSG_REGISTERED: {
+                const GpNvtxString *r = a->message.registered;
+                if (r != NULL && r->magic == STRING_MAGIC) {
+                    m->reg = r;
+                    ascii = r->text;
+                }
+                break;
+            }
+            default:
+                break;
+            }
+        }
+    }
+    if (wide != NULL) {
+        m->len = wide_to_utf8(wide, buf, TEXT_MAX);
+        m->text = buf;
+    } else {
+        m->text = ascii ? ascii : "";
+        m->len = strnlen(m->text, TEXT_MAX - 1);
+    }
+}
+
+static uint32_t
+name_id(const GpNvtxDomain *d, const Message *m)
+{
+    if (m->reg != NULL && m->category == 0) {
+        GpNvtxString *r = (GpNvtxString *)m->reg;
+        uint64_t c = atomic_load_explicit(&r->cache, memory_order_relaxed);
+        uint32_t gen = atomic_load_explicit(&names_gen, memory_order_relaxed);
+        if ((uint32_t)(c >> 32) == gen && (uint32_t)c != 0)
+            return (uint32_t)c;
+        uint32_t id = intern(d->index, 0, m->text, m->len);
+        if (id != 0)
+            atomic_store_explicit(&r->cache, (uint64_t)gen << 32 | id, memory_order_relaxed);
+        return id;
+    }
+    return intern(d->index, m->category, m->text, m->len);
+}
+
+/* ---- Per-thread push depth (NVTX return values, capture pops) ------------- */
+
+typedef struct DepthSlot {
+    const GpNvtxDomain *domain;
+    int32_t depth;
+} DepthSlot;
+
+static _Thread_local DepthSlot tls_depth[8];
+static _Thread_local int32_t tls_depth_spill; /* domains past the 8 slots share one */
+
+static int32_t *
+depth_of(const GpNvtxDomain *d)
+{
+    for (size_t i = 0; i < GP_ARRAY_LEN(tls_depth); i++) {
+        if (tls_depth[i].domain == d)
+            return &tls_depth[i].depth;
+        if (tls_depth[i].domain == NULL) {
+            tls_depth[i].domain = d;
+            return &tls_depth[i].depth;
+        }
+    }
+    return &tls_depth_spill;
+}
+
+/* ---- Capture by NVTX range name ---------------------------------------------- */
+
+/* The handler the profiler registered (any thread calls it, no GIL). */
+static _Atomic(GpNvtxCaptureFn) capture_fn;
+/* Armed by gp_nvtx_capture_set (GIL, before the hook goes on); the name and
+ * domain are written only while disarmed. */
+static atomic_int cap_armed;
+static char cap_name[256];
+static char cap_domain[256];
+static atomic_uint cap_gen;            /* bumped at every arming */
+static atomic_int cap_open;            /* a capture range is open */
+static atomic_uint_fast64_t cap_range; /* nvtxRangeStart id of the open capture range, 0 none */
+static atomic_uint_fast64_t cap_thread;   /* pthread_self() of the capture push */
+static atomic_uint cap_label;             /* name id of the capture range, 0 unknown */
+static atomic_uint cap_label_domain;
+static _Thread_local const GpNvtxDomain *tls_cap_domain;
+static _Thread_local int32_t tls_cap_level; /* depth + 1 of this thread's capture push */
+static _Thread_local unsigned tls_cap_gen;
+
+void
+gp_nvtx_capture_handler(GpNvtxCaptureFn fn)
+{
+    atomic_store(&capture_fn, fn);
+}
+
+void
+gp_nvtx_capture_notify(int open)
+{
+    GpNvtxCaptureFn fn = atomic_load(&capture_fn);
+    if (fn != NULL)
+        fn(open);
+}
+
+GpStatus
+gp_nvtx_capture_set(const char *name, const char *domain)
+{
+    atomic_store(&cap_armed, 0);
+    atomic_store(&cap_open, 0);
+    atomic_store(&cap_range, 0);
+    atomic_store(&cap_label, 0);
+    if (name == NULL)
+        return GP_OK;
+    if (strlen(name) >= sizeof cap_name || (domain && strlen(domain) >= sizeof cap_domain))
+        return GP_ERR_VALUE;
+    strcpy(cap_name, name);
+    strcpy(cap_domain, domain ? domain : "");
+    atomic_fetch_add(&cap_gen, 1);
+    atomic_store(&cap_armed, 1);
+    return GP_OK;
+}
+
+int
+gp_nvtx_capture_label(uint64_t *thread, uint32_t *name, uint32_t *domain)
+{
+    *name = atomic_load(&cap_label);
+    *thread = atomic_load(&cap_thread);
+    *domain = atomic_load(&cap_label_domain);
+    return *name != 0;
+}
+
+static int
+cap_match(const GpNvtxDomain *d, const Message *m)
+{
+    return strcmp(d->name, cap_domain) == 0 && m->len == strlen(cap_name) &&
+           memcmp(m->text, cap_name, m->len) == 0;
+}
+
+/* Called with the capture range's message at its push/start. */
+static int
+cap_try_open(const GpNvtxDomain *d, const Message *m)
+{
+    if (!cap_match(d, m))
+        return 0;
+    int closed = 0;
+    if (!atomic_compare_exchange_strong(&cap_open, &closed, 1))
+        return 0;
+    atomic_store(&cap_thread, (uint64_t)pthread_self());
+    atomic_store(&cap_label_domain, d->index);
+    atomic_store(&cap_label, intern(d->index, m->category, m->text, m->len));
+    gp_nvtx_capture_notify(1);
+    return 1;
+}
+
+static void
+cap_close(void)
+{
+    int open = 1;
+    if (atomic_compare_exchange_strong(&cap_open, &open, 0))
+        gp_nvtx_capture_notify(0);
+}
+
+/* ---- The callbacks NVTX clients call ---------------------------------------- */
+
+static int
+push(const GpNvtxDomain *d, const NvAttr *a, const char *ascii, const wchar_t *wide)
+{
+    int32_t *dp = depth_of(d);
+    int32_t level = (*dp)++;
+    int armed = atomic_load_explicit(&cap_armed, memory_order_relaxed);
+    if (!armed && !recording())
+        return level;
+    char buf[TEXT_MAX];
+    Message m;
+    message_of(a, ascii, wide, buf, &m);
+    if (recording()) {
+        uint32_t id = name_id(d, &m);
+        if (id != 0)
+            record(id, GP_EV_MAKE(GP_EV_NVTX_PUSH, d->index));
+    }
+    if (armed && tls_cap_level == 0 && cap_try_open(d, &m)) {
+        tls_cap_level = level + 1;
+        tls_cap_domain = d;
+        tls_cap_gen = atomic_load(&cap_gen);
+    }
+    return level;
+}
+
+static int
+pop(const GpNvtxDomain *d)
+{
+    int32_t *dp = depth_of(d);
+    if (*dp <= 0)
+        return -1; /* a pop with nothing pushed (since this thread first called NVTX) */
+    int32_t level = --(*dp);
+    if (recording())
+        record(0, GP_EV_MAKE(GP_EV_NVTX_POP, d->index));
+    if (tls_cap_level != 0 && tls_cap_domain == d && tls_cap_level == level + 1) {
+        tls_cap_level = 0;
+        if (tls_cap_gen == atomic_load(&cap_gen))
+            cap_close();
+    }
+    return level;
+}
+
+/* Range ids: [63..48] session, [47..24] recording thread's index + 1 (0 when
+ * not recorded), [23..0] tag carried by the START and END events. */
+static uint64_t
+start(const GpNvtxDomain *d, const NvAttr *a, const char *ascii, const wchar_t *wide)
+{
+    uint64_t tag = atomic_fetch_add(&next_range, 1) & 0xffffffu;
+    if (tag == 0)
+        tag = atomic_fetch_add(&next_range, 1) & 0xffffffu;
+    uint64_t id = tag;
+    int armed = atomic_load_explicit(&cap_armed, memory_order_relaxed);
+    if (!armed && !recording())
+        return id;
+    char buf[TEXT_MAX];
+    Message m;
+    message_of(a, ascii, wide, buf, &m);
+    if (recording()) {
+        GpThreadBuf *tb = gp_buffer_thread();
+        uint32_t nid = name_id(d, &m);
+        if (tb != NULL && nid != 0) {
+            uint64_t session = atomic_load(&gp_buffer_session) & 0xffffu;
+            id |= session << 48 | (uint64_t)((tb->index + 1) & 0xffffffu) << 24;
+            record(nid, GP_EV_MAKE(GP_EV_NVTX_START, tag));
+        }
+    }
+    if (armed && cap_try_open(d, &m))
+        atomic_store(&cap_range, id);
+    return id;
+}
+
+static void
+end(uint64_t id)
+{
+    uint64_t want = id;
+    if (id != 0 && atomic_load(&cap_range) == id && atomic_compare_exchange_strong(&cap_range, &want, 0)) {
+        if (recording())
+            record(0, GP_EV_MAKE(GP_EV_NVTX_END, (uint32_t)(id & 0xffffffu)));
+        cap_close();
+        return;
+    }
+    uint32_t thread = (uint32_t)(id >> 24) & 0xffffffu;
+    if (thread == 0 || !recording())
+        return;
+    if ((id >> 48) != (atomic_load(&gp_buffer_session) & 0xffffu))
+        return; /* started in an earlier session */
+    /* An end on another thread than the start is recorded here too, and
+     * aggregation closes the range where it was started (see
+     * GP_EV_NVTX_END in buffer.h). */
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (tb != NULL && ((tb->index + 1) & 0xffffffu) != thread)
+        atomic_fetch_add(&cross_ends, 1);
+    record(thread - 1, GP_EV_MAKE(GP_EV_NVTX_END, (uint32_t)(id & 0xffffffu)));
+}
+
+uint64_t
+gp_nvtx_cross_thread_ends(void)
+{
+    return atomic_load(&cross_ends);
+}
+
+/* Marks are not recorded; one carrying PROBE_TEXT counts as a probe that
+ * reached us (python/gpuprof/_nvtx.py: did a library's NVTX attach?). */
+#define PROBE_TEXT "gpuprof-nvtx-probe"
+static atomic_uint probe_hits;
+
+static void
+mark(const NvAttr *a, const char *ascii, const wchar_t *wide)
+{
+    char buf[TEXT_MAX];
+    Message m;
+    message_of(a, ascii, wide, buf, &m);
+    if (m.len >= sizeof PROBE_TEXT - 1 && memcmp(m.text, PROBE_TEXT, sizeof PROBE_TEXT - 1) == 0)
+        atomic_fetch_add(&probe_hits, 1);
+}
+
+static void cb_mark_ex(const NvAttr *a) { if (a) mark(a, NULL, NULL); }
+static void cb_mark_a(const char *s) { mark(NULL, s, NULL); }
+static void cb_mark_w(const wchar_t *s) { mark(NULL, NULL, s); }
+static void cb_dmark_ex(const void *d, const NvAttr *a) { (void)d; if (a) mark(a, NULL, NULL); }
+static int cb_push_a(const char *s) { return push(&default_domain, NULL, s, NULL); }
+static int cb_push_w(const wchar_t *s) { return push(&default_domain, NULL, NULL, s); }
+static int cb_push_ex(const NvAttr *a) { return a ? push(&default_domain, a, NULL, NULL) : -1; }
+static int cb_pop(void) { return pop(&default_domain); }
+static uint64_t cb_start_a(const char *s) { return start(&default_domain, NULL, s, NULL); }
+static uint64_t cb_start_w(const wchar_t *s) { return start(&default_domain, NULL, NULL, s); }
+static uint64_t cb_start_ex(const NvAttr *a) { return a ? start(&default_domain, a, NULL, NULL) : 0; }
+static void cb_end(uint64_t id) { end(id); }
+static void cb_category_a(uint32_t c, const char *n) { name_category(&default_domain, c, n, NULL); }
+static void cb_category_w(uint32_t c, const wchar_t *n) { name_category(&default_domain, c, NULL, n); }
+
+static int cb_dpush_ex(const void *d, const NvAttr *a) { return a ? push(as_domain(d), a, NULL, NULL) : -1; }
+static int cb_dpop(const void *d) { return pop(as_domain(d)); }
+static uint64_t cb_dstart_ex(const void *d, const NvAttr *a) { return a ? start(as_domain(d), a, NULL, NULL) : 0; }
+static void cb_dend(const void *d, uint64_t id) { (void)d; end(id); }
+static void cb_dcategory_a(const void *d, uint32_t c, const char *n) { name_category(as_domain(d), c, n, NULL); }
+static void cb_dcategory_w(const void *d, uint32_t c, const wchar_t *n) { name_category(as_domain(d), c, NULL, n); }
+static const void *cb_dregister_a(const void *d, const char *s) { return register_string(as_domain(d), s, NULL); }
+static const void *cb_dregister_w(const void *d, const wchar_t *s) { return register_string(as_domain(d), NULL, s); }
+static const void *cb_dcreate_a(const char *n) { return domain_create(n, NULL); }
+static const void *cb_dcreate_w(const wchar_t *n) { return domain_create(NULL, n); }
+static void cb_ddestroy(const void *d) { (void)d; /* handles stay valid: see GpNvtxDomain */ }
+
+static void
+set_slot(NvTable t, unsigned int size, unsigned int id, NvFn fn)
+{
+    if (id <= size && t[id] != NULL)
+        *t[id] = fn;
+}
+
+/* The entry point NVTX looks up in the library NVTX_INJECTION64_PATH names.
+ * Default visibility: the extension is built with -fvisibility=hidden. Runs
+ * on whatever thread made that client's first NVTX call; returns 1 when
+ * attached, 0 to tell the client to turn itself into no-ops. */
+__attribute__((visibility("default"))) int
+InitializeInjectionNvtx2(NvGetExportTable get_export_table)
+{
+    if (get_export_table == NULL)
+        return 0;
+    const NvCallbacksTable *cb = get_export_table(NV_ETID_CALLBACKS);
+    if (cb == NULL || cb->struct_size < sizeof(NvCallbacksTable) || cb->get_module_table == NULL)
+        return 0;
+    NvTable t = NULL;
+    unsigned int n = 0;
+    if (!cb->get_module_table(NV_MODULE_CORE, &t, &n) || t == NULL)
+        return 0;
+    set_slot(t, n, NV_CORE_MarkEx, (NvFn)cb_mark_ex);
+    set_slot(t, n, NV_CORE_MarkA, (NvFn)cb_mark_a);
+    set_slot(t, n, NV_CORE_MarkW, (NvFn)cb_mark_w);
+    set_slot(t, n, NV_CORE_RangeStartEx, (NvFn)cb_start_ex);
+    set_slot(t, n, NV_CORE_RangeStartA, (NvFn)cb_start_a);
+    set_slot(t, n, NV_CORE_RangeStartW, (NvFn)cb_start_w);
+    set_slot(t, n, NV_CORE_RangeEnd, (NvFn)cb_end);
+    set_slot(t, n, NV_CORE_RangePushEx, (NvFn)cb_push_ex);
+    set_slot(t, n, NV_CORE_RangePushA, (NvFn)cb_push_a);
+    set_slot(t, n, NV_CORE_RangePushW, (NvFn)cb_push_w);
+    set_slot(t, n, NV_CORE_RangePop, (NvFn)cb_pop);
+    set_slot(t, n, NV_CORE_NameCategoryA, (NvFn)cb_category_a);
+    set_slot(t, n, NV_CORE_NameCategoryW, (NvFn)cb_category_w);
+    if (cb->get_module_table(NV_MODULE_CORE2, &t, &n) && t != NULL) {
+        set_slot(t, n, NV_CORE2_DomainMarkEx, (NvFn)cb_dmark_ex);
+        set_slot(t, n, NV_CORE2_DomainRangeStartEx, (NvFn)cb_dstart_ex);
+        set_slot(t, n, NV_CORE2_DomainRangeEnd, (NvFn)cb_dend);
+        set_slot(t, n, NV_CORE2_DomainRangePushEx, (NvFn)cb_dpush_ex);
+        set_slot(t, n, NV_CORE2_DomainRangePop, (NvFn)cb_dpop);
+        set_slot(t, n, NV_CORE2_DomainNameCategoryA, (NvFn)cb_dcategory_a);
+        set_slot(t, n, NV_CORE2_DomainNameCategoryW, (NvFn)cb_dcategory_w);
+        set_slot(t, n, NV_CORE2_DomainRegisterStringA, (NvFn)cb_dregister_a);
+        set_slot(t, n, NV_CORE2_DomainRegisterStringW, (NvFn)cb_dregister_w);
+        set_slot(t, n, NV_CORE2_DomainCreateA, (NvFn)cb_dcreate_a);
+        set_slot(t, n, NV_CORE2_DomainCreateW, (NvFn)cb_dcreate_w);
+        set_slot(t, n, NV_CORE2_DomainDestroy, (NvFn)cb_ddestroy);
+    }
+    const NvVersionTable *v = get_export_table(NV_ETID_VERSIONINFO);
+    if (v != NULL && v->struct_size >= sizeof(NvVersionTable) && v->set_injection_version != NULL)
+        v->set_injection_version(3);
+    atomic_fetch_add(&clients, 1);
+    return 1;
+}
+
+/* ---- Names for the tables ---------------------------------------------------- */
+
+int
+gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size_t where_cap)
+{
+    int rc = -1;
+    pthread_mutex_lock(&nv_lock);
+    if (id >= 1 && id <= n_names) {
+        const Name *n = &names[id - 1];
+        const GpNvtxDomain *d = n->domain < n_domains ? domains[n->domain] : &default_domain;
+        const char *cat = NULL;
+        for (const Category *c = d->cats; c != NULL && n->category != 0; c = c->next)
+            if (c->id == n->category)
+                cat = c->name;
+        snprintf(name, name_cap, "%s", n->text);
+        int k = snprintf(where, where_cap, "nvtx%s%s", d->name[0] ? ":" : "", d->name);
+        if (n->category != 0 && k >= 0 && (size_t)k < where_cap) {
+            if (cat != NULL)
+                snprintf(where + k, where_cap - (size_t)k, "/%s", cat);
+            else
+                snprintf(where + k, where_cap - (size_t)k, "/%u", n->category);
+        }
+        rc = 0;
+    }
+    pthread_mutex_unlock(&nv_lock);
+    return rc;
+}
+
+void
+gp_nvtx_clear(void)
+{
+    pthread_mutex_lock(&nv_lock);
+    for (uint32_t i = 0; i < n_names; i++)
+        free(names[i].text);
+    free(names);
+    free(slots);
+    names = NULL;
+    slots = NULL;
+    n_names = cap_names = 0;
+    slot_mask = 0;
+    overflow_id = 0;
+    names_dropped = 0;
+    atomic_fetch_add(&names_gen, 1);
+    pthread_mutex_unlock(&nv_lock);
+}
+
+/* ---- Out: gpuprof's ranges to another NVTX tool ------------------------------- */
+
+/* Written once inside out_attach (pthread_once), read-only afterwards. */
+static pthread_once_t out_once = PTHREAD_ONCE_INIT;
+static NvFn out_core[NV_CORE_SIZE];
+static NvFn out_core2[NV_CORE2_SIZE];
+static NvFn *out_core_table[NV_CORE_SIZE];
+static NvFn *out_core2_table[NV_CORE2_SIZE];
+static int (*out_push)(const char *);
+static int (*out_pop)(void);
+static char out_reason[512] = "not attached yet";
+
+static int
+out_module_table(int module, NvTable *out_table, unsigned int *out_size)
+{
+    switch (module) {
+    case NV_MODULE_CORE:
+        *out_table = out_core_table;
+        *out_size = NV_CORE_SIZE - 1;
+        return 1;
+    case NV_MODULE_CORE2:
+        *out_table = out_core2_table;
+        *out_size = NV_CORE2_SIZE - 1;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void
+out_set_version(uint32_t version)
+{
+    (void)version;
+}
+
+static const NvCallbacksTable out_callbacks = {sizeof(NvCallbacksTable), out_module_table};
+static const NvVersionTable out_version = {sizeof(NvVersionTable), 3, 0, out_set_version};
+
+static const void *
+out_export_table(uint32_t table_id)
+{
+    switch (table_id) {
+    case NV_ETID_CALLBACKS:
+        return &out_callbacks;
+    case NV_ETID_VERSIONINFO:
+        return &out_version;
+    default:
+        return NULL;
+    }
+}
+
+static void
+out_attach(void)
+{
+    for (unsigned i = 1; i < NV_CORE_SIZE; i++)
+        out_core_table[i] = &out_core[i];
+    for (unsigned i = 1; i < NV_CORE2_SIZE; i++)
+        out_core2_table[i] = &out_core2[i];
+    const char *path = getenv("NVTX_INJECTION64_PATH");
+    if (path == NULL || path[0] == '\0') {
+        snprintf(out_reason, sizeof out_reason, "no NVTX tool attached (NVTX_INJECTION64_PATH is unset)");
+        return;
+    }
+    void *h = dlopen(path, RTLD_LAZY);
+    if (h == NULL) {
+        const char *err = dlerror();
+        snprintf(out_reason, sizeof out_reason, "dlopen(%s) failed: %s", path, err ? err : "?");
+        return;
+    }
+    void *sym = dlsym(h, "InitializeInjectionNvtx2");
+    int (*init)(NvGetExportTable) = NULL;
+    memcpy(&init, &sym, sizeof init);
+    if (init == NULL) {
+        snprintf(out_reason, sizeof out_reason, "%s has no InitializeInjectionNvtx2", path);
+        return;
+    }
+    if (init == InitializeInjectionNvtx2) {
+        /* The tool is gpuprof: emitting would feed our ranges back in. */
+        snprintf(out_reason, sizeof out_reason,
+                 "NVTX_INJECTION64_PATH is gpuprof itself (NVTX input); no other tool to emit to");
+        return;
+    }
+    if (!init(out_export_table)) {
+        snprintf(out_reason, sizeof out_reason, "%s: InitializeInjectionNvtx2 returned 0", path);
+        return;
+    }
+    int (*p)(const char *) = (int (*)(const char *))out_core[NV_CORE_RangePushA];
+    int (*q)(void) = (int (*)(void))out_core[NV_CORE_RangePop];
+    if (p == NULL || q == NULL) {
+        snprintf(out_reason, sizeof out_reason, "%s did not take nvtxRangePushA/nvtxRangePop", path);
+        return;
+    }
+    out_push = p;
+    out_pop = q;
+    snprintf(out_reason, sizeof out_reason, "emitting to %s", path);
+}
+
+int
+gp_nvtx_emit_ready(void)
+{
+    pthread_once(&out_once, out_attach);
+    return out_push != NULL;
+}
+
+void
+gp_nvtx_emit_push(const char *utf8)
+{
+    if (out_push != NULL)
+        out_push(utf8);
+}
+
+void
+gp_nvtx_emit_pop(void)
+{
+    if (out_pop != NULL)
+        out_pop();
+}
+
+/* ---- Status ----------------------------------------------------------------------- */
+
+void
+gp_nvtx_info(GpNvtxInfo *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->clients = atomic_load(&clients);
+    out->probe_hits = atomic_load(&probe_hits);
+    pthread_mutex_lock(&nv_lock);
+    out->names = n_names;
+    out->names_dropped = names_dropped;
+    out->domains = n_domains ? n_domains - 1 : 0;
+    pthread_mutex_unlock(&nv_lock);
+    out->emit = gp_nvtx_emit_ready();
+    out->emit_reason = out_reason;
+}
+
+void
+gp_nvtx_after_fork_child(void)
+{
+    /* Another thread may have held the lock at fork: the child has one thread. */
+    pthread_mutex_init(&nv_lock, NULL);
+    atomic_store(&cap_armed, 0);
+    atomic_store(&cap_open, 0);
+    atomic_store(&capture_fn, NULL);
+}
