@@ -1,0 +1,472 @@
+"""profile(subprocesses=True): child processes (fork, spawn, forkserver) are
+profiled into their own files and merged per window (docs/subprocesses.md).
+
+The workloads are real multiprocessing pools and processes; counts are exact
+where the workload makes them exact (one call of ``slow`` per item)."""
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import gpuprof
+import pytest
+from gpuprof import _subprocess
+
+CPU = [gpuprof.ProfilerActivity.CPU]
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuprof.__file__)))
+METHODS = ["fork", "spawn", "forkserver"]
+
+
+# -- workloads (module level: spawn children import them by name) ----------------------
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def slow(x):
+    spin(0.002)
+    return x * x
+
+
+def main_side(n):
+    return sum(range(n))
+
+
+def crash_after_work(n):
+    for i in range(n):
+        slow(i)
+    os._exit(3)
+
+
+def work_forever(ready):
+    ready.set()
+    while True:
+        slow(0)
+
+
+def tick():
+    time.sleep(0.002)
+
+
+def ticker(stop):
+    while not stop.is_set():
+        tick()
+
+
+def parent_of_grandchild(n):
+    p = mp.get_context("fork").Process(target=crash_free_work, args=(n,))
+    p.start()
+    p.join()
+
+
+def crash_free_work(n):
+    for i in range(n):
+        slow(i)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def calls(ops, name):
+    return int(ops["calls"][ops["name"] == name].sum())
+
+
+def workers(prof):
+    p = prof.processes()
+    return p[p["role"] == "worker"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_fork_warning():
+    """3.12+ warns about fork() with threads; the pools' helper threads are expected."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
+        yield
+    assert _subprocess._CTX is None, "a session left its subprocess context behind"
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+def test_subprocesses_must_be_a_bool():
+    with pytest.raises(TypeError, match="subprocesses must be a bool"):
+        gpuprof.profile(activities=CPU, subprocesses="yes")
+
+
+def test_pid_argument_is_checked():
+    with gpuprof.profile(activities=CPU) as prof:
+        main_side(10)
+    with pytest.raises(RuntimeError, match="subprocesses=True"):
+        prof.ops(pid="workers")
+    with pytest.raises(ValueError, match="pid must be"):
+        prof.ops(pid=1.5)
+    with pytest.raises(ValueError, match="pid must be"):
+        prof.ops(pid=True)
+    # the main process answers by its pid too, and is the default
+    assert calls(prof.ops(pid=os.getpid()), "main_side") == 1
+    assert len(prof.processes()) == 1 and prof.processes()["role"][0] == "main"
+
+
+# -- pools: the slow function shows up in the worker rows with exact counts -----------------
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pool_inside", [True, False], ids=["pool-closed-inside",
+                                                            "pool-alive-at-stop"])
+def test_pool_workers_are_profiled(method, pool_inside):
+    n = 24
+    ctx = mp.get_context(method)
+    if pool_inside:
+        # Pool.__exit__ terminates the workers while the parent records: their data
+        # is saved before the SIGTERM
+        with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+            main_side(100)
+            with ctx.Pool(2) as pool:
+                assert pool.map(slow, range(n), chunksize=1) == [i * i for i in range(n)]
+    else:
+        # the workers are alive when the profile stops: they answer the parent's
+        # end-of-window request and save their data there
+        prof = gpuprof.profile(activities=CPU, subprocesses=True)
+        prof.start()
+        try:
+            pool = ctx.Pool(2)
+            main_side(100)
+            assert pool.map(slow, range(n), chunksize=1) == [i * i for i in range(n)]
+        finally:
+            prof.stop()
+        pool.close()
+        pool.join()
+
+    w = workers(prof)
+    assert len(w) == 2, prof.processes()
+    assert set(w["start_method"]) == {method}
+    assert set(w["status"]) == ({"exited"} if pool_inside else {"ok"})
+    assert (w["events"] > 0).all()
+    assert (w["ppid"] > 0).all()
+    main = prof.processes()[0]
+    assert main["role"] == "main" and main["pid"] == os.getpid()
+    # every item ran once, in one of the workers
+    per_worker = [calls(prof.ops(pid=int(pid)), "slow") for pid in w["pid"]]
+    assert sum(per_worker) == n
+    assert calls(prof.ops(pid="workers"), "slow") == n
+    # the main process's own rows are what they would be without children
+    assert calls(prof.ops(), "slow") == 0
+    assert calls(prof.ops(), "main_side") == 1
+    assert calls(prof.ops(pid="all"), "slow") == n
+    assert calls(prof.ops(pid="all"), "main_side") == 1
+    # the table of the workers shows the slow function's line
+    table = prof.key_averages(pid="workers").table(sort_by="self_cpu_time_total",
+                                                  row_limit=-1)
+    assert f"slow (test_subprocesses.py:{slow.__code__.co_firstlineno})" in table
+    # slow spins 2 ms per call: its total is at least that, on the workers' clock
+    row = prof.ops(pid="workers")
+    row = row[row["name"] == "slow"]
+    assert row["cpu_total_ns"].sum() >= n * 2_000_000
+
+
+def test_profile_without_children_is_unchanged():
+    """subprocesses=True on a program without children: same rows, same steps."""
+    with gpuprof.profile(activities=CPU, subprocesses=True,
+                         schedule=gpuprof.schedule(wait=1, warmup=1, active=2)) as prof:
+        for _ in range(5):
+            main_side(50)
+            prof.step()
+    assert calls(prof.ops(), "main_side") == 2
+    assert len(prof.steps()) == 2
+    assert list(prof.steps()["step"]) == [2, 3]
+    assert len(prof.processes()) == 1
+    with pytest.raises(ValueError, match="no child process"):
+        prof.ops(pid="workers")
+
+
+# -- failures in children never break the parent -------------------------------------------
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_crashed_child_is_reported_and_skipped(method):
+    ctx = mp.get_context(method)
+    with pytest.warns(RuntimeWarning, match="ended without saving"):
+        with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+            bad = ctx.Process(target=crash_after_work, args=(5,))
+            good = ctx.Process(target=crash_free_work, args=(7,))
+            bad.start()
+            good.start()
+            bad.join()
+            good.join()
+            main_side(10)
+    assert bad.exitcode == 3 and good.exitcode == 0
+    assert calls(prof.ops(), "main_side") == 1
+    procs = {int(r["pid"]): r for r in workers(prof)}
+    assert procs[bad.pid]["status"] == "lost"
+    assert procs[bad.pid]["windows"] == 0
+    assert procs[good.pid]["status"] == "exited"
+    assert calls(prof.ops(pid=good.pid), "slow") == 7
+    assert calls(prof.ops(pid="workers"), "slow") == 7
+    with pytest.raises(ValueError, match="recorded nothing"):
+        prof.ops(pid=bad.pid)
+
+
+def test_killed_child_does_not_delay_or_break_the_parent():
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    with pytest.warns(RuntimeWarning, match="ended without saving"):
+        prof = gpuprof.profile(activities=CPU, subprocesses=True)
+        prof.start()
+        try:
+            p = ctx.Process(target=work_forever, args=(ready,))
+            p.start()
+            assert ready.wait(10)
+            time.sleep(0.05)
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+            main_side(10)
+        finally:
+            t0 = time.monotonic()
+            prof.stop()
+            stop_s = time.monotonic() - t0
+    assert p.exitcode == -signal.SIGKILL
+    # a dead child is seen as dead at once (its lock went with it): no ack timeout
+    assert stop_s < _subprocess.ack_timeout_s() / 2
+    assert calls(prof.ops(), "main_side") == 1
+    assert workers(prof)["status"].tolist() == ["lost"]
+
+
+def test_damaged_piece_is_skipped_with_a_counted_warning():
+    with pytest.warns(RuntimeWarning, match="2 child profile piece"):
+        with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+            folder = prof._subprocs.ctx.dir
+            with open(os.path.join(folder, "999999.0.1.npz"), "wb") as f:
+                f.write(b"PK\x03\x04 not a zip")
+            # a real piece cut in half
+            ctx = mp.get_context("fork")
+            p = ctx.Process(target=crash_free_work, args=(3,))
+            p.start()
+            p.join()
+            names = [n for n in os.listdir(folder) if n.startswith(f"{p.pid}.")
+                     and n.endswith(".npz")]
+            assert names, os.listdir(folder)
+            path = os.path.join(folder, names[0])
+            size = os.path.getsize(path)
+            with open(path, "r+b") as f:
+                f.truncate(size // 2)
+            main_side(10)
+    assert prof._subprocs.skipped == 2
+    assert calls(prof.ops(), "main_side") == 1
+    procs = {int(r["pid"]): r for r in workers(prof)}
+    assert procs[p.pid]["status"] == "lost"
+    assert not os.path.exists(folder)
+
+
+# -- schedules: persistent workers record only while the parent records -----------------------
+
+@pytest.mark.filterwarnings("ignore:.*warmup=0")
+def test_persistent_worker_follows_the_schedule():
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    step_s = 0.25
+    sched = gpuprof.schedule(wait=1, warmup=0, active=1, repeat=2)
+    with gpuprof.profile(activities=CPU, subprocesses=True, schedule=sched,
+                         acc_events=True) as prof:
+        p = ctx.Process(target=ticker, args=(stop,))
+        p.start()  # forked while the parent waits: it must not record yet
+        for _ in range(5):
+            time.sleep(step_s)
+            prof.step()
+        stop.set()
+        p.join()
+    windows = prof.results.windows
+    assert len(windows) == 2
+    child = prof.results.subprocesses
+    assert [c.pid for c in child] == [p.pid]
+    pieces = child[0].windows
+    assert len(pieces) == 2
+    expected = step_s / 0.002  # at most this many ticks fit in one recorded step
+    for parent_w, piece in zip(windows, pieces, strict=True):
+        # same clock: the child's window sits inside the parent's, give or take
+        # the poll interval and the time the child takes to save
+        slack = int(0.1e9)
+        assert piece["window_start_ns"] >= parent_w["window_start_ns"] - slack
+        assert piece["window_end_ns"] <= parent_w["window_end_ns"] + slack
+        ops = gpuprof._results.Results([piece]).ops()
+        n = calls(ops, "tick")
+        assert 0.3 * expected < n <= 1.1 * expected, n
+    total = calls(prof.ops(pid=p.pid), "tick")
+    # the child ticked for ~5 steps; only 2 were recorded
+    assert total <= 2 * 1.1 * expected
+
+
+@pytest.mark.filterwarnings("ignore:.*warmup=0")
+def test_spawned_pool_created_while_waiting_starts_recording_later():
+    sched = gpuprof.schedule(wait=1, warmup=0, active=1)
+    ctx = mp.get_context("spawn")
+    with gpuprof.profile(activities=CPU, subprocesses=True, schedule=sched) as prof:
+        with ctx.Pool(2) as pool:
+            pool.map(slow, range(6), chunksize=1)  # step 0: not recorded
+            prof.step()
+            pool.map(slow, range(10), chunksize=1)  # step 1: recorded
+            prof.step()
+            pool.map(slow, range(4), chunksize=1)  # step 2: not recorded
+    assert calls(prof.ops(pid="workers"), "slow") == 10
+
+
+# -- other kinds of children ------------------------------------------------------------------
+
+def test_grandchildren_are_profiled():
+    ctx = mp.get_context("fork")
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        p = ctx.Process(target=parent_of_grandchild, args=(4,))
+        p.start()
+        p.join()
+    w = workers(prof)
+    assert len(w) == 2
+    child = w[w["pid"] == p.pid][0]
+    grandchild = w[w["ppid"] == p.pid][0]
+    assert child["ppid"] == os.getpid()
+    assert calls(prof.ops(pid=int(grandchild["pid"])), "slow") == 4
+    assert calls(prof.ops(pid=p.pid), "slow") == 0
+
+
+def test_plain_os_fork_child_saves_at_normal_exit(tmp_path):
+    script = tmp_path / "forker.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        import gpuprof
+
+        def child_work():
+            for _ in range(9):
+                sum(range(1000))
+
+        with gpuprof.profile(subprocesses=True) as prof:
+            pid = os.fork()
+            if pid == 0:
+                child_work()
+                sys.exit(0)          # normal exit: atexit saves the child's data
+            os.waitpid(pid, 0)
+        ops = prof.ops(pid=pid)
+        print(int(ops["calls"][ops["name"] == "child_work"].sum()),
+              prof.processes()["status"][1])
+    """))
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "exited"]
+
+
+def test_children_after_stop_are_not_profiled():
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        folder = prof._subprocs.ctx.dir
+        main_side(3)
+    assert not os.path.exists(folder)
+    assert _subprocess._CTX is None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        ok = _subprocess._CHILD is None and sys.getprofile() is None
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+
+
+# -- results for exporters and the diagnosis ---------------------------------------------------
+
+def test_results_carry_child_windows_on_the_same_clock():
+    ctx = mp.get_context("fork")
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        p = ctx.Process(target=crash_free_work, args=(3,))
+        p.start()
+        p.join()
+    res = prof.results
+    (child,) = res.subprocesses
+    assert child.pid == p.pid and child.role == "worker" and child.start_method == "fork"
+    start, end = res.window_bounds()
+    for raw in child.windows:
+        assert start <= raw["window_start_ns"] <= raw["window_end_ns"] <= end
+        sp = raw["spans"]
+        assert len(sp) and sp["start_ns"].min() >= start and sp["end_ns"].max() <= end
+    assert calls(child.ops(), "slow") == 3
+
+
+def batches(pool, n):
+    """A generator: the data loader the training loop waits in."""
+    yield from pool.imap(slow, range(n), chunksize=1)
+
+
+def test_diagnosis_names_the_workers_hottest_function():
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        pool.map(main_side, [1])
+        with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+            for _ in batches(pool, 40):
+                prof.step()
+    d = prof.diagnose()
+    stall = [f for f in d if f.kind == "data_stall"]
+    assert stall, str(d)
+    ev = stall[0].evidence
+    assert ev["workers"] == 1
+    # slow's self time is the loop around time.perf_counter; either is the hot spot
+    assert ev["workers_hottest"].startswith(("slow (", "spin (", "time.perf_counter")), ev
+    assert 0 < ev["workers_hottest_share"] <= 1
+    assert "workers spent" in str(d)
+
+
+def test_worker_hotspot_without_children_is_empty():
+    with gpuprof.profile(activities=CPU) as prof:
+        main_side(10)
+    from gpuprof.processes import worker_hotspot
+
+    assert worker_hotspot(prof.results) == {}
+
+
+# -- torch DataLoader (skipped without torch) -----------------------------------------------
+
+class _SlowDataset:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        spin(0.002)
+        return i
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_dataloader_workers(method, persistent):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    class DS(_SlowDataset, Dataset):
+        pass
+
+    n = 32
+    loader = DataLoader(_DS(n) if method == "spawn" else DS(n), batch_size=4, num_workers=2,
+                        multiprocessing_context=method, persistent_workers=persistent)
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        seen = 0
+        for batch in loader:
+            seen += len(batch)
+            prof.step()
+    assert seen == n
+    assert torch is not None
+    w = workers(prof)
+    assert len(w) >= 2
+    assert calls(prof.ops(pid="workers"), "__getitem__") == n
+
+
+try:  # a module-level Dataset subclass, picklable by name for spawn workers
+    from torch.utils.data import Dataset as _TorchDataset
+
+    class _DS(_SlowDataset, _TorchDataset):
+        pass
+except ImportError:
+    _DS = None
