@@ -605,6 +605,8 @@ class ParentSession:
     def _records_at(self, step: int) -> bool | None:
         """Whether the parent's schedule records `step`; None when only the schedule
         callable knows (it is called once per step, by the C core, and may keep state)."""
+        if getattr(self.prof, "capture", None):
+            return None  # capture ranges (docs/nvtx.md) open windows without steps
         sched = self.prof.schedule
         if sched is None:
             return True

@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from ._results import Results
+from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 from .tables import format_time
 
 __all__ = ["Diagnosis", "Finding", "diagnose"]
@@ -113,6 +114,7 @@ class _View:
 
     def __init__(self, res: Results):
         w = res._windows[-1]
+        self.res = res  # -- subprocesses: res.subprocesses, the child processes' windows --
         self.raw = w.raw
         self.ops = w.ops()
         self.raw_ops = w.raw["ops"]
@@ -230,10 +232,14 @@ def _data_stall(v: _View):
           "gpu_busy_during_wait_share": busy / max(wait, 1)}
     if inner:
         ev["hottest_inside"] = inner
+    hot = _worker_hotspot(v.res)  # -- subprocesses: what the workers were busy with --
+    ev.update(hot)
     return [Finding(
         "data_stall", share,
         f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
-        f"{format_time(wait // v.n_steps)} per step",
+        f"{format_time(wait // v.n_steps)} per step"
+        + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
+           f"{hot['workers_hottest']}" if hot else ""),
         ev, _loc(str(ops["file"][row]), int(ops["line"][row])),
         "Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "

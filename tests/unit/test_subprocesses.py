@@ -401,9 +401,8 @@ def batches(pool, n):
 
 def test_diagnosis_names_the_workers_hottest_function():
     ctx = mp.get_context("fork")
-    with ctx.Pool(1) as pool:
-        pool.map(main_side, [1])
-        with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        with ctx.Pool(1) as pool:
             for _ in batches(pool, 40):
                 prof.step()
     d = prof.diagnose()
