@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 
 import numpy as np
 
@@ -173,8 +174,14 @@ class KeyAverages:
         return f"<pre>{html.escape(text)}</pre>"
 
 
+# Characters that would break a printed table: C0/C1 controls (line breaks,
+# terminal escapes, NUL), Unicode line/paragraph separators, and lone
+# surrogates (which cannot even be encoded to print them).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
 def _cut(s: str, width: int) -> str:
-    s = s.replace("\n", " ")
+    s = _UNPRINTABLE.sub("?", s)
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
@@ -221,9 +228,11 @@ def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None)
             cells += [_cut(stack[0] if stack else "", src_w)]
         lines_cells.append((cells, ka.stacks[i][1:] if ka.stacks is not None else []))
     widths = [len(c[0]) for c in cols]
-    for cells, _ in lines_cells:
+    for cells, more in lines_cells:
         for j, c in enumerate(cells):
             widths[j] = max(widths[j], len(c))
+        for frame in more:  # continuation lines of the Source Location column
+            widths[-1] = max(widths[-1], len(_cut(frame, src_w)))
 
     def fmt(cells):
         parts = []
