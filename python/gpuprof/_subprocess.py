@@ -14,9 +14,11 @@ The parent and its children share nothing but a private folder:
     signals, /proc or waitpid, and a zombie counts as gone.
 ``<pid>.ack``
     the last state version the child has acted on.
-``<pid>.<window>.<seq>.npz``
+``<pid>.<window>.<seq>.piece/``
     one piece of a child's recording: the raw window dict of the child's own
-    C session (``numpy.savez``, no pickle) plus a JSON ``__meta__`` entry.
+    C session, one ``.npy`` per array (no pickle) and ``meta.json`` for the
+    names and scalars; renamed into place complete. The parent memory-maps
+    the large arrays (spans), so reading a piece costs little until it is used.
 
 Each child runs its own C session (CPU only; it never touches the parent's
 buffers) and a poll thread that reads ``state`` every ``POLL_S`` seconds:
@@ -163,59 +165,62 @@ def _process_name() -> str:
     return os.path.basename(argv0) or "python"
 
 
+_MMAP_BYTES = 1 << 20  # arrays at least this large are memory-mapped when read back
+
+
 def _save_piece(path: str, raw: dict, meta: dict) -> None:
-    """Write one window dict as ``.npz`` (arrays) + ``__meta__`` (JSON of the rest)."""
-    arrays = {}
-    scalars = {}
-    for key, value in raw.items():
-        if isinstance(value, np.ndarray):
-            arrays[key] = value
-        else:
-            scalars[key] = value
-    doc = dict(meta)
-    doc["raw"] = scalars
-    # ensure_ascii keeps lone surrogates of odd file names intact through json.loads
-    arrays["__meta__"] = np.array(json.dumps(doc, ensure_ascii=True))
+    """Write one window dict as a folder: one ``.npy`` per array (no pickle) and
+    ``meta.json`` for the rest. The folder appears at ``path`` complete or not at all."""
     tmp = f"{path}.tmp"
+    scalars = {}
     try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
+        os.mkdir(tmp)
+        for key, value in raw.items():
+            if isinstance(value, np.ndarray):
+                np.save(os.path.join(tmp, f"{key}.npy"), value, allow_pickle=False)
+            else:
+                scalars[key] = value
+        doc = dict(meta)
+        doc["raw"] = scalars
+        # ensure_ascii keeps lone surrogates of odd file names intact through json.loads
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="ascii") as f:
+            json.dump(doc, f, ensure_ascii=True)
+        os.rename(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def load_piece(path: str) -> tuple[dict, dict]:
-    """Read a piece written by a child: (raw window dict, meta).
+    """Read a piece written by a child: (raw window dict, meta). Large arrays (the
+    spans) are memory-mapped, read-only: reading costs nothing until they are used.
 
     Raises:
-        ValueError: the file is not a complete piece (truncated, foreign, damaged).
+        ValueError: the folder is not a complete piece (truncated, foreign, damaged).
         OSError: it cannot be read.
     """
+    name = os.path.basename(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            names = list(z.files)
-            if "__meta__" not in names:
-                raise ValueError("no __meta__ entry")
-            doc = json.loads(str(z["__meta__"]))
-            raw = dict(doc.pop("raw"))
-            for name in names:
-                if name != "__meta__":
-                    arr = z[name]
-                    arr.flags.writeable = False
-                    raw[name] = arr
-    except (ValueError, KeyError, EOFError, TypeError) as e:
-        raise ValueError(f"{os.path.basename(path)}: {e}") from None
-    except Exception as e:  # zipfile.BadZipFile and friends: a damaged file
-        if isinstance(e, OSError):
-            raise
-        raise ValueError(f"{os.path.basename(path)}: {type(e).__name__}: {e}") from None
+        with open(os.path.join(path, "meta.json"), encoding="ascii") as f:
+            doc = json.load(f)
+        raw = dict(doc.pop("raw"))
+        for entry in os.listdir(path):
+            if not entry.endswith(".npy"):
+                continue
+            file = os.path.join(path, entry)
+            big = os.path.getsize(file) >= _MMAP_BYTES
+            arr = np.load(file, mmap_mode="r" if big else None, allow_pickle=False)
+            arr.flags.writeable = False
+            raw[entry[:-4]] = arr
+    except FileNotFoundError as e:
+        raise ValueError(f"{name}: missing {os.path.basename(e.filename or '?')}") from None
+    except (ValueError, KeyError, EOFError, TypeError, AttributeError, UnicodeError) as e:
+        raise ValueError(f"{name}: {type(e).__name__}: {e}") from None
     for key in ("ops", "nodes", "kernels", "gpu", "steps", "spans", "threads", "op_names",
-                "op_files", "op_lines", "kernel_names", "window_start_ns", "window_end_ns"):
+                "op_files", "op_lines", "kernel_names", "window_start_ns", "window_end_ns",
+                "dropped_events"):
         if key not in raw:
-            raise ValueError(f"{os.path.basename(path)}: missing {key!r}")
+            raise ValueError(f"{name}: missing {key!r}")
     return raw, doc
 
 
@@ -319,7 +324,7 @@ class _Child:
         self.seq += 1
         meta = {"pid": self.pid, "ppid": os.getppid(), "how": self.how, "window": win,
                 "seq": self.seq, "process_name": _process_name()}
-        path = os.path.join(self.ctx.dir, f"{self.pid}.{win}.{self.seq}.npz")
+        path = os.path.join(self.ctx.dir, f"{self.pid}.{win}.{self.seq}.piece")
         with contextlib.suppress(OSError):
             _save_piece(path, raw, meta)
 
@@ -737,9 +742,9 @@ class ParentSession:
             return []
         pieces: dict[int, list[tuple[int, str]]] = {}
         for n in names:
-            if not n.endswith(".npz"):
+            if not n.endswith(".piece"):
                 continue
-            parts = n[:-4].split(".")
+            parts = n[:-6].split(".")
             if len(parts) != 3 or not all(p.isdigit() for p in parts):
                 continue
             pid, w, seq = (int(p) for p in parts)
@@ -747,8 +752,7 @@ class ParentSession:
                 pieces.setdefault(pid, []).append((seq, n))
             elif w < win:  # its window was collected already
                 self.late += 1
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(folder, n))
+                shutil.rmtree(os.path.join(folder, n), ignore_errors=True)
         bad: list[str] = []
         out: list[ChildWindow] = []
         registered = self._registered()
@@ -761,9 +765,8 @@ class ParentSession:
                     raws.append(raw)
                 except (OSError, ValueError) as e:
                     bad.append(f"pid {pid}: {e}")
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.remove(path)
+                finally:  # memory-mapped arrays stay readable after the unlink
+                    shutil.rmtree(path, ignore_errors=True)
             alive = _is_alive(folder, pid)
             info = self._proc_info(pid)
             if not raws and alive and pid not in timed_out:

@@ -238,26 +238,49 @@ def test_damaged_piece_is_skipped_with_a_counted_warning():
     with pytest.warns(RuntimeWarning, match="2 child profile piece"):
         with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
             folder = prof._subprocs.ctx.dir
-            with open(os.path.join(folder, "999999.0.1.npz"), "wb") as f:
-                f.write(b"PK\x03\x04 not a zip")
-            # a real piece cut in half
+            # a piece folder that is not one
+            os.mkdir(os.path.join(folder, "999999.0.1.piece"))
+            with open(os.path.join(folder, "999999.0.1.piece", "meta.json"), "w") as f:
+                f.write("{not json")
+            # a real piece whose largest array was cut in half
             ctx = mp.get_context("fork")
             p = ctx.Process(target=crash_free_work, args=(3,))
             p.start()
             p.join()
             names = [n for n in os.listdir(folder) if n.startswith(f"{p.pid}.")
-                     and n.endswith(".npz")]
+                     and n.endswith(".piece")]
             assert names, os.listdir(folder)
-            path = os.path.join(folder, names[0])
-            size = os.path.getsize(path)
-            with open(path, "r+b") as f:
-                f.truncate(size // 2)
+            piece = os.path.join(folder, names[0])
+            spans = os.path.join(piece, "spans.npy")
+            with open(spans, "r+b") as f:
+                f.truncate(os.path.getsize(spans) // 2)
             main_side(10)
     assert prof._subprocs.skipped == 2
     assert calls(prof.ops(), "main_side") == 1
     procs = {int(r["pid"]): r for r in workers(prof)}
     assert procs[p.pid]["status"] == "lost"
     assert not os.path.exists(folder)
+
+
+def test_piece_round_trip_keeps_every_array(tmp_path):
+    """What a child writes is what the parent reads: the same window dict."""
+    with gpuprof.profile(activities=CPU) as prof:
+        crash_free_work(3)
+    raw = prof.results.windows[0]
+    path = str(tmp_path / "1.0.1.piece")
+    _subprocess._save_piece(path, raw, {"pid": 1, "how": "fork"})
+    back, meta = _subprocess.load_piece(path)
+    assert meta["pid"] == 1 and meta["how"] == "fork"
+    assert set(back) == set(raw)
+    for key, value in raw.items():
+        if hasattr(value, "dtype"):
+            assert back[key].dtype == value.dtype and (back[key] == value).all(), key
+            assert not back[key].flags.writeable
+        else:
+            assert back[key] == value, key
+    assert calls(gpuprof.Results([back]).ops(), "slow") == 3
+    with pytest.raises(ValueError, match="meta.json"):
+        _subprocess.load_piece(str(tmp_path))
 
 
 # -- schedules: persistent workers record only while the parent records -----------------------
