@@ -219,7 +219,7 @@ class KernelDeepDive:
     device: int
     gpu_time_ns: int            # in the recorded window(s)
     calls: int                  # in the recorded window(s)
-    share: float                # of all kernel time in the window(s), 0..1
+    share: float                # of the GPU time of all kernels() rows (copies too), 0..1
     occupancy: float            # theoretical, 0..1 (NaN when unknown)
     occupancy_limiter: str
     launches_profiled: int = 0  # launches measured during the replay
