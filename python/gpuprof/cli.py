@@ -42,6 +42,15 @@ def _profile_kwargs(args) -> dict:
     if args.active is not None:
         kwargs["schedule"] = gpuprof.schedule(wait=args.wait, warmup=args.warmup,
                                               active=args.active, repeat=args.repeat)
+    if getattr(args, "capture_range", None):  # -- capture ranges (docs/nvtx.md) --
+        if args.active is not None:
+            raise _CliError("--capture-range and --active cannot be combined: the capture range "
+                            "decides when to record")
+        try:
+            gpuprof._nvtx.parse_capture(args.capture_range)
+        except ValueError as e:
+            raise _CliError(f"--capture-range: {e}") from None
+        kwargs["capture"] = args.capture_range
     return kwargs
 
 
@@ -319,6 +328,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", action="store_true", help="record device memory")
     r.add_argument("--with-stack", action="store_true")
     r.add_argument("--step-fn", help="module:function whose every return ends a step")
+    r.add_argument("--capture-range", metavar="cudaProfilerApi|nvtx:NAME[@DOMAIN]",
+                   help="record only between cudaProfilerStart() and cudaProfilerStop() "
+                        "(torch.cuda.profiler.start/stop), or inside NVTX ranges named NAME")
     r.add_argument("--delay", type=float, help="seconds before recording starts")
     r.add_argument("--duration", type=float, help="seconds to record")
     r.add_argument("--output", "-o", help="directory for the trace, saved profile and stacks")

@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable, Iterable
 
 from . import _cuda, _gpuprof, _subprocess  # _subprocess: docs/subprocesses.md
+from . import _nvtx  # capture ranges (docs/nvtx.md)
 from . import memory as _memory  # imported here: start() must not import while hooked
 from . import processes as _processes  # -- subprocesses --
 from ._results import Results
@@ -65,6 +66,11 @@ class profile:
         subprocesses: also profile child processes started while profiling (forked,
             spawned or forkserver: DataLoader workers, multiprocessing pools); see
             ``prof.processes()``, ``prof.ops(pid=...)`` and docs/subprocesses.md.
+        capture: record only inside a capture range, as Nsight Systems' --capture-range:
+            "cudaProfilerApi" between cudaProfilerStart() and cudaProfilerStop()
+            (``torch.cuda.profiler.start()/stop()``), or "nvtx:NAME" ("nvtx:NAME@DOMAIN")
+            inside NVTX ranges named NAME. Each range is one window; not combined with
+            ``schedule``. See docs/nvtx.md.
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class profile:
         max_events: int = 8_000_000,
         memory_sample_interval_s: float = 0.01,
         subprocesses: bool = False,
+        capture: str | None = None,
     ):
         if activities is None:
             acts = {ProfilerActivity.CPU}
@@ -135,6 +142,16 @@ class profile:
                     warnings.warn(f"gpuprof: GPU capture is off: {reason}", stacklevel=2)
                 self._cuda_state["error"] = reason
                 cuda = False
+        # -- capture ranges (gpuprof._nvtx, docs/nvtx.md) --
+        capture_mode, capture_name, capture_domain = _nvtx.parse_capture(capture)
+        if capture_mode and schedule is not None:
+            raise ValueError("profile(): capture= and schedule= cannot be combined: the capture "
+                             "range decides when to record; drop one of them")
+        if capture_mode == _nvtx.CAPTURE_PROFILER_API and not cuda:
+            raise RuntimeError("profile(capture='cudaProfilerApi') needs GPU capture, which is "
+                               f"off: {self._cuda_state['error'] or 'CUDA not in activities'}")
+        self.capture = capture
+        # -- end capture ranges --
         self._core = _gpuprof.Profiler(
             max_events=max_events,
             cuda=cuda,
@@ -143,6 +160,9 @@ class profile:
             schedule_fn=None if isinstance(schedule, Schedule) else schedule,
             on_trace_ready=self._window_ready,
             owner=None,
+            capture=capture_mode,
+            capture_name=capture_name,
+            capture_domain=capture_domain,
         )
         # prof.step() is the C method itself: no Python frame of ours per step.
         self.step = self._core.step
@@ -176,6 +196,11 @@ class profile:
             raise
         if self._subprocs is not None:  # -- subprocesses: children record when we do --
             self._subprocs.started()
+        if self.capture and self.capture.startswith("nvtx:"):  # -- capture ranges --
+            nvtx = _nvtx.status()
+            if nvtx["reason"]:
+                warnings.warn(f"gpuprof: profile(capture={self.capture!r}) may never record: "
+                              f"{nvtx['reason']}", stacklevel=2)
         cuda = self._core.cuda
         self._cuda_state = {"active": cuda["active"], "mode": cuda["mode"],
                             "error": cuda["error"] or self._cuda_state.get("error")}

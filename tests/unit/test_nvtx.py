@@ -1,0 +1,541 @@
+"""NVTX in and out, and capture ranges, without a GPU.
+
+NVTX input is driven two ways, both through gpuprof's real injection entry point:
+a tiny NVTX client compiled at test time against the real nvtx3 headers
+(tests/helpers/nvtx_client.c, called through ctypes, so without the GIL), and the
+`nvtx` PyPI package when it is installed. NVTX output is checked against a stand-in
+tool library (tests/helpers/nvtx_fake_tool.c) in a subprocess.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import gpuprof
+from gpuprof import ProfilerActivity
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(os.path.dirname(HERE), "helpers")
+PYTHONPATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+CPU = [ProfilerActivity.CPU]
+MSG_ASCII, MSG_UNICODE, MSG_REGISTERED = 1, 2, 3
+
+
+def _nvtx3_include():
+    roots = [os.environ.get("GPUPROF_CUPTI_INCLUDE"), os.environ.get("CUDA_HOME"),
+             os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    cands = []
+    for r in filter(None, roots):
+        cands += [r, os.path.join(r, "include")]
+    for p in sys.path:
+        for sub in ("nvidia/nvtx/include", "nvidia/cu13/include", "nvidia/cuda_nvtx/include"):
+            cands.append(os.path.join(p, sub))
+    for c in cands:
+        if os.path.isfile(os.path.join(c, "nvtx3", "nvToolsExt.h")):
+            return c
+    return None
+
+
+def _cc(out_dir, name, extra=()):
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler to build the NVTX test helpers")
+    out = os.path.join(out_dir, f"lib{name}.so")
+    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", out, os.path.join(HELPERS, f"{name}.c"),
+           *extra, "-ldl", "-lpthread"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def client_path(tmp_path_factory):
+    inc = _nvtx3_include()
+    if inc is None:
+        pytest.skip("nvtx3 headers not found (CUDA toolkit include dir or nvidia-nvtx wheel)")
+    return _cc(str(tmp_path_factory.mktemp("nvtx")), "nvtx_client", [f"-I{inc}"])
+
+
+@pytest.fixture(scope="session")
+def tool_path(tmp_path_factory):
+    return _cc(str(tmp_path_factory.mktemp("nvtx_tool")), "nvtx_fake_tool")
+
+
+@pytest.fixture(scope="session")
+def nv(client_path):
+    """The NVTX client, attached to gpuprof (gpuprof was imported before its first call)."""
+    lib = ctypes.CDLL(client_path)
+    for name in ("c_push_a", "c_push_w", "c_pop", "c_push_ex", "c_dpush", "c_dpop",
+                 "c_threads"):
+        getattr(lib, name).restype = ctypes.c_int
+    for name in ("c_start_a", "c_start_w", "c_dstart"):
+        getattr(lib, name).restype = ctypes.c_uint64
+    lib.c_end.argtypes = [ctypes.c_uint64]
+    lib.c_end_on_other_thread.argtypes = [ctypes.c_uint64]
+    lib.c_dend.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.c_spin.argtypes = [ctypes.c_uint64]
+    for name in ("c_domain", "c_domain_w", "c_register"):
+        getattr(lib, name).restype = ctypes.c_void_p
+    lib.c_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.c_dpush.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p]
+    lib.c_push_ex.argtypes = [ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p]
+    lib.c_dpop.argtypes = [ctypes.c_void_p]
+    lib.c_dstart.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p]
+    lib.c_domain_category.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_char_p]
+    lib.c_mark(b"warm-up: the client attaches at its first call")
+    return lib
+
+
+def _rows(prof, name):
+    ops = prof.ops()
+    return ops[(ops["name"] == name) & (ops["kind"] == "user")]
+
+
+def _node_of(prof, name, file=None):
+    ops = prof.ops()
+    tree = prof.call_tree()
+    rows = [i for i in range(len(ops)) if ops["name"][i] == name
+            and (file is None or ops["file"][i] == file)]
+    return [j for j in range(len(tree)) if tree["op"][j] in rows]
+
+
+def _parent_name(prof, node):
+    ops = prof.ops()
+    tree = prof.call_tree()
+    p = tree["parent"][node]
+    return None if p < 0 else ops["name"][tree["op"][p]]
+
+
+def outer_python(nv):
+    """A Python function the ranges are opened in."""
+    nv.c_push_a(b"outer")
+    nv.c_spin(200_000)
+    inner_python(nv)
+    nv.c_pop()
+
+
+def inner_python(nv):
+    nv.c_push_w("inner ✓ 日本")
+    nv.c_spin(100_000)
+    nv.c_pop()
+
+
+# -- setup and status ----------------------------------------------------------------------
+
+
+def test_import_makes_gpuprof_the_injection_library():
+    path = os.environ.get("NVTX_INJECTION64_PATH")
+    assert path and os.path.realpath(path) == os.path.realpath(gpuprof._gpuprof.__file__)
+    st = gpuprof.cuda_status()["nvtx"]
+    assert st["injection"] == "gpuprof" and st["reason"] == ""
+    assert st["emit"] is False and "gpuprof itself" in st["emit_reason"]
+
+
+def test_client_attaches_once(nv):
+    assert gpuprof.cuda_status()["nvtx"]["clients"] >= 1
+
+
+# -- ranges in -----------------------------------------------------------------------------
+
+
+def test_push_pop_become_user_ranges_with_their_tree(nv):
+    with gpuprof.profile(activities=CPU) as prof:
+        outer_python(nv)
+    outer, inner = _rows(prof, "outer"), _rows(prof, "inner ✓ 日本")
+    assert len(outer) == 1 and len(inner) == 1, prof.ops()[["name", "kind"]]
+    assert outer["calls"][0] == 1 and inner["calls"][0] == 1
+    assert outer["file"][0] == "nvtx" and inner["file"][0] == "nvtx"
+    # time: outer contains inner; the spin makes both measurable
+    assert outer["cpu_total_ns"][0] > inner["cpu_total_ns"][0] > 0
+    (n_inner,) = _node_of(prof, "inner ✓ 日本")
+    assert _parent_name(prof, n_inner) == "inner_python"
+    (n_ip,) = _node_of(prof, "inner_python")
+    assert _parent_name(prof, n_ip) == "outer"
+    (n_outer,) = _node_of(prof, "outer")
+    assert _parent_name(prof, n_outer) == "outer_python"
+
+
+def test_push_pop_return_levels_like_nvtx(nv):
+    # recording or not, the injection answers with the zero-based nesting level
+    for recording in (False, True):
+        prof = gpuprof.profile(activities=CPU)
+        if recording:
+            prof.start()
+        try:
+            assert [nv.c_push_a(b"a"), nv.c_push_a(b"b"), nv.c_push_a(b"c")] == [0, 1, 2]
+            assert [nv.c_pop(), nv.c_pop(), nv.c_pop()] == [2, 1, 0]
+            assert nv.c_pop() < 0  # nothing left to pop
+        finally:
+            if recording:
+                prof.stop()
+
+
+def test_nothing_recorded_outside_a_window(nv):
+    nv.c_push_a(b"before")
+    nv.c_pop()
+    with gpuprof.profile(activities=CPU) as prof:
+        nv.c_push_a(b"during")
+        nv.c_pop()
+    nv.c_push_a(b"after")
+    nv.c_pop()
+    names = set(prof.ops()["name"])
+    assert "during" in names and not {"before", "after"} & names
+
+
+def test_domains_categories_registered_strings(nv):
+    d = nv.c_domain(b"mylib")
+    nv.c_domain_category(d, 7, b"io")
+    reg = nv.c_register(d, b"load batch")
+    nv.c_name_category(3, b"default-cat")
+    wide = ctypes.create_unicode_buffer("décodé")
+    with gpuprof.profile(activities=CPU) as prof:
+        for _ in range(3):
+            nv.c_dpush(d, 7, MSG_REGISTERED, reg)
+            nv.c_spin(10_000)
+            nv.c_dpop(d)
+        nv.c_dpush(d, 0, MSG_UNICODE, ctypes.cast(wide, ctypes.c_void_p))
+        nv.c_dpop(d)
+        nv.c_push_ex(3, MSG_ASCII, ctypes.cast(ctypes.c_char_p(b"cat3"), ctypes.c_void_p))
+        nv.c_pop()
+        nv.c_push_ex(9, MSG_ASCII, ctypes.cast(ctypes.c_char_p(b"cat9"), ctypes.c_void_p))
+        nv.c_pop()
+        # the same message in another domain is another op
+        nv.c_push_a(b"load batch")
+        nv.c_pop()
+    ops = prof.ops()
+    load = ops[ops["name"] == "load batch"]
+    assert sorted(load["file"]) == ["nvtx", "nvtx:mylib/io"]
+    assert load[load["file"] == "nvtx:mylib/io"]["calls"][0] == 3
+    assert _rows(prof, "décodé")["file"][0] == "nvtx:mylib"
+    assert _rows(prof, "cat3")["file"][0] == "nvtx/default-cat"
+    assert _rows(prof, "cat9")["file"][0] == "nvtx/9"
+    # domain pops pop their own domain's stack only
+    assert nv.c_dpush(d, 0, MSG_ASCII, ctypes.cast(ctypes.c_char_p(b"x"), ctypes.c_void_p)) == 0
+    assert nv.c_push_a(b"y") == 0
+    assert nv.c_dpop(d) == 0 and nv.c_pop() == 0
+
+
+def test_interleaved_domains_close_the_right_range(nv):
+    d = nv.c_domain(b"other")
+    with gpuprof.profile(activities=CPU) as prof:
+        nv.c_push_a(b"A")                  # default domain
+        nv.c_dpush(d, 0, MSG_ASCII, ctypes.cast(ctypes.c_char_p(b"B"), ctypes.c_void_p))
+        nv.c_spin(50_000)
+        nv.c_pop()                         # closes A, not B
+        nv.c_spin(200_000)
+        nv.c_dpop(d)                       # closes B
+    a, b = _rows(prof, "A"), _rows(prof, "B")
+    assert b["cpu_total_ns"][0] > a["cpu_total_ns"][0]
+
+
+def test_start_end_ranges_same_and_other_thread(nv):
+    with gpuprof.profile(activities=CPU) as prof:
+        r1 = nv.c_start_a(b"same-thread")
+        nv.c_spin(100_000)
+        nv.c_end(r1)
+        r2 = nv.c_start_w("ended elsewhere")
+        nv.c_spin(100_000)
+        nv.c_end_on_other_thread(r2)
+        nv.c_spin(3_000_000)  # the range must not run on to the window's end
+    same, other = _rows(prof, "same-thread"), _rows(prof, "ended elsewhere")
+    assert same["calls"][0] == 1 and other["calls"][0] == 1
+    raw = prof.results.windows[-1]
+    window = raw["window_end_ns"] - raw["window_start_ns"]
+    (sp,) = [s for s in raw["spans"] if raw["op_names"][s["op_row"]] == "ended elsewhere"]
+    assert sp["end_ns"] - sp["start_ns"] < window / 2
+
+
+def test_ranges_from_threads_without_python(nv):
+    with gpuprof.profile(activities=CPU) as prof:
+        assert nv.c_threads(4, 25, b"worker range") == 4
+    worker = _rows(prof, "worker range")
+    assert worker["calls"][0] == 100
+    assert len(prof.results.threads()) >= 5
+
+
+def test_python_threads_and_gil(nv):
+    def body():
+        for _ in range(10):
+            nv.c_push_a(b"py-thread")
+            nv.c_pop()
+
+    with gpuprof.profile(activities=CPU) as prof:
+        ts = [threading.Thread(target=body) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert _rows(prof, "py-thread")["calls"][0] == 30
+
+
+def test_range_left_open_closes_at_window_end(nv):
+    with gpuprof.profile(activities=CPU) as prof:
+        nv.c_push_a(b"left open")
+        nv.c_spin(10_000)
+    nv.c_pop()
+    assert _rows(prof, "left open")["calls"][0] == 1
+
+
+def test_nvtx_spans_are_user_annotations_in_the_trace(nv, tmp_path):
+    import json
+
+    with gpuprof.profile(activities=CPU) as prof:
+        outer_python(nv)
+    path = prof.export_chrome_trace(str(tmp_path / "t.json"))
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ann = [e for e in events if e.get("cat") == "user_annotation"]
+    assert {"outer", "inner ✓ 日本"} <= {e["name"] for e in ann}
+
+
+def test_own_record_function_is_not_read_back(nv):
+    with gpuprof.profile(activities=CPU) as prof:
+        with gpuprof.record_function("labelled"):
+            nv.c_push_a(b"nvtx-inside")
+            nv.c_pop()
+    ops = prof.ops()
+    assert list(ops[ops["name"] == "labelled"]["file"]) == [""]
+    (n,) = _node_of(prof, "nvtx-inside")
+    assert _parent_name(prof, n) == "labelled"
+
+
+# -- the `nvtx` package ----------------------------------------------------------------------
+
+
+def test_nvtx_package_ranges():
+    nvtx = pytest.importorskip("nvtx")
+
+    def step():
+        with nvtx.annotate("forward", domain="model", category="fwd"):
+            nvtx.push_range("layer")
+            nvtx.pop_range()
+
+    with gpuprof.profile(activities=CPU) as prof:
+        for _ in range(2):
+            step()
+        rng = nvtx.start_range("loader")
+        nvtx.end_range(rng)
+    ops = prof.ops()
+    fwd = ops[ops["name"] == "forward"]
+    assert fwd["calls"][0] == 2 and fwd["file"][0] == "nvtx:model/fwd"
+    assert _rows(prof, "layer")["calls"][0] == 2
+    assert _rows(prof, "loader")["calls"][0] == 1
+    # annotate.__enter__ returned while its range stayed open: the range moves up to
+    # the function that used the annotation, not the helper that opened it
+    for n in _node_of(prof, "forward"):
+        assert _parent_name(prof, n).endswith("<locals>.step")
+
+
+# -- capture ranges ------------------------------------------------------------------------
+
+
+def work(i):
+    return i
+
+
+def test_capture_by_nvtx_range_name(nv):
+    results = []
+    prof = gpuprof.profile(activities=CPU, capture="nvtx:capture-me", acc_events=True,
+                           on_trace_ready=lambda p: results.append(len(p.ops())))
+    with prof:
+        for i in range(6):
+            if i in (2, 4):
+                nv.c_push_a(b"capture-me")
+            work(i)
+            if i in (3, 4):
+                nv.c_pop()
+            prof.step()
+    assert len(prof.results.windows) == 2 and len(results) == 2
+    ops = prof.ops()
+    assert ops[ops["name"] == "work"]["calls"][0] == 3  # steps 2, 3 and 4
+    cap = _rows(prof, "capture-me")
+    assert cap["calls"][0] == 2 and cap["file"][0] == "nvtx"
+    steps = prof.steps()
+    assert set(steps["step"]) <= {2, 3, 4}
+
+
+def test_capture_nested_same_name_closes_at_outer_pop(nv):
+    with gpuprof.profile(activities=CPU, capture="nvtx:cap") as prof:
+        work(0)
+        nv.c_push_a(b"cap")
+        nv.c_push_a(b"cap")
+        work(1)
+        nv.c_pop()
+        work(2)
+        nv.c_pop()
+        work(3)
+    ops = prof.ops()
+    assert ops[ops["name"] == "work"]["calls"][0] == 2
+
+
+def test_capture_by_nvtx_domain(nv):
+    d = nv.c_domain(b"capdom")
+    name = ctypes.cast(ctypes.c_char_p(b"region"), ctypes.c_void_p)
+    with gpuprof.profile(activities=CPU, capture="nvtx:region@capdom") as prof:
+        nv.c_push_a(b"region")  # default domain: not the capture range
+        work(0)
+        nv.c_pop()
+        nv.c_dpush(d, 0, MSG_ASCII, name)
+        work(1)
+        work(1)
+        nv.c_dpop(d)
+    ops = prof.ops()
+    assert ops[ops["name"] == "work"]["calls"][0] == 2
+
+
+def test_capture_by_start_end_range(nv):
+    with gpuprof.profile(activities=CPU, capture="nvtx:se-cap") as prof:
+        work(0)
+        r = nv.c_start_a(b"se-cap")
+        work(1)
+        nv.c_end(r)
+        work(2)
+    ops = prof.ops()
+    assert ops[ops["name"] == "work"]["calls"][0] == 1
+
+
+def test_capture_never_opened_records_nothing(nv):
+    with gpuprof.profile(activities=CPU, capture="nvtx:never") as prof:
+        work(0)
+    assert prof._core.windows == 0
+
+
+@pytest.mark.parametrize("bad, exc", [
+    (5, TypeError), ("nvtx:", ValueError), ("cuda", ValueError), ("nvtx:@dom", ValueError),
+    ("nvtx:" + "x" * 300, ValueError),
+])
+def test_capture_argument_checked(bad, exc):
+    with pytest.raises(exc, match="capture"):
+        gpuprof.profile(activities=CPU, capture=bad)
+
+
+def test_capture_with_schedule_refused():
+    with pytest.raises(ValueError, match="capture= and schedule="):
+        gpuprof.profile(activities=CPU, capture="nvtx:x", schedule=gpuprof.schedule(wait=0, warmup=1, active=1))
+
+
+def test_capture_profiler_api_needs_cuda():
+    if gpuprof.cuda_status()["usable"]:
+        pytest.skip("GPU present: covered by tests/gpu/test_nvtx_gpu.py")
+    with pytest.raises(RuntimeError, match="cudaProfilerApi"):
+        gpuprof.profile(activities=CPU, capture="cudaProfilerApi")
+
+
+# -- subprocesses: late import, and ranges out -----------------------------------------------
+
+
+def _run(code, env_extra, timeout=120):
+    env = dict(os.environ)
+    env.pop("NVTX_INJECTION64_PATH", None)
+    env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_nvtx_used_before_import_is_named():
+    pytest.importorskip("nvtx")
+    out = _run("""
+        import nvtx
+        nvtx.push_range("too early"); nvtx.pop_range()   # NVTX initializes, finds no tool
+        import gpuprof
+        st = gpuprof.cuda_status()["nvtx"]
+        assert st["missed"] == ["nvtx"], st
+        assert "before `import gpuprof`" in st["reason"], st
+        with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+            nvtx.push_range("unseen"); nvtx.pop_range()
+        assert "unseen" not in set(prof.ops()["name"])
+        print("ok")
+    """, {})
+    assert out.strip() == "ok"
+
+
+def test_nvtx_imported_but_unused_before_gpuprof_still_attaches():
+    pytest.importorskip("nvtx")
+    out = _run("""
+        import nvtx
+        import gpuprof
+        assert gpuprof.cuda_status()["nvtx"]["missed"] == []
+        with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+            nvtx.push_range("seen"); nvtx.pop_range()
+        assert "seen" in set(prof.ops()["name"])
+        print("ok")
+    """, {})
+    assert out.strip() == "ok"
+
+
+def test_opt_out_leaves_nvtx_alone():
+    out = _run("""
+        import os, gpuprof
+        assert "NVTX_INJECTION64_PATH" not in os.environ
+        st = gpuprof.cuda_status()["nvtx"]
+        assert st["injection"] == "off" and "GPUPROF_NVTX=0" in st["reason"], st
+        print("ok")
+    """, {"GPUPROF_NVTX": "0"})
+    assert out.strip() == "ok"
+
+
+def test_ranges_go_out_to_another_tool(tool_path):
+    out = _run(f"""
+        import ctypes, gpuprof
+        st = gpuprof.cuda_status()["nvtx"]
+        assert st["injection"] == {tool_path!r} and st["emit"], st
+        assert "another NVTX tool" in st["reason"], st
+        with gpuprof.record_function("outside"):
+            pass
+        with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+            for i in range(2):
+                with gpuprof.record_function("fwd"):
+                    pass
+                prof.step()
+        tool = ctypes.CDLL({tool_path!r})
+        tool.fake_tool_log.restype = ctypes.c_char_p
+        print(tool.fake_tool_log().decode(), end="")
+        # the labels are still recorded by gpuprof itself, once each
+        ops = prof.ops()
+        assert list(ops[ops["name"] == "fwd"]["calls"]) == [2], ops
+    """, {"NVTX_INJECTION64_PATH": tool_path})
+    assert out.splitlines() == [
+        "push outside", "pop -",
+        "push ProfilerStep#0", "push fwd", "pop -", "pop -",
+        "push ProfilerStep#1", "push fwd", "pop -", "pop -",
+        "push ProfilerStep#2", "pop -",
+    ]
+
+
+def test_cli_run_capture_range(tmp_path):
+    pytest.importorskip("nvtx")
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""
+        import nvtx
+
+        def inside(i):
+            return i
+
+        for i in range(5):
+            if i == 2:
+                nvtx.push_range("region")
+            inside(i)
+            if i == 3:
+                nvtx.pop_range()
+    """))
+    env = dict(os.environ)
+    env.pop("NVTX_INJECTION64_PATH", None)
+    env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "gpuprof", "run", "--no-cuda", "--capture-range",
+                        "nvtx:region", str(script)], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    row = [ln for ln in r.stderr.splitlines() if ln.startswith("inside (")]
+    assert row and row[0].split()[-1] == "2", r.stderr  # calls: steps 2 and 3 only
+    bad = subprocess.run([sys.executable, "-m", "gpuprof", "run", "--capture-range", "nvtx:",
+                          str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode != 0 and "--capture-range" in bad.stderr
