@@ -199,6 +199,7 @@ typedef struct Agg {
     GP_VEC(Launch) launches;
     GP_VEC(StepMark) stepmarks;
     Map corr;             /* correlation -> launch index */
+    uint8_t *api_used;    /* per GPU record: an API record merged into a thread's events */
     uint32_t thread;      /* index of the thread being replayed */
     uint32_t buf_index;   /* its GpThreadBuf.index (NVTX range ends name it) */
     int64_t busy;         /* this thread's time with a non-empty stack */
@@ -605,7 +606,7 @@ replay_event(Agg *a, const GpEvent *ev)
 /* API records from activity-only mode for one thread, as events sorted by
  * time (enter at start, exit at end). */
 static GpEvent *
-api_events_for_thread(const GpAggInput *in, const GpThreadBuf *tb, size_t *n_out)
+api_events_for_thread(const GpAggInput *in, const GpThreadBuf *tb, uint8_t *used, size_t *n_out)
 {
     size_t n = 0;
     for (size_t i = 0; i < in->n_gpu; i++)
@@ -627,6 +628,8 @@ api_events_for_thread(const GpAggInput *in, const GpThreadBuf *tb, size_t *n_out
         if (g->kind != GP_GPU_API ||
             (g->thread_id != (uint32_t)tb->os_tid && g->thread_id != (uint32_t)tb->ident))
             continue;
+        if (used)
+            used[i] = 1;
         ev[k].ts = g->start_ns;
         ev[k].arg = g->correlation;
         ev[k].kind = GP_EV_MAKE(GP_EV_API_ENTER, g->name_id);
@@ -709,7 +712,7 @@ static int
 replay_thread(Agg *a, const GpThreadBuf *tb, GpThreadRow *tr)
 {
     size_t n_api = 0;
-    GpEvent *api = api_events_for_thread(a->in, tb, &n_api);
+    GpEvent *api = api_events_for_thread(a->in, tb, a->api_used, &n_api);
     if (a->n_foreign_ends > 0 && merge_foreign_ends(a, tb, &api, &n_api) < 0) {
         free(api);
         return -1;
@@ -1172,6 +1175,9 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     if (gp_nvtx_cross_thread_ends() > 0 && collect_foreign_ends(&a) < 0)
         goto done;
     memset(a.row_of_op, 0xff, (in->n_ops + 1) * sizeof(int32_t));
+    a.api_used = calloc(in->n_gpu + 1, 1);
+    if (a.api_used == NULL)
+        goto done;
     out->window_start_ns = (int64_t)in->window_start_ns;
     out->window_end_ns = (int64_t)in->window_end_ns;
     if (in->n_gpu > 1)
@@ -1205,6 +1211,27 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
             goto done;
         span_hi[ti] = out->spans.n;
     }
+    /* Activity-only mode: API calls from threads that never ran Python (the
+     * autograd engine's device threads) have no stream to join; they become
+     * launches without an owner, charged to the blocked thread like the
+     * callbacks' off-Python launches. */
+    for (size_t i = 0; a.api_used && i < in->n_gpu; i++) {
+        const GpGpuRecord *g = &in->gpu[i];
+        if (g->kind != GP_GPU_API || a.api_used[i] || g->correlation == 0)
+            continue;
+        Launch *l = VEC_PUSH(a.launches);
+        if (l == NULL)
+            goto done;
+        l->enter_ns = (int64_t)g->start_ns;
+        l->exit_ns = (int64_t)g->end_ns;
+        l->correlation = g->correlation;
+        l->api_key = g->name_id;
+        l->owner_row = UINT32_MAX;
+        l->owner_node = -1;
+        l->thread = UINT32_MAX;
+        if (map_put(&a.corr, g->correlation, (uint32_t)(a.launches.n - 1)) < 0)
+            goto done;
+    }
     if (build_gpu(&a, span_lo, span_hi, step_thread) < 0)
         goto done;
     if (out->gpu.n > 1)
@@ -1219,6 +1246,7 @@ done:
     free(span_lo);
     free(span_hi);
     free(a.row_of_op);
+    free(a.api_used);
     free(a.active.v);
     free(a.api_rows.v);
     free(a.stack.v);

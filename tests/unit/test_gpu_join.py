@@ -183,3 +183,13 @@ def test_dropped_events_keep_tables_consistent():
     assert row["cpu_self_ns"] >= 0 and row["cpu_total_ns"] >= row["cpu_self_ns"]
     thread = res.threads()[0]
     assert thread["last_ns"] <= 10 + n  # closed where dropping began, not at window end
+
+
+def test_activity_only_api_records_from_unknown_threads_go_to_the_blocked_thread():
+    # an autograd-style device thread: never ran Python, so gpuprof has no buffer for it
+    api = dict(kind=C["GPU_API"], correlation=12, start_ns=210, end_ns=215, thread_id=999,
+               name_id=key(LAUNCH), subkind=C["API_RUNTIME"])
+    res = run(main_thread_events(), [api, kernel(12, 220, 260)])
+    ev = res.gpu_events()
+    assert ev["op_name"][0].startswith("train_step")
+    assert ev["blocked_thread"][0]
