@@ -84,7 +84,9 @@ def kernel_table(kernels: np.ndarray, sort_by: str = "total_ns", row_limit: int 
                "x".join(str(int(v)) for v in k["grid"]), "x".join(str(int(v)) for v in k["block"]),
                str(k["registers"]), str(k["category"])]
         if has_occ:
-            row.append(f"{100 * float(k['occupancy']):.0f}%")
+            occ = float(k["occupancy"])
+            row.append("-" if occ != occ else  # NaN: copies, memsets, unknown device
+                       f"{100 * occ:.0f}% ({k['occupancy_limiter']})")
         rows.append(row)
     align = "lrrrrrrrrrl" + ("r" if has_occ else "")
     return Table("GPU activity by name", headers, rows, align,
