@@ -577,3 +577,16 @@ def test_hta_finds_every_rank(tmp_path):
     assert sorted(temporal["rank"].tolist()) == [0, 1]
     by_type, _ = analyzer.get_gpu_kernel_breakdown(visualize=False)
     assert "COMMUNICATION" in set(by_type["kernel_type"])
+
+
+def test_rank_placeholders_in_export_and_save_paths(tmp_path, monkeypatch):
+    import gpuprof
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        sum(range(10))
+    prof.export_chrome_trace(str(tmp_path / "trace_rank{rank}_of_{world_size}.json"))
+    prof.save(str(tmp_path / "prof_{rank}.gpuprof"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof_3.gpuprof",
+                                                          "trace_rank3_of_4.json"]

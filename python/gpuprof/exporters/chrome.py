@@ -31,6 +31,10 @@ def check_output_path(path, func: str) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{func}(): path must be a str or os.PathLike, got {path!r}")
     path = os.fspath(path)
+    if "{" in path:  # {rank}, {local_rank}, {world_size}: one file per rank
+        from ..distributed import expand_name
+
+        path = expand_name(path)
     if not path:
         raise FileNotFoundError(errno.ENOENT, f"{func}(): path is empty", path)
     if os.path.isdir(path):
