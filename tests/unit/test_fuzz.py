@@ -17,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpuprof
-from gpuprof.tables import _UNPRINTABLE
 from gpuprof import ProfilerAction as A
 from gpuprof import _gpuprof, record_function
-from gpuprof.tables import SORT_KEYS
+from gpuprof.tables import _UNPRINTABLE, SORT_KEYS
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -178,7 +177,7 @@ def test_valid_table_arguments_never_fail(sort_by, row_limit, name_w, src_w, sta
     for line in rows:
         assert len(line) <= len(rule)
     # every shown name is cut to the width
-    names = [line[: len(rule)].split("  ")[0] for line in rows if line.strip()]
+    names = [line.split("  ")[0] for line in rows if not line.startswith(" ")]
     assert all(len(nm) <= max(name_w, len("Name")) for nm in names)
     if sort_by is not None and stack_n == 0 and not top_level:
         field, avg = SORT_KEYS[sort_by]
@@ -187,6 +186,16 @@ def test_valid_table_arguments_never_fail(sort_by, row_limit, name_w, src_w, sta
             vals = vals / np.maximum(ka.rows["calls"], 1)
         order = np.argsort(-vals, kind="stable")[:limit]
         assert list(vals[order]) == sorted(vals[order], reverse=True)
+
+
+def test_stack_continuation_lines_fit_the_table():
+    # found by test_valid_table_arguments_never_fail (stack_n=2, src_w=25)
+    prof = recorded()
+    # leaf's innermost caller (middle) has a shorter name than the one above it
+    text = prof.key_averages(group_by_stack_n=2).table(sort_by="count", row_limit=1,
+                                                       max_src_column_width=200)
+    rows, rule = data_lines(text)
+    assert all(len(line) <= len(rule) for line in rows)
 
 
 @FUZZ
