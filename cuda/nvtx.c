@@ -477,6 +477,38 @@ message_of(const NvAttr *a, const char *ascii, const wchar_t *wide, char *buf, M
     }
 }
 
+/* Per-thread cache of recent names, so that a loop pushing the same few
+ * messages skips nv_lock: (generation, domain, category, text) -> id. */
+#define CACHE_TEXT 48
+typedef struct CacheEntry {
+    uint32_t gen, domain, category, id;
+    uint32_t len;
+    char text[CACHE_TEXT];
+} CacheEntry;
+static _Thread_local CacheEntry tls_cache[4];
+static _Thread_local unsigned tls_cache_next;
+
+static uint32_t
+intern_cached(uint32_t domain, uint32_t category, const char *text, size_t len)
+{
+    uint32_t gen = atomic_load_explicit(&names_gen, memory_order_relaxed);
+    if (len < CACHE_TEXT) {
+        for (size_t i = 0; i < GP_ARRAY_LEN(tls_cache); i++) {
+            const CacheEntry *c = &tls_cache[i];
+            if (c->id != 0 && c->gen == gen && c->len == len && c->domain == domain &&
+                c->category == category && memcmp(c->text, text, len) == 0)
+                return c->id;
+        }
+    }
+    uint32_t id = intern(domain, category, text, len);
+    if (id != 0 && len < CACHE_TEXT) {
+        CacheEntry *c = &tls_cache[tls_cache_next++ % GP_ARRAY_LEN(tls_cache)];
+        *c = (CacheEntry){gen, domain, category, id, (uint32_t)len, {0}};
+        memcpy(c->text, text, len);
+    }
+    return id;
+}
+
 static uint32_t
 name_id(const GpNvtxDomain *d, const Message *m)
 {
@@ -491,7 +523,7 @@ name_id(const GpNvtxDomain *d, const Message *m)
             atomic_store_explicit(&r->cache, (uint64_t)gen << 32 | id, memory_order_relaxed);
         return id;
     }
-    return intern(d->index, m->category, m->text, m->len);
+    return intern_cached(d->index, m->category, m->text, m->len);
 }
 
 /* ---- Per-thread push depth (NVTX return values, capture pops) ------------- */
