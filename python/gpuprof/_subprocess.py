@@ -13,7 +13,11 @@ The parent and its children share nothing but a private folder:
     or exec), so the parent tells a live child from a gone one without
     signals, /proc or waitpid, and a zombie counts as gone.
 ``<pid>.ack``
-    the last state version the child has acted on.
+    ``version done``: the last state version the child has seen; done is 0
+    while it is still saving its piece for it, 1 when finished. A child must
+    answer within ``ack_timeout_s()``; once it has, the parent waits up to
+    ``work_timeout_s()`` for it to finish (aggregating and saving millions
+    of events takes seconds).
 ``<pid>.<window>.<seq>.piece/``
     one piece of a child's recording: the raw window dict of the child's own
     C session, one ``.npy`` per array (no pickle) and ``meta.json`` for the
@@ -69,12 +73,18 @@ _FORK_HOOK = False                # os.register_at_fork done (once per process)
 
 
 def ack_timeout_s() -> float:
-    """Seconds the parent waits at a window's end for its live children to answer."""
+    """Seconds the parent waits at a window's end for its live children to answer
+    (``GPUPROF_SUBPROCESS_TIMEOUT_S``, default 2)."""
     try:
         v = float(os.environ.get("GPUPROF_SUBPROCESS_TIMEOUT_S", "2"))
     except ValueError:
         return 2.0
     return v if v > 0 else 2.0
+
+
+def work_timeout_s() -> float:
+    """Seconds the parent waits for a child that has answered to finish saving."""
+    return 30.0 * ack_timeout_s()
 
 
 class _Ctx:
@@ -146,12 +156,14 @@ def _is_alive(folder: str, pid: int) -> bool:
     return False
 
 
-def _read_ack(folder: str, pid: int) -> int:
+def _read_ack(folder: str, pid: int) -> tuple[int, int]:
+    """(version, done) of a child's last answer; (-1, 0) before any."""
     data = _read_small(os.path.join(folder, f"{pid}.ack"))
     try:
-        return int(data) if data else -1
+        v, done = data.split() if data else (b"-1", b"0")
+        return int(v), int(done)
     except ValueError:
-        return -1
+        return -1, 0
 
 
 # ---- pieces --------------------------------------------------------------------------
@@ -328,10 +340,16 @@ class _Child:
         with contextlib.suppress(OSError):
             _save_piece(path, raw, meta)
 
+    def _ack(self, v: int, done: int) -> None:
+        with contextlib.suppress(OSError):
+            _write_atomic(os.path.join(self.ctx.dir, f"{self.pid}.ack"), f"{v} {done}".encode())
+
     def _apply(self, st, from_poll: bool) -> None:
         v, rec, win, alive, flush = st
         want = bool(rec and alive)
         if self.recording and (not want or win != self.rec_win or flush != self.seen_flush):
+            if from_poll:
+                self._ack(v, 0)  # answered; saving may take a while
             self._stop_and_save(restart_win=win if want else None)
         elif want and not self.recording:
             self._start(win, from_poll)
@@ -367,9 +385,7 @@ class _Child:
                         with contextlib.suppress(Exception):
                             self._stop()
                     return
-                with contextlib.suppress(OSError):
-                    _write_atomic(os.path.join(self.ctx.dir, f"{self.pid}.ack"),
-                                  str(st[0]).encode())
+                self._ack(st[0], 1)
 
 
 def _register_finalizer(child: _Child) -> None:
@@ -697,17 +713,29 @@ class ParentSession:
         return sorted(out)
 
     def _wait_for_children(self, v: int, timeout: float) -> set[int]:
+        """Wait until every live child has finished acting on state version `v`: at
+        most `timeout` for its answer, then at most work_timeout_s() for the rest.
+        Returns the children that did not finish in time."""
         folder = self.ctx.dir
-        pending = {pid for pid in self._registered() if _is_alive(folder, pid)}
-        deadline = time.monotonic() + timeout
-        while pending:
-            for pid in list(pending):
-                if _read_ack(folder, pid) >= v or not _is_alive(folder, pid):
-                    pending.discard(pid)
-            if not pending or time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)
-        return pending
+        t0 = time.monotonic()
+        deadline = {pid: t0 + timeout for pid in self._registered() if _is_alive(folder, pid)}
+        work_deadline = t0 + max(timeout, work_timeout_s())
+        late = set()
+        while deadline:
+            now = time.monotonic()
+            for pid in list(deadline):
+                seen, done = _read_ack(folder, pid)
+                if (seen >= v and done) or not _is_alive(folder, pid):
+                    del deadline[pid]
+                    continue
+                if seen >= v:
+                    deadline[pid] = work_deadline  # answered: it is saving
+                if now >= deadline[pid]:
+                    late.add(pid)
+                    del deadline[pid]
+            if deadline:
+                time.sleep(0.002)
+        return late
 
     def flush_before_terminate(self, pid: int) -> None:
         """Process.terminate(pid) is about to kill a child: ask every recording child
@@ -718,7 +746,7 @@ class ParentSession:
         folder = self.ctx.dir
         if not os.path.exists(os.path.join(folder, f"{pid}.proc")):
             return
-        if self.flush_v == self.v and _read_ack(folder, pid) >= self.v:
+        if self.flush_v == self.v and _read_ack(folder, pid) >= (self.v, 1):
             return  # this child already answered the current flush request
         self.flush += 1
         v = self._write_state(rec=1)
@@ -796,7 +824,8 @@ class ParentSession:
                         f"this window (killed or crashed?): pid {', '.join(map(str, lost))}")
         if slow:
             msgs.append(f"{len(slow)} child process(es) did not answer within "
-                        f"{ack_timeout_s():g}s (GPUPROF_SUBPROCESS_TIMEOUT_S): pid "
+                        f"{ack_timeout_s():g}s or finish saving within {work_timeout_s():g}s "
+                        f"(GPUPROF_SUBPROCESS_TIMEOUT_S sets the first): pid "
                         f"{', '.join(map(str, slow))}; their rows may be incomplete")
         if msgs:
             warnings.warn("gpuprof: " + "; ".join(msgs), RuntimeWarning, stacklevel=2)

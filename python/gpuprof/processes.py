@@ -288,8 +288,9 @@ def _worker_rows(windows: list[dict]):
         if not len(c_idx):
             continue
         files = ops["file"]
+        wait_row = np.array([_is_wait_file(str(f)) for f in files], dtype=bool)
         caller_rows = rows[owner[c_idx]]
-        waiting = np.array([_is_wait_file(str(files[r])) for r in caller_rows], dtype=bool)
+        waiting = wait_row[caller_rows]
         # self time of a C span: its duration minus its children's
         dur = (sp["end_ns"] - sp["start_ns"]).astype(np.int64)
         child_sum = np.zeros(len(sp), dtype=np.int64)
@@ -297,15 +298,24 @@ def _worker_rows(windows: list[dict]):
         has_p = par >= 0
         np.add.at(child_sum, par[has_p], dur[has_p])
         self_c = dur[c_idx] - child_sum[c_idx]
-        for j, i in enumerate(c_idx):
-            k = keys[rows[i]]
-            if waiting[j]:
-                wait_ns[k] = wait_ns.get(k, 0) + int(self_c[j])
-            else:
-                r = int(caller_rows[j])
-                site = f"{_short(str(files[r]))}:{int(sp['line'][i]) or int(ops['line'][r])}"
-                d = sites.setdefault(k, {})
-                d[site] = d.get(site, 0) + int(self_c[j])
+        n_rows = len(ops)
+        c_rows = rows[c_idx]
+        waited = np.bincount(c_rows[waiting], weights=self_c[waiting], minlength=n_rows)
+        for r in np.flatnonzero(waited):
+            wait_ns[keys[r]] = wait_ns.get(keys[r], 0) + int(waited[r])
+        # call sites of the busy C calls: (C row, calling Python row, line)
+        busy = ~waiting
+        line = sp["line"][c_idx][busy].astype(np.int64)
+        line = np.where(line > 0, line, ops["line"][caller_rows[busy]])
+        site_key = np.stack([c_rows[busy], caller_rows[busy], line], axis=1)
+        if not len(site_key):
+            continue
+        uniq, inv = np.unique(site_key, axis=0, return_inverse=True)
+        totals = np.bincount(inv.reshape(-1), weights=self_c[busy])
+        for (r, caller, ln), t in zip(uniq.tolist(), totals.tolist(), strict=True):
+            site = f"{_short(str(files[caller]))}:{ln}"
+            d = sites.setdefault(keys[r], {})
+            d[site] = d.get(site, 0) + int(t)
     return self_ns, wait_ns, sites
 
 

@@ -234,6 +234,63 @@ def test_killed_child_does_not_delay_or_break_the_parent():
     assert workers(prof)["status"].tolist() == ["lost"]
 
 
+def test_unresponsive_child_times_out(monkeypatch):
+    """A child that cannot answer (stopped here with SIGSTOP; in real life a C call
+    holding the GIL) costs the parent the answer timeout, no more."""
+    monkeypatch.setenv("GPUPROF_SUBPROCESS_TIMEOUT_S", "0.3")
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    with pytest.warns(RuntimeWarning, match="did not answer within 0.3s"):
+        prof = gpuprof.profile(activities=CPU, subprocesses=True)
+        prof.start()
+        p = ctx.Process(target=work_forever, args=(ready,))
+        try:
+            p.start()
+            assert ready.wait(10)
+            os.kill(p.pid, signal.SIGSTOP)
+            main_side(10)
+        finally:
+            t0 = time.monotonic()
+            prof.stop()
+            stop_s = time.monotonic() - t0
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.join()
+    assert 0.3 <= stop_s < 2.0
+    assert calls(prof.ops(), "main_side") == 1
+    assert workers(prof)["status"].tolist() == ["timeout"]
+
+
+def test_slow_saving_child_is_waited_for(monkeypatch):
+    """A child that has answered is given time to finish saving (work_timeout_s)."""
+    monkeypatch.setenv("GPUPROF_SUBPROCESS_TIMEOUT_S", "0.2")
+    real_save = _subprocess._save_piece
+
+    def slow_save(*args):
+        time.sleep(0.6)  # runs in the child: as if it had millions of events
+        real_save(*args)
+
+    monkeypatch.setattr(_subprocess, "_save_piece", slow_save)
+    ctx = mp.get_context("fork")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        prof = gpuprof.profile(activities=CPU, subprocesses=True)
+        prof.start()
+        try:
+            p = ctx.Process(target=consume, args=(ctx.Queue(),))
+            q = p._args[0]
+            p.start()
+            for _ in range(3):
+                q.put(1)
+        finally:
+            time.sleep(0.2)
+            prof.stop()
+        q.put(None)
+        p.join()
+    assert workers(prof)["status"].tolist() == ["ok"]
+    assert calls(prof.ops(pid=p.pid), "slow") == 3
+
+
 def test_damaged_piece_is_skipped_with_a_counted_warning():
     with pytest.warns(RuntimeWarning, match="2 child profile piece"):
         with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
@@ -437,6 +494,34 @@ def test_diagnosis_names_the_workers_hottest_function():
     assert ev["workers_hottest"].startswith(("slow (", "spin (", "time.perf_counter")), ev
     assert 0 < ev["workers_hottest_share"] <= 1
     assert "workers spent" in str(d)
+
+
+def consume(q):
+    while q.get() is not None:
+        slow(0)
+
+
+def test_worker_hotspot_leaves_out_waiting_for_work():
+    """A starved worker waits in the queue most of the time: the hot spot is still
+    the work it does, and the busy share says it is starved."""
+    ctx = mp.get_context("fork")
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        q = ctx.Queue()
+        p = ctx.Process(target=consume, args=(q,))
+        p.start()
+        for _ in range(10):
+            q.put(1)
+            time.sleep(0.02)
+        q.put(None)
+        p.join()
+    from gpuprof.processes import worker_hotspot
+
+    hot = worker_hotspot(prof.results)
+    assert hot["workers"] == 1
+    assert hot["workers_hottest"].startswith(("slow (", "spin (", "time.perf_counter")), hot
+    # 10 x 2 ms of work in ~200 ms
+    assert hot["workers_busy_share"] < 0.5, hot
+    assert calls(prof.ops(pid=p.pid), "slow") == 10
 
 
 def test_worker_hotspot_without_children_is_empty():
