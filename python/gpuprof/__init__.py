@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os as _os
 
-from . import _gpuprof
-from . import _nvtx  # first: makes gpuprof the NVTX injection library (docs/nvtx.md)
+from . import _gpuprof, _nvtx  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
 from ._cuda import cuda_status as _cuda_status
 from ._results import Results
 from .compare import compare

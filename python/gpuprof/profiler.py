@@ -9,8 +9,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 
-from . import _cuda, _gpuprof, _subprocess  # _subprocess: docs/subprocesses.md
-from . import _nvtx  # capture ranges (docs/nvtx.md)
+from . import _cuda, _gpuprof, _nvtx, _subprocess  # docs/nvtx.md, docs/subprocesses.md
 from . import memory as _memory  # imported here: start() must not import while hooked
 from . import processes as _processes  # -- subprocesses --
 from ._results import Results

@@ -15,9 +15,8 @@ import sys
 import textwrap
 import threading
 
-import pytest
-
 import gpuprof
+import pytest
 from gpuprof import ProfilerActivity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -417,7 +416,8 @@ def test_capture_argument_checked(bad, exc):
 
 def test_capture_with_schedule_refused():
     with pytest.raises(ValueError, match="capture= and schedule="):
-        gpuprof.profile(activities=CPU, capture="nvtx:x", schedule=gpuprof.schedule(wait=0, warmup=1, active=1))
+        gpuprof.profile(activities=CPU, capture="nvtx:x",
+                        schedule=gpuprof.schedule(wait=0, warmup=1, active=1))
 
 
 def test_capture_profiler_api_needs_cuda():
