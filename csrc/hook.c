@@ -226,3 +226,193 @@ gp_hook_intern_failures(void)
 {
     return intern_failures;
 }
+
+/* ---- sys.monitoring (PEP 669) backend, CPython 3.12+ -------------------------
+ *
+ * The same records as the profile callback, from sys.monitoring callbacks
+ * registered in Python (python/gpuprof/_monitoring.py). Three differences:
+ * PY_START and PY_RESUME tell a fresh call from a resume directly; events
+ * are interpreter-wide, so threads need no per-thread installation; and a
+ * callback can return sys.monitoring.DISABLE to switch an event off at one
+ * code location, which we do for every location while not recording and
+ * for calls of anything but C functions, so that waiting costs next to
+ * nothing. gp_hook_monitoring_restart re-arms them when recording starts.
+ */
+#if PY_VERSION_HEX >= 0x030C0000
+
+static PyObject *mon_disable = NULL; /* sys.monitoring.DISABLE; GIL */
+static PyObject *mon_restart = NULL; /* sys.monitoring.restart_events; GIL */
+
+GP_INLINE int
+recording(void)
+{
+    return atomic_load_explicit(&gp_buffer_phase, memory_order_relaxed) >= GP_PHASE_WARMUP;
+}
+
+GP_INLINE PyObject *
+disable_or_none(void)
+{
+    return Py_NewRef(mon_disable ? mon_disable : Py_None);
+}
+
+static PyObject *
+mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind)
+{
+    if (!recording())
+        return disable_or_none();
+    if (nargs < 1 || !PyCode_Check(args[0]))
+        Py_RETURN_NONE;
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (GP_UNLIKELY(tb == NULL))
+        Py_RETURN_NONE;
+    uint64_t ts = gp_clock_now();
+    uint32_t op = gp_intern_code((PyCodeObject *)args[0]);
+    if (GP_UNLIKELY(op == 0)) {
+        intern_failures++;
+        Py_RETURN_NONE;
+    }
+    gp_buffer_push(tb, ts, op, kind);
+    Py_RETURN_NONE;
+}
+
+PyObject *
+gp_hook_mon_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return mon_push_code(args, nargs, GP_EV_CALL);
+}
+
+PyObject *
+gp_hook_mon_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return mon_push_code(args, nargs, GP_EV_RESUME);
+}
+
+/* PY_THROW cannot be disabled: never return DISABLE for it. */
+PyObject *
+gp_hook_mon_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!recording())
+        Py_RETURN_NONE;
+    PyObject *r = mon_push_code(args, nargs, GP_EV_RESUME);
+    Py_XDECREF(r);
+    Py_RETURN_NONE;
+}
+
+static void
+push_return(void)
+{
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (GP_LIKELY(tb != NULL))
+        gp_buffer_push(tb, gp_clock_now(), 0, GP_EV_RETURN);
+}
+
+/* PY_RETURN and PY_YIELD (local events: DISABLE allowed). */
+PyObject *
+gp_hook_mon_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    (void)args;
+    (void)nargs;
+    if (!recording())
+        return disable_or_none();
+    push_return();
+    Py_RETURN_NONE;
+}
+
+/* PY_UNWIND: a frame left by an exception (cannot be disabled). */
+PyObject *
+gp_hook_mon_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    (void)args;
+    (void)nargs;
+    if (recording())
+        push_return();
+    Py_RETURN_NONE;
+}
+
+/* CALL(code, offset, callable, arg0): only C functions are recorded; any
+ * other callable switches CALL (and with it C_RETURN/C_RAISE) off at that
+ * location. */
+PyObject *
+gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    const PyMethodDef *ml;
+    PyObject *owner;
+    if (!recording() || nargs < 3 || !cfunc_key(args[2], &ml, &owner))
+        return disable_or_none();
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (GP_UNLIKELY(tb == NULL))
+        Py_RETURN_NONE;
+    uint64_t ts = gp_clock_now();
+    uint32_t op = gp_intern_cfunc(ml, owner);
+    if (GP_UNLIKELY(op == 0)) {
+        intern_failures++;
+        Py_RETURN_NONE;
+    }
+    long offset = PyLong_AsLong(args[1]);
+    if (offset == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        offset = -1;
+    }
+    uint32_t site = offset >= 0 && offset < 0xfffffe ? (uint32_t)offset + 1 : 0;
+    gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
+    Py_RETURN_NONE;
+}
+
+/* C_RETURN and C_RAISE (cannot be disabled; seen only where CALL is on). */
+PyObject *
+gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    const PyMethodDef *ml;
+    PyObject *owner;
+    if (!recording() || nargs < 3 || !cfunc_key(args[2], &ml, &owner))
+        Py_RETURN_NONE;
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (GP_LIKELY(tb != NULL))
+        gp_buffer_push(tb, gp_clock_now(), 0, GP_EV_CRETURN);
+    Py_RETURN_NONE;
+}
+
+int
+gp_hook_monitoring_configure(PyObject *disable, PyObject *restart)
+{
+    Py_XSETREF(mon_disable, Py_XNewRef(disable == Py_None ? NULL : disable));
+    Py_XSETREF(mon_restart, Py_XNewRef(restart == Py_None ? NULL : restart));
+    return 0;
+}
+
+int
+gp_hook_monitoring_restart(void)
+{
+    if (mon_restart == NULL)
+        return 0;
+    PyObject *r = PyObject_CallNoArgs(mon_restart);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+#else /* before 3.12: no sys.monitoring */
+
+int
+gp_hook_monitoring_configure(PyObject *disable, PyObject *restart)
+{
+    (void)disable;
+    (void)restart;
+    return 0;
+}
+
+int
+gp_hook_monitoring_restart(void)
+{
+    return 0;
+}
+
+#endif

@@ -32,4 +32,25 @@ void gp_hook_marker(uint32_t kind, uint32_t arg);
 /* Events lost because an op could not be interned (out of memory). */
 uint64_t gp_hook_intern_failures(void);
 
+/* sys.monitoring backend (3.12+): callbacks registered from Python by
+ * python/gpuprof/_monitoring.py; each returns a new reference to None or to
+ * sys.monitoring.DISABLE, and never raises. */
+#if PY_VERSION_HEX >= 0x030C0000
+PyObject *gp_hook_mon_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *gp_hook_mon_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *gp_hook_mon_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *gp_hook_mon_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *gp_hook_mon_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+#endif
+
+/* Keep sys.monitoring.DISABLE and restart_events (borrowed; None clears).
+ * Always 0. */
+int gp_hook_monitoring_configure(PyObject *disable, PyObject *restart);
+
+/* Re-arm the locations that callbacks disabled while not recording: called
+ * when a warm-up or a recorded window begins. 0, or -1 with an exception. */
+int gp_hook_monitoring_restart(void);
+
 #endif /* GPUPROF_CSRC_HOOK_H */

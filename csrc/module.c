@@ -95,6 +95,17 @@ mod_device_props(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
+mod_monitoring_configure(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *disable, *restart;
+    if (!PyArg_ParseTuple(args, "OO:_monitoring_configure", &disable, &restart))
+        return NULL;
+    gp_hook_monitoring_configure(disable, restart);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 mod_after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
@@ -128,6 +139,19 @@ static PyMethodDef module_methods[] = {
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode of CUDA capture."},
     {"device_props", mod_device_props, METH_NOARGS, "Properties of each visible CUDA device."},
+#if PY_VERSION_HEX >= 0x030C0000
+    {"_mon_start", (PyCFunction)(void (*)(void))gp_hook_mon_start, METH_FASTCALL, "PY_START"},
+    {"_mon_resume", (PyCFunction)(void (*)(void))gp_hook_mon_resume, METH_FASTCALL, "PY_RESUME"},
+    {"_mon_throw", (PyCFunction)(void (*)(void))gp_hook_mon_throw, METH_FASTCALL, "PY_THROW"},
+    {"_mon_return", (PyCFunction)(void (*)(void))gp_hook_mon_return, METH_FASTCALL,
+     "PY_RETURN, PY_YIELD"},
+    {"_mon_unwind", (PyCFunction)(void (*)(void))gp_hook_mon_unwind, METH_FASTCALL, "PY_UNWIND"},
+    {"_mon_call", (PyCFunction)(void (*)(void))gp_hook_mon_call, METH_FASTCALL, "CALL"},
+    {"_mon_c_return", (PyCFunction)(void (*)(void))gp_hook_mon_c_return, METH_FASTCALL,
+     "C_RETURN, C_RAISE"},
+#endif
+    {"_monitoring_configure", mod_monitoring_configure, METH_VARARGS,
+     "(DISABLE, restart_events) for the sys.monitoring backend; (None, None) clears."},
     {"_after_fork_child", mod_after_fork_child, METH_NOARGS,
      "os.register_at_fork hook: a forked child stops recording the parent's session."},
     {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},

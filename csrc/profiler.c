@@ -43,6 +43,8 @@ typedef struct GpProfilerObject {
     int64_t windows;        /* completed windows */
     int in_transition;      /* guards re-entry from on_trace_ready */
     int forked_off;         /* this is a forked child's copy of a running profiler */
+    int monitoring;         /* events come from sys.monitoring (installed in Python),
+                               not from the per-thread profile function */
     int capture;            /* GP_CAPTURE_*: a capture range, not the schedule, decides */
     char *capture_name;     /* GP_CAPTURE_NVTX: range name and domain ("" default); malloc'ed */
     char *capture_domain;
@@ -275,7 +277,7 @@ op_prepare(GpProfilerObject *self)
     quiet_and_reset();
     cuda_window_on(self);
     set_phase(GP_PHASE_WARMUP);
-    return 0;
+    return gp_hook_monitoring_restart();
 }
 
 static int
@@ -289,7 +291,7 @@ op_start(GpProfilerObject *self)
         return -1;
     cuda_window_on(self);
     set_phase(GP_PHASE_ACTIVE);
-    return 0;
+    return gp_hook_monitoring_restart();
 }
 
 static void
@@ -571,15 +573,23 @@ Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"max_events", "cuda", "memory", "schedule", "schedule_fn",
                              "on_trace_ready", "owner", "capture", "capture_name",
-                             "capture_domain", NULL};
+                             "capture_domain", "monitoring", NULL};
     unsigned long long max_events = 8000000;
-    int cuda = 0, memory = 0, capture = GP_CAPTURE_NONE;
+    int cuda = 0, memory = 0, capture = GP_CAPTURE_NONE, monitoring = 0;
     const char *capture_name = NULL, *capture_domain = NULL;
     PyObject *sched = Py_None, *schedule_fn = Py_None, *on_ready = Py_None, *owner = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KppOOOOizz:Profiler", kwlist, &max_events,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KppOOOOizzp:Profiler", kwlist, &max_events,
                                      &cuda, &memory, &sched, &schedule_fn, &on_ready, &owner,
-                                     &capture, &capture_name, &capture_domain))
+                                     &capture, &capture_name, &capture_domain, &monitoring))
         return -1;
+#if PY_VERSION_HEX < 0x030C0000
+    if (monitoring) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Profiler(monitoring=True) needs Python 3.12+ (sys.monitoring)");
+        return -1;
+    }
+#endif
+    self->monitoring = monitoring;
     if (capture < GP_CAPTURE_NONE || capture > GP_CAPTURE_NVTX ||
         (capture == GP_CAPTURE_NVTX && capture_name == NULL)) {
         PyErr_SetString(PyExc_ValueError, "capture must be 0 (none), 1 (cudaProfilerApi) or 2 "
@@ -688,7 +698,7 @@ Profiler_start(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
     set_phase(GP_PHASE_WAIT);
     if (capture_arm(self) < 0)
         goto fail;
-    if (gp_hook_install((PyObject *)self) < 0)
+    if (!self->monitoring && gp_hook_install((PyObject *)self) < 0)
         goto fail;
     self->started = 1;
     active_profiler = (PyObject *)self;

@@ -61,6 +61,10 @@ def _after_fork_in_child() -> None:
 
     _gpuprof._after_fork_child()
     threading.setprofile(None)
+    from . import _monitoring
+
+    if _monitoring.available():
+        _monitoring.uninstall()  # the parent's sys.monitoring tool slot is not the child's
 
 
 _os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -9,7 +9,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 
-from . import _cuda, _gpuprof, _nvtx, _subprocess  # docs/nvtx.md, docs/subprocesses.md
+from . import _cuda, _gpuprof, _monitoring, _nvtx, _subprocess  # docs/nvtx.md, docs/subprocesses.md
 from . import memory as _memory  # imported here: start() must not import while hooked
 from . import processes as _processes  # -- subprocesses --
 from ._results import Results
@@ -151,7 +151,9 @@ class profile:
                                f"off: {self._cuda_state['error'] or 'CUDA not in activities'}")
         self.capture = capture
         # -- end capture ranges --
+        self._monitoring = _monitoring.use_monitoring()
         self._core = _gpuprof.Profiler(
+            monitoring=self._monitoring,
             max_events=max_events,
             cuda=cuda,
             memory=profile_memory,
@@ -185,11 +187,14 @@ class profile:
         if self._subprocs is not None:
             self._subprocs.begin()
         # -- end subprocesses --
-        threading.setprofile(_gpuprof._thread_bootstrap)
+        if self._monitoring:
+            _monitoring.install()  # interpreter-wide: threads need nothing more
+        else:
+            threading.setprofile(_gpuprof._thread_bootstrap)
         try:
             self._core.start()
         except BaseException:
-            threading.setprofile(None)
+            self._unhook()
             if self._subprocs is not None:  # -- subprocesses --
                 self._subprocs.end()
             raise
@@ -224,9 +229,15 @@ class profile:
                 self._subprocs.stopping = True
             self._core.stop()
         finally:
-            threading.setprofile(None)
+            self._unhook()
             if self._subprocs is not None:  # -- subprocesses: children stop, folder removed --
                 self._subprocs.end()
+
+    def _unhook(self) -> None:
+        if self._monitoring:
+            _monitoring.uninstall()
+        else:
+            threading.setprofile(None)
 
     def __enter__(self) -> profile:
         self.start()
