@@ -449,6 +449,20 @@ class GpuprofWait(Mode):
         return _run(fn, prof.__enter__, lambda: prof.__exit__(None, None, None))
 
 
+class GpuprofSetprofile(GpuprofActive):
+    """On 3.12+ the default backend is sys.monitoring; this measures the other one."""
+
+    name = "gpuprof-setprofile"
+    description = "gpuprof recording through PyEval_SetProfile (GPUPROF_HOOK=setprofile)"
+
+    def run(self, fn):
+        os.environ["GPUPROF_HOOK"] = "setprofile"
+        try:
+            return super().run(fn)
+        finally:
+            del os.environ["GPUPROF_HOOK"]
+
+
 class CProfileMode(Mode):
     name = "cProfile"
     description = "cProfile.Profile (C, builtins=True)"
@@ -845,6 +859,8 @@ def main(argv=None) -> int:
             print(f"floor hook could not be built, skipping it: {floor_info}", file=sys.stderr)
             floor_info = f"SKIPPED (could not build: {floor_info})"
         modes += [GpuprofActive(max_events), GpuprofWait(), CProfileMode(), *optional_modes()]
+        if hasattr(sys, "monitoring"):  # 3.12+: gpuprof defaults to sys.monitoring
+            modes.append(GpuprofSetprofile(max_events))
         meta["modes"] = {m.name: m.description for m in modes}
         meta["workload_sizes"] = sz
         print(f"modes: {', '.join(m.name for m in modes)}; workloads: {', '.join(workloads)}",
