@@ -58,6 +58,23 @@ def reraise_os_error(e: OSError, func: str, path: str):
     raise OSError(e.errno, f"{func}(): cannot write {path!r}: {e.strerror or e}", path) from e
 
 
+@contextlib.contextmanager
+def atomic_output(path: str, func: str):
+    """Yield a temporary name next to ``path``; on success it replaces ``path``, on
+    failure it is removed. OSErrors come out naming ``path`` and ``func``."""
+    tmp = path + ".tmp"
+    try:
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+    except OSError as e:
+        reraise_os_error(e, func, path)
+
+
 def builtin_name(name: str) -> str:
     """A C function's name in the form Python and torch.profiler print."""
     owner, dot, meth = name.rpartition(".")

@@ -10,7 +10,6 @@ format version.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import zipfile
@@ -19,11 +18,11 @@ import numpy as np
 
 from .._results import Results
 from .chrome import (
+    atomic_output,
     check_output_path,
     device_properties,
     distributed_info,
     program_name,
-    reraise_os_error,
 )
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedProfile", "load", "save"]
@@ -68,23 +67,12 @@ def save(results: Results, path) -> str:
     }
     # ensure_ascii keeps lone surrogates of labels intact through json.loads
     text = json.dumps(doc, ensure_ascii=True, default=_json_default)
-    tmp = path + ".tmp"
-    try:
-        try:
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED,
-                                 compresslevel=1) as zf:
-                zf.writestr("meta.json", text)
-                for name, arr in arrays.items():
-                    with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                        np.lib.format.write_array(f, np.ascontiguousarray(arr),
-                                                  allow_pickle=False)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
-    except OSError as e:
-        reraise_os_error(e, "save", path)
+    with atomic_output(path, "save") as tmp:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+            zf.writestr("meta.json", text)
+            for name, arr in arrays.items():
+                with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
     return path
 
 

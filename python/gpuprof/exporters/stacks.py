@@ -4,10 +4,7 @@ path, the value an integer number of microseconds of self time."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-
-from .chrome import check_output_path, reraise_os_error, trace_names
+from .chrome import atomic_output, check_output_path, trace_names
 
 __all__ = ["export_stacks", "METRICS"]
 
@@ -70,19 +67,10 @@ def export_stacks(results, path, metric: str = "self_cpu_time_total") -> str:
     """
     totals = collapsed_stacks(results, metric)
     path = check_output_path(path, "export_stacks")
-    tmp = path + ".tmp"
-    try:
-        try:
-            with open(tmp, "w", encoding="utf-8", errors="replace", newline="\n") as f:
-                for stack, ns in totals.items():
-                    us = (ns + 500) // 1000
-                    if us > 0:
-                        f.write(f"{stack} {us}\n")
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
-    except OSError as e:
-        reraise_os_error(e, "export_stacks", path)
+    with atomic_output(path, "export_stacks") as tmp:
+        with open(tmp, "w", encoding="utf-8", errors="replace", newline="\n") as f:
+            for stack, ns in totals.items():
+                us = (ns + 500) // 1000
+                if us > 0:
+                    f.write(f"{stack} {us}\n")
     return path
