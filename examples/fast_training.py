@@ -8,9 +8,8 @@
 
 import time
 
-import torch
-
 import gpuprof
+import torch
 from _common import Samples, args, model, report
 
 

@@ -12,9 +12,8 @@
 
 import time
 
-import torch
-
 import gpuprof
+import torch
 from _common import Samples, args, model, report
 
 torch.backends.cuda.matmul.allow_tf32 = False

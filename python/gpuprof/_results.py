@@ -116,7 +116,8 @@ class _Window:
         out["name"] = kernel_names[idx]
         out["category"] = kernel_cats[idx].astype("U13")
         out["kind"] = [GPU_KINDS.get(int(k), "?") for k in g["kind"]]
-        for f in ("start_ns", "end_ns", "device", "stream", "correlation", "node", "thread", "bytes",
+        for f in ("start_ns", "end_ns", "device", "stream", "correlation", "node", "thread",
+                  "bytes",
                   "address", "grid", "block", "registers", "shared_mem", "graph_id"):
             out[f] = g[f]
         out["op"] = g["op_row"]

@@ -79,7 +79,8 @@ class Comparison:
     def __str__(self) -> str:
         out = ["gpuprof compare (per step: before -> after)", ""]
         out.append(f"step time: {format_time(self.step_before_ns)} -> "
-                   f"{format_time(self.step_after_ns)} ({_pct(self.step_before_ns, self.step_after_ns)}"
+                   f"{format_time(self.step_after_ns)} "
+                   f"({_pct(self.step_before_ns, self.step_after_ns)}"
                    f", {self.speedup:.2f}x)")
         for title, rows in (("ops (self CPU time)", self.ops),
                             ("GPU activity (kernel time)", self.kernels)):

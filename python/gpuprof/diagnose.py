@@ -106,7 +106,9 @@ def _fmt(key: str, v) -> str:
 
 
 def _loc(file: str, line: int) -> str:
-    return f"{os.path.relpath(file) if file and os.path.isabs(file) else file}:{line}" if file else ""
+    if not file:
+        return ""
+    return f"{os.path.relpath(file) if os.path.isabs(file) else file}:{line}"
 
 
 class _View:
@@ -319,7 +321,6 @@ def _launch_bound(v: _View):
 def _gpu_idle(v: _View):
     if not len(v.gpu) or not len(v.steps):
         return []
-    out = []
     busy = _merged(v.gpu, ("kernel", "memcpy", "memset"))
     gaps = []
     for st in v.steps:
@@ -420,7 +421,8 @@ def _communication(v: _View):
 
 
 def _memory_churn(v: _View):
-    rows = np.flatnonzero((v.raw_ops["kind"] == 5) & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE)))
+    rows = np.flatnonzero((v.raw_ops["kind"] == 5)
+                          & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE)))
     if not len(rows):
         return []
     calls = int(v.raw_ops["calls"][rows].sum())

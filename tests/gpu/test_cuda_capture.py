@@ -9,10 +9,9 @@ import subprocess
 import sys
 import textwrap
 
+import gpuprof
 import numpy as np
 import pytest
-
-import gpuprof
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
@@ -138,8 +137,9 @@ def test_cupy_raw_kernel():
     assert list(row["block"][0]) == [256, 1, 1]
     ev = prof.gpu_events()
     mine = ev[ev["name"] == "add_one"]
-    assert all(str(n).startswith("test_cupy_raw_kernel.<locals>.launch_many") or "RawKernel" in str(n)
-               or "__call__" in str(n) for n in mine["op_name"]), set(mine["op_name"])
+    launcher = "test_cupy_raw_kernel.<locals>.launch_many"
+    assert all(str(n).startswith(launcher) or "RawKernel" in str(n) or "__call__" in str(n)
+               for n in mine["op_name"]), set(mine["op_name"])
     assert float(np.asarray(x[:4].get()).sum()) == 4 * 20
 
 
@@ -177,7 +177,8 @@ def test_fallback_after_torch_profiler_ran():
         x = torch.randn(256, 256, device="cuda")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             (x @ x).sum().item()
-        with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]) as prof:
+        acts = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+        with gpuprof.profile(activities=acts) as prof:
             for _ in range(10):
                 y = (x @ x).relu()
             torch.cuda.synchronize()

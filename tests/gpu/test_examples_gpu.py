@@ -1,12 +1,12 @@
-"""examples/slow_training.py has four planted problems; diagnose finds them, compare sees them go."""
+"""examples/slow_training.py has four planted problems: diagnose finds them, compare sees
+them go."""
 
 import os
 import subprocess
 import sys
 
-import pytest
-
 import gpuprof
+import pytest
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")

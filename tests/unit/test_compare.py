@@ -2,9 +2,8 @@
 
 import time
 
-import pytest
-
 import gpuprof
+import pytest
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 

@@ -1,7 +1,5 @@
 """GPU attribution through the real C aggregation, fed synthetic records (no GPU needed)."""
 
-import numpy as np
-import pytest
 
 import gpuprof
 from gpuprof import _gpuprof

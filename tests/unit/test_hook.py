@@ -3,10 +3,8 @@
 import asyncio
 import threading
 
-import numpy as np
-import pytest
-
 import gpuprof
+import numpy as np
 
 
 def _row(prof, name, kind=None):
@@ -66,7 +64,8 @@ def test_recursion_counts_total_once(no_gc):
     row = _row(prof, "fib")
     assert row["calls"] == 465  # calls of fib(12)
     tree = prof.call_tree()
-    top = tree[(tree["name"] == f"fib ({__file__.rsplit('/', 1)[-1]}:{fib.__code__.co_firstlineno})")
+    display = f"fib ({__file__.rsplit('/', 1)[-1]}:{fib.__code__.co_firstlineno})"
+    top = tree[(tree["name"] == display)
                & (tree["calls"] == 1)]
     outer = top[np.argmax(top["total_ns"])]
     # The outermost fib's total is the op's total: inner calls are not added again.
@@ -77,7 +76,7 @@ def test_recursion_counts_total_once(no_gc):
 def test_c_functions_are_named():
     data = []
     with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
-        for i in range(4):
+        for _ in range(4):
             data.append(len(data))
         np.arange(3).sum()
     names = set(prof.ops()["name"])

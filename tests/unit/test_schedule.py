@@ -3,9 +3,8 @@
 import itertools
 import os
 
-import pytest
-
 import gpuprof
+import pytest
 from gpuprof import ProfilerAction as A
 
 CPU = [gpuprof.ProfilerActivity.CPU]
@@ -172,8 +171,10 @@ def _rss_kb():
 def test_memory_stays_flat_over_10000_steps():
     calls = []
     sched = gpuprof.schedule(wait=1, warmup=1, active=2)
-    with gpuprof.profile(activities=CPU, schedule=sched,
-                         on_trace_ready=lambda p: calls.append(p.buffer_stats()["bytes_held"])) as prof:
+    def ready(p):
+        calls.append(p.buffer_stats()["bytes_held"])
+
+    with gpuprof.profile(activities=CPU, schedule=sched, on_trace_ready=ready) as prof:
         rss = []
         for i in range(10_000):
             work(20)

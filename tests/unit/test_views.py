@@ -2,9 +2,8 @@
 
 from html.parser import HTMLParser
 
-import pytest
-
 import gpuprof
+import pytest
 from gpuprof import _gpuprof
 from gpuprof._results import Results
 from gpuprof.views import kernel_table, step_table
