@@ -45,12 +45,13 @@ def find_cupti_include():
 
 
 def extension():
-    sources = sorted(glob.glob("csrc/*.c"))
+    # cuda/nvtx.c (the NVTX injection library) needs no CUDA headers: always built.
+    sources = sorted(glob.glob("csrc/*.c")) + ["cuda/nvtx.c"]
     include_dirs = [numpy.get_include(), "csrc"]
     macros = []
     cupti = find_cupti_include()
     if cupti:
-        sources += sorted(glob.glob("cuda/cupti_*.c")) + ["cuda/nvtx.c"] * os.path.isfile("cuda/nvtx.c")
+        sources += sorted(glob.glob("cuda/cupti_*.c"))
         include_dirs.append(cupti)
         macros.append(("GPUPROF_HAVE_CUPTI", "1"))
         print(f"gpuprof: building with CUPTI headers from {cupti}", file=sys.stderr)

@@ -138,7 +138,3 @@ gp_cuda_capture_profiler_api(int on)
     (void)on;
     return GP_ERR_CUDA_UNAVAIL;
 }
-
-/* NVTX needs no CUDA header, so builds without CUPTI get it too; setup.py
- * compiles cuda/nvtx.c only in CUPTI builds, hence this include. */
-#include "nvtx.c"
