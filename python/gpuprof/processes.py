@@ -258,65 +258,64 @@ def _nearest_python(spans: np.ndarray, is_py_row: np.ndarray) -> np.ndarray:
         cur = nxt
 
 
-def _worker_rows(windows: list[dict]):
-    """Per op key over the workers' windows: self ns, self ns spent waiting (C calls
-    made by the multiprocessing/queue machinery), and the main call site of C calls."""
-    self_ns: dict[tuple, int] = {}
-    wait_ns: dict[tuple, int] = {}
-    sites: dict[tuple, dict[str, int]] = {}
+# importlib's own frames and the C calls they make (loading extension modules,
+# unmarshalling code) count as one thing: importing modules
+_IMPORT_KEY = ("importing modules", "<frozen importlib._bootstrap>", 0, "import")
+
+
+def _is_import_file(file: str) -> bool:
+    return file.startswith("<frozen importlib")
+
+
+def _worker_time(windows: list[dict]):
+    """Where the workers' recorded time went, from their spans.
+
+    Self time of each call is charged to a Python function: a Python call's to
+    itself, a C call's to the Python function that made it (as py-spy shows
+    native code: ``Image.resize`` rather than the C routine it calls). Time in
+    the multiprocessing/queue/DataLoader machinery is waiting; time in importlib
+    is importing.
+
+    Returns (busy ns per op key, waiting ns, wall ns): wall is the recorded
+    duration of each process summed, the denominator of the shares.
+    """
+    busy: dict[tuple, int] = {}
+    waiting = wall = 0
     for raw in windows:
-        ops = Results([raw]).ops()
-        if not len(ops):
-            continue
-        keys = [tuple(r) for r in zip(ops["name"], ops["file"], ops["line"], ops["kind"],
-                                      strict=True)]
-        for k, kind, file, s in zip(keys, ops["kind"], ops["file"], ops["cpu_self_ns"],
-                                   strict=True):
-            if kind == "step":
-                continue
-            self_ns[k] = self_ns.get(k, 0) + int(s)
-            if kind == "python" and _is_wait_file(str(file)):
-                wait_ns[k] = wait_ns.get(k, 0) + int(s)
+        wall += int(raw["window_end_ns"]) - int(raw["window_start_ns"])
         sp = raw["spans"]
-        if not len(sp):
+        ops = Results([raw]).ops()
+        if not len(sp) or not len(ops):
             continue
-        is_py = ops["kind"] == "python"
-        is_c = ops["kind"] == "c"
-        owner = _nearest_python(sp, is_py)
+        kinds = ops["kind"]
+        files = [str(f) for f in ops["file"]]
+        is_py = kinds == "python"
         rows = sp["op_row"].astype(np.int64)
-        c_idx = np.flatnonzero(is_c[rows] & (owner >= 0))
-        if not len(c_idx):
-            continue
-        files = ops["file"]
-        wait_row = np.array([_is_wait_file(str(f)) for f in files], dtype=bool)
-        caller_rows = rows[owner[c_idx]]
-        waiting = wait_row[caller_rows]
-        # self time of a C span: its duration minus its children's
         dur = (sp["end_ns"] - sp["start_ns"]).astype(np.int64)
-        child_sum = np.zeros(len(sp), dtype=np.int64)
         par = sp["parent"].astype(np.int64)
+        child_sum = np.zeros(len(sp), dtype=np.int64)
         has_p = par >= 0
         np.add.at(child_sum, par[has_p], dur[has_p])
-        self_c = dur[c_idx] - child_sum[c_idx]
-        n_rows = len(ops)
-        c_rows = rows[c_idx]
-        waited = np.bincount(c_rows[waiting], weights=self_c[waiting], minlength=n_rows)
-        for r in np.flatnonzero(waited):
-            wait_ns[keys[r]] = wait_ns.get(keys[r], 0) + int(waited[r])
-        # call sites of the busy C calls: (C row, calling Python row, line)
-        busy = ~waiting
-        line = sp["line"][c_idx][busy].astype(np.int64)
-        line = np.where(line > 0, line, ops["line"][caller_rows[busy]])
-        site_key = np.stack([c_rows[busy], caller_rows[busy], line], axis=1)
-        if not len(site_key):
-            continue
-        uniq, inv = np.unique(site_key, axis=0, return_inverse=True)
-        totals = np.bincount(inv.reshape(-1), weights=self_c[busy])
-        for (r, caller, ln), t in zip(uniq.tolist(), totals.tolist(), strict=True):
-            site = f"{_short(str(files[caller]))}:{ln}"
-            d = sites.setdefault(keys[r], {})
-            d[site] = d.get(site, 0) + int(t)
-    return self_ns, wait_ns, sites
+        self_t = dur - child_sum
+        owner = _nearest_python(sp, is_py)
+        # the row each span's self time is charged to
+        c_span = (kinds == "c")[rows] & (owner >= 0)
+        target = np.where(c_span, rows[np.maximum(owner, 0)], rows)
+        wait_row = np.array([_is_wait_file(f) for f in files], dtype=bool)
+        import_row = np.array([_is_import_file(f) for f in files], dtype=bool)
+        skip = (kinds == "step")[target]
+        is_wait = wait_row[target] & ~skip
+        is_import = import_row[target] & ~is_wait & ~skip
+        waiting += int(self_t[is_wait].sum())
+        imported = int(self_t[is_import].sum())
+        if imported:
+            busy[_IMPORT_KEY] = busy.get(_IMPORT_KEY, 0) + imported
+        keep = ~(skip | is_wait | is_import)
+        per_row = np.bincount(target[keep], weights=self_t[keep], minlength=len(ops))
+        for r in np.flatnonzero(per_row > 0):
+            key = (str(ops["name"][r]), files[r], int(ops["line"][r]), str(kinds[r]))
+            busy[key] = busy.get(key, 0) + int(per_row[r])
+    return busy, waiting, wall
 
 
 def _short(file: str) -> str:
@@ -334,33 +333,28 @@ def worker_hotspot(results: Results) -> dict:
 
     Returns {} without worker data, else:
         workers: child processes with data,
-        workers_hottest: the op with most self time outside waiting for work,
-            "name (file:line)" (a C function shows where it was called from),
-        workers_hottest_share: its share of all the workers' recorded time,
-        workers_busy_share: the share not spent waiting for work in the
-            multiprocessing/queue/DataLoader machinery.
+        workers_hottest: the Python function with the most time of its own plus
+            the C calls it made, "name (file:line)"; or "importing modules",
+        workers_hottest_share: that time over the workers' recorded wall time
+            (each process's recorded duration, summed),
+        workers_busy_share: the time not spent waiting for work in the
+            multiprocessing/queue/DataLoader machinery, over the same wall time
+            (helper threads that only wait count nothing).
     """
     children = [c for c in (getattr(results, "subprocesses", None) or []) if c.windows]
     if not children:
         return {}
-    wins = [w for c in children for w in c.windows]
-    self_ns, wait_ns, sites = _worker_rows(wins)
-    total = sum(self_ns.values())
-    if total <= 0:
+    busy, _waiting, wall = _worker_time([w for c in children for w in c.windows])
+    if not busy or wall <= 0:
         return {}
-    busy = {k: v - wait_ns.get(k, 0) for k, v in self_ns.items()}
     key = max(busy, key=lambda k: busy[k])
-    if busy[key] <= 0:
-        return {}
     name, file, line, kind = key
-    if kind == "python":
-        label = f"{name} ({_short(str(file))}:{int(line)})"
-    elif key in sites and sites[key]:
-        site = max(sites[key], key=sites[key].get)
-        label = f"{name} (called at {site})"
+    if key == _IMPORT_KEY:
+        label = "importing modules (importlib)"
+    elif kind == "python":
+        label = f"{name} ({_short(file)}:{line})"
     else:
-        label = str(name)
-    waiting = sum(wait_ns.values())
+        label = name
     return {"workers": len(children), "workers_hottest": label,
-            "workers_hottest_share": busy[key] / total,
-            "workers_busy_share": max(0.0, 1.0 - waiting / total)}
+            "workers_hottest_share": min(1.0, busy[key] / wall),
+            "workers_busy_share": min(1.0, sum(busy.values()) / wall)}

@@ -534,7 +534,9 @@ def test_worker_hotspot_without_children_is_empty():
 
 # -- torch DataLoader (skipped without torch) -----------------------------------------------
 
-class _SlowDataset:
+class SlowDataset:
+    """A map-style dataset (DataLoader needs no Dataset subclass): 2 ms per item."""
+
     def __init__(self, n):
         self.n = n
 
@@ -546,17 +548,20 @@ class _SlowDataset:
         return i
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-@pytest.mark.parametrize("persistent", [False, True])
-def test_dataloader_workers(method, persistent):
-    torch = pytest.importorskip("torch")
-    from torch.utils.data import DataLoader, Dataset
+def getitem_calls(ops):
+    """Calls of SlowDataset.__getitem__ only (torch has __getitem__ methods too)."""
+    m = ops["name"] == "SlowDataset.__getitem__"  # names are qualified names
+    return int(ops["calls"][m].sum())
 
-    class DS(_SlowDataset, Dataset):
-        pass
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers-exit", "persistent"])
+def test_dataloader_workers(method, persistent):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
 
     n = 32
-    loader = DataLoader(_DS(n) if method == "spawn" else DS(n), batch_size=4, num_workers=2,
+    loader = DataLoader(SlowDataset(n), batch_size=4, num_workers=2,
                         multiprocessing_context=method, persistent_workers=persistent)
     with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
         seen = 0
@@ -564,16 +569,50 @@ def test_dataloader_workers(method, persistent):
             seen += len(batch)
             prof.step()
     assert seen == n
-    assert torch is not None
     w = workers(prof)
-    assert len(w) >= 2
-    assert calls(prof.ops(pid="workers"), "__getitem__") == n
+    assert len(w) == 2, prof.processes()
+    assert set(w["start_method"]) == {method}
+    # non-persistent workers exit at the end of the epoch (multiprocessing's
+    # finalizers save their data); persistent ones answer the parent at stop()
+    assert set(w["status"]) == ({"ok"} if persistent else {"exited"})
+    assert getitem_calls(prof.ops(pid="workers")) == n
+    assert getitem_calls(prof.ops()) == 0
 
 
-try:  # a module-level Dataset subclass, picklable by name for spawn workers
-    from torch.utils.data import Dataset as _TorchDataset
+@pytest.mark.filterwarnings("ignore:.*warmup=0")
+def test_dataloader_persistent_workers_follow_the_schedule():
+    """One step per epoch, only epoch 1 recorded: the persistent workers load the
+    whole of epoch 1 inside the window, and nothing of epochs 0 and 2."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
 
-    class _DS(_SlowDataset, _TorchDataset):
-        pass
-except ImportError:
-    _DS = None
+    n = 24
+    loader = DataLoader(SlowDataset(n), batch_size=4, num_workers=2, persistent_workers=True,
+                        multiprocessing_context="fork")
+    sched = gpuprof.schedule(wait=1, warmup=0, active=1, repeat=1)
+    with gpuprof.profile(activities=CPU, subprocesses=True, schedule=sched) as prof:
+        for _epoch in range(3):
+            assert sum(len(b) for b in loader) == n
+            prof.step()
+    assert len(prof.results.windows) == 1
+    assert len(workers(prof)) == 2
+    assert getitem_calls(prof.ops(pid="workers")) == n
+
+
+def test_dataloader_data_stall_names_the_workers_function():
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(SlowDataset(40), batch_size=1, num_workers=1,
+                        multiprocessing_context="fork")
+    with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+        for _ in loader:
+            main_side(100)
+            prof.step()
+    stall = [f for f in prof.diagnose() if f.kind == "data_stall"]
+    assert stall, str(prof.diagnose())
+    ev = stall[0].evidence
+    assert ev["workers"] == 1
+    assert ev["workers_hottest"].startswith(("SlowDataset.__getitem__ (", "spin (",
+                                             "time.perf_counter")), ev
+    assert "workers spent" in stall[0].title
