@@ -8,9 +8,11 @@ in three modes, for the fork and spawn start methods:
 - ``parent``: ``gpuprof.profile()`` (the main process is profiled, the workers not);
 - ``children``: ``gpuprof.profile(subprocesses=True)`` (workers profiled too).
 
-Two worker functions: ``calls`` (a pure-Python recursion, ~1,800 calls per
-item: the hook's worst case) and ``numpy`` (sorting 200k floats per item: few
-calls, time in C). Reported per mode: the workers' throughput (items/s of
+Three worker functions: ``calls`` (a pure-Python recursion, ~2,000 calls per
+item: the hook's worst case), ``transforms`` (a torchvision-style Compose of
+eight small transforms on a 96x96x3 image, ~60 calls per item: a typical
+DataLoader worker) and ``numpy`` (sorting 200k floats per item: few calls,
+time in C). Reported per mode: the workers' throughput (items/s of
 ``pool.map``, the pool already warm), the pool's start-up time (creating it
 and a first map of one item), and the time of ``prof.stop()`` (the window's
 end: children save their data, the parent waits for them and reads it).
@@ -61,7 +63,60 @@ def work_numpy(i):
     return float(np.sort(_DATA)[i % 10])
 
 
-WORK = {"calls": (work_calls, 4000), "numpy": (work_numpy, 400)}
+class Compose:
+    def __init__(self, *fs):
+        self.fs = fs
+
+    def __call__(self, x):
+        for f in self.fs:
+            x = f(x)
+        return x
+
+
+def to_float(x):
+    return x.astype(np.float32) / 255.0
+
+
+def random_crop(x, size=80):
+    i, j = np.random.randint(0, x.shape[0] - size, 2)
+    return x[i:i + size, j:j + size]
+
+
+def hflip(x):
+    return x[:, ::-1] if np.random.rand() < 0.5 else x
+
+
+def jitter(x):
+    return np.clip(x * np.random.uniform(0.8, 1.2), 0.0, 1.0)
+
+
+def normalize(x, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+    return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+
+
+def to_chw(x):
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def blur(x):
+    return (x + np.roll(x, 1, axis=1) + np.roll(x, -1, axis=1)) / 3.0
+
+
+def label_of(x):
+    return int(x.mean() > 0)
+
+
+_IMAGE = np.random.default_rng(1).integers(0, 255, (96, 96, 3), dtype=np.uint8)
+_PIPE = Compose(to_float, random_crop, hflip, jitter, blur, normalize, to_chw)
+
+
+def work_transforms(i):
+    x = _PIPE(_IMAGE)
+    return label_of(x)
+
+
+WORK = {"calls": (work_calls, 4000), "transforms": (work_transforms, 8000),
+        "numpy": (work_numpy, 400)}
 MODES = ("off", "parent", "children")
 
 
