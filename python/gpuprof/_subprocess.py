@@ -421,6 +421,10 @@ def _after_fork_in_child() -> None:
     ctx = _CTX
     if ctx is None:
         return
+    caller = sys._getframe(1)
+    if caller.f_code.co_name == "_execute_child" and caller.f_globals.get("__name__") == \
+            "subprocess":
+        return  # subprocess.Popen(preexec_fn=...): this child is about to exec another program
     try:
         _boot(ctx, "fork")
     except Exception as e:  # a child must run even if it cannot be profiled

@@ -436,6 +436,19 @@ def test_plain_os_fork_child_saves_at_normal_exit(tmp_path):
     assert out.stdout.split() == ["1", "exited"]
 
 
+def test_subprocess_with_preexec_fn_is_not_a_child_to_wait_for():
+    """subprocess.Popen(preexec_fn=...) runs the at-fork handlers, then execs another
+    program: not a Python child to profile, nor a lost one to warn about."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
+            out = subprocess.run([sys.executable, "-c", "print(7)"], preexec_fn=lambda: None,
+                                 capture_output=True, text=True, timeout=60)
+            main_side(5)
+    assert out.stdout.strip() == "7"
+    assert len(prof.processes()) == 1
+
+
 def test_children_after_stop_are_not_profiled():
     with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
         folder = prof._subprocs.ctx.dir
