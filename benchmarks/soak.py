@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Soak run: many short steps under a repeating schedule; memory must stay flat.
+
+Runs ``--steps`` short training-like steps (a small tree of Python calls, C
+calls, a ``record_function`` range, a generator) under
+``gpuprof.schedule(wait, warmup, active)`` repeating until the end. Every
+window's ``on_trace_ready`` renders a table, as a real handler would, and
+records ``prof.buffer_stats()``. Optional worker threads run the same work
+the whole time.
+
+    PYTHONPATH=python python3 benchmarks/soak.py                  # 100,000 steps
+    PYTHONPATH=python python3 benchmarks/soak.py --steps 2000 --threads 2
+
+Reports RSS before profiling, after the first cycles (the event pool and
+Python's caches reach their size there) and at the end, and the event-buffer
+bytes held at every window. Prints a summary, writes JSON (default
+benchmarks/results/soak.json) and exits 1 if the buffer bytes grew after the
+first cycles or RSS drifted by more than ``--rss-tolerance-mb``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(REPO / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "python"))
+
+import gpuprof  # noqa: E402
+
+WARM_CYCLES = 50  # cycles after which the pool and caches have their size
+
+
+# -- the work of one step -------------------------------------------------------
+
+def leaf(x):
+    return x * 2 + 1
+
+
+def layer(xs):
+    out = []
+    for x in xs:
+        out.append(leaf(x))
+    return out
+
+
+def batches(n):
+    for i in range(n):
+        yield list(range(i, i + 4))
+
+
+def step_work():
+    total = 0
+    with gpuprof.record_function("forward"):
+        for b in batches(4):
+            total += sum(layer(b))
+    total += len(sorted(range(16), key=leaf))
+    return total
+
+
+# -- measurements ------------------------------------------------------------------
+
+def rss_bytes() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, not current
+
+
+def _git(*args) -> str | None:
+    try:
+        proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def metadata(args) -> dict:
+    status = _git("status", "--porcelain")
+    return {
+        "benchmark": "soak",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "machine": {"platform": platform.platform(), "machine": platform.machine(),
+                    "cpu_count": os.cpu_count()},
+        "python": {"version": platform.python_version(),
+                   "implementation": platform.python_implementation()},
+        "gpuprof": getattr(gpuprof, "__version__", None),
+        "cuda": gpuprof.cuda_status().get("reason") or "usable",
+        "git": {"commit": _git("rev-parse", "HEAD"),
+                "dirty": None if status is None else bool(status)},
+        "args": vars(args),
+    }
+
+
+def run(args) -> dict:
+    windows: list[dict] = []
+    rss_series: list[tuple[int, int]] = []
+    rss_warm = [0]
+
+    def on_trace_ready(p):
+        table = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=5)
+        ops = p.ops()
+        calls = int(ops["calls"][ops["name"] == "step_work"].sum())
+        if calls < args.active:  # every active step ran it on the main thread
+            raise AssertionError(f"window {len(windows)}: step_work called {calls} times, "
+                                 f"expected >= {args.active}\n{table}")
+        stats = p.buffer_stats()
+        threads = p.results.threads()
+        windows.append({"bytes_held": stats["bytes_held"], "threads": stats["threads"],
+                        "events": int(threads["events"].sum()),
+                        "dropped": p.dropped_events, "table_chars": len(table)})
+        n = len(windows)
+        if n == WARM_CYCLES:
+            rss_warm[0] = rss_bytes()
+        if n % args.rss_every == 0:
+            rss_series.append((n, rss_bytes()))
+
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            step_work()
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(args.threads)]
+    if workers:  # hand the GIL around often enough that workers record in every window
+        sys.setswitchinterval(1e-4)
+    sched = gpuprof.schedule(wait=args.wait, warmup=args.warmup, active=args.active)
+    rss_start = rss_bytes()
+    t0 = time.perf_counter()
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], schedule=sched,
+                         on_trace_ready=on_trace_ready, max_events=args.max_events) as prof:
+        for t in workers:
+            t.start()
+        for _ in range(args.steps):
+            step_work()
+            prof.step()
+        stop.set()
+        for t in workers:
+            t.join()
+    elapsed = time.perf_counter() - t0
+    rss_end = rss_bytes()
+
+    held = [w["bytes_held"] for w in windows]
+    warm = held[:WARM_CYCLES]
+    after = held[WARM_CYCLES:]
+    buffer_flat = not after or max(after) <= max(warm)
+    rss_drift = rss_end - rss_warm[0] if rss_warm[0] else None
+    rss_ok = rss_drift is None or rss_drift <= args.rss_tolerance_mb * 2**20
+    return {
+        "steps": args.steps,
+        "windows": len(windows),
+        "elapsed_s": round(elapsed, 3),
+        "steps_per_s": round(args.steps / elapsed, 1) if elapsed else None,
+        "rss_start_bytes": rss_start,
+        "rss_after_warmup_bytes": rss_warm[0] or None,
+        "rss_end_bytes": rss_end,
+        "rss_drift_after_warmup_bytes": rss_drift,
+        "rss_series": rss_series,
+        "buffer_bytes_first": held[0] if held else None,
+        "buffer_bytes_min": min(held) if held else None,
+        "buffer_bytes_max": max(held) if held else None,
+        "buffer_bytes_last": held[-1] if held else None,
+        "buffer_bytes_distinct": sorted(set(held)),
+        "events_per_window_max": max((w["events"] for w in windows), default=0),
+        "dropped_total": sum(w["dropped"] for w in windows),
+        "buffer_flat": buffer_flat,
+        "rss_ok": rss_ok,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--wait", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--active", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="worker threads running step_work")
+    ap.add_argument("--max-events", type=int, default=1_000_000)
+    ap.add_argument("--rss-every", type=int, default=500, help="sample RSS every N windows")
+    ap.add_argument("--rss-tolerance-mb", type=float, default=16.0,
+                    help="allowed RSS growth between the warm-up cycles and the end")
+    ap.add_argument("--json", default=str(HERE / "results" / "soak.json"))
+    args = ap.parse_args(argv)
+    cycle = args.wait + args.warmup + args.active
+    if args.steps < 1 or args.active < 1 or args.wait < 0 or args.warmup < 0:
+        ap.error("--steps and --active must be >= 1, --wait and --warmup >= 0")
+
+    res = run(args)
+    mib = 2**20
+
+    def fmt(b):
+        return "n/a" if b is None else f"{b / mib:.1f} MiB"
+
+    print(f"gpuprof soak: {res['steps']:,} steps, schedule wait={args.wait} warmup={args.warmup} "
+          f"active={args.active} (cycle {cycle}), {args.threads} worker threads")
+    print(f"  windows handed to on_trace_ready: {res['windows']:,} in {res['elapsed_s']:.1f} s "
+          f"({res['steps_per_s']:,.0f} steps/s)")
+    print(f"  RSS: start {fmt(res['rss_start_bytes'])}, after {WARM_CYCLES} cycles "
+          f"{fmt(res['rss_after_warmup_bytes'])}, end {fmt(res['rss_end_bytes'])} "
+          f"(drift {fmt(res['rss_drift_after_warmup_bytes'])})")
+    print(f"  event buffers: {fmt(res['buffer_bytes_first'])} at the first window, "
+          f"{fmt(res['buffer_bytes_max'])} max, {fmt(res['buffer_bytes_last'])} at the last; "
+          f"values seen: {[fmt(b) for b in res['buffer_bytes_distinct']]}")
+    print(f"  events per window (max) {res['events_per_window_max']:,}, "
+          f"dropped {res['dropped_total']:,}")
+    ok = res["buffer_flat"] and res["rss_ok"]
+    print(f"  flat: buffers {'yes' if res['buffer_flat'] else 'NO'}, "
+          f"RSS {'yes' if res['rss_ok'] else 'NO'} (tolerance {args.rss_tolerance_mb} MiB)")
+    if args.json:
+        out = {"meta": metadata(args), "results": res}
+        if args.json != os.devnull:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"  JSON: {args.json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
