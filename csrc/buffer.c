@@ -11,6 +11,7 @@
 
 atomic_int gp_buffer_phase = GP_PHASE_OFF;
 _Thread_local GpThreadBuf *gp_buffer_tls = NULL;
+_Thread_local int gp_buffer_tls_ignore = 0;
 _Thread_local uint64_t gp_buffer_tls_session = 0;
 /* Incremented by every session begin; 0 means "never", so a fresh thread's
  * zeroed gp_buffer_tls_session never matches. */
@@ -154,6 +155,8 @@ GpThreadBuf *
 gp_buffer_thread_slow(void)
 {
     uint64_t session = atomic_load(&gp_buffer_session);
+    if (gp_buffer_tls_ignore)
+        return NULL;
     if (!session_open) {
         atomic_fetch_add(&orphan_drops, 1);
         return NULL;

@@ -91,6 +91,9 @@ extern atomic_int gp_buffer_phase;
  * NULL. Validity is tied to gp_buffer_session: a pointer from an older session
  * is never dereferenced. */
 extern _Thread_local GpThreadBuf *gp_buffer_tls;
+/* Set on gpuprof's own helper threads (the memory sampler): they never get a
+ * buffer, so nothing they run is recorded. */
+extern _Thread_local int gp_buffer_tls_ignore;
 extern _Thread_local uint64_t gp_buffer_tls_session;
 extern atomic_uint_fast64_t gp_buffer_session;
 

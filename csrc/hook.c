@@ -141,20 +141,28 @@ gp_hook_uninstall(void)
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     PyThreadState *self = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
+    int foreign = 0; /* a thread whose profile function is someone else's */
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
-        if (ts->c_profilefunc != profile_callback)
+        if (ts->c_profilefunc != profile_callback) {
+            foreign |= ts->c_profilefunc != NULL;
             continue;
-#if PY_VERSION_HEX >= 0x030C0000
-        /* 3.12+ has no public per-thread setter for other threads; the
-         * all-threads call below clears them together. */
-#else
+        }
+#if PY_VERSION_HEX < 0x030C0000
         if (_PyEval_SetProfile(ts, NULL, NULL) < 0)
             PyErr_Clear();
 #endif
     }
 #if PY_VERSION_HEX >= 0x030C0000
-    PyEval_SetProfileAllThreads(NULL, NULL);
+    /* 3.12+ has no public setter for another thread: clear all threads at
+     * once, unless user code installed its own profiler meanwhile; then
+     * clear only this thread's (ours elsewhere stay, idle: the phase is off). */
+    if (!foreign)
+        PyEval_SetProfileAllThreads(NULL, NULL);
+    else if (self->c_profilefunc == profile_callback)
+        PyEval_SetProfile(NULL, NULL);
     PyErr_Clear();
+#else
+    (void)foreign;
 #endif
     PyErr_Restore(exc_type, exc_value, exc_tb);
 }

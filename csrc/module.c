@@ -4,6 +4,7 @@
 
 #include "../cuda/gp_cuda.h"
 #include "arrays.h"
+#include "buffer.h"
 #include "clock.h"
 #include "hook.h"
 #include "intern.h"
@@ -106,6 +107,14 @@ mod_monitoring_configure(PyObject *module, PyObject *args)
 }
 
 static PyObject *
+mod_ignore_current_thread(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    gp_buffer_tls_ignore = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 mod_after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
@@ -152,6 +161,8 @@ static PyMethodDef module_methods[] = {
 #endif
     {"_monitoring_configure", mod_monitoring_configure, METH_VARARGS,
      "(DISABLE, restart_events) for the sys.monitoring backend; (None, None) clears."},
+    {"_ignore_current_thread", mod_ignore_current_thread, METH_NOARGS,
+     "Never record the calling thread (gpuprof's own helper threads)."},
     {"_after_fork_child", mod_after_fork_child, METH_NOARGS,
      "os.register_at_fork hook: a forked child stops recording the parent's session."},
     {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},

@@ -794,7 +794,8 @@ Profiler_stop(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
     self->in_transition = 0;
     self->action = GP_ACT_NONE;
     set_phase(GP_PHASE_OFF);
-    gp_hook_uninstall();
+    if (!self->monitoring)
+        gp_hook_uninstall();
     gp_buffer_quiesce();
     if (self->cuda_on) {
         cuda_window_off(self);
@@ -896,7 +897,13 @@ Profiler_dealloc(GpProfilerObject *self)
 {
     PyObject_GC_UnTrack(self);
     if (self->started) {
-        /* Deallocation stops a running profiler; failures are unraisable. */
+        /* Deallocation stops a running profiler; failures are unraisable.
+         * No Python code may run here with `self` (on_trace_ready would get
+         * it as its argument and free it a second time), nor with a wrapper
+         * that the GC is tearing down: drop the callbacks first. */
+        Py_CLEAR(self->on_trace_ready);
+        Py_CLEAR(self->schedule_fn);
+        Py_CLEAR(self->owner);
         PyObject *r = Profiler_stop(self, NULL);
         if (r == NULL)
             PyErr_WriteUnraisable((PyObject *)self);

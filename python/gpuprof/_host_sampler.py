@@ -203,6 +203,7 @@ class HostSampler:
                     self._drop_adapter(ad, "poll", e)
 
     def _run(self) -> None:
+        _gpuprof._ignore_current_thread()  # sys.monitoring sees every thread: not this one
         try:
             for ad in list(self.adapters):
                 try:

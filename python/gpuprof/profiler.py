@@ -34,7 +34,7 @@ def _foreign_profiler() -> str | None:
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is not None:
         tool = monitoring.get_tool(monitoring.PROFILER_ID)
-        if tool is not None:
+        if tool is not None and tool != "gpuprof":  # ours: the C core says "already running"
             return f"sys.monitoring's profiler slot is held by {tool!r}"
     return None
 

@@ -49,7 +49,7 @@ def cpu_profile(steps=3):
         with record_function("helper range"):
             work(50)
 
-    with gpuprof.profile() as prof:
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             with record_function("forward"):
                 work(200)
