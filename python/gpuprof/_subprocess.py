@@ -56,7 +56,7 @@ import warnings
 
 import numpy as np
 
-from . import _gpuprof
+from . import _gpuprof, _monitoring
 from .schedule import Schedule
 
 __all__ = ["ParentSession", "load_piece", "POLL_S"]
@@ -253,9 +253,12 @@ class _Child:
         self.seen_flush = 0                  # lock
         self.seq = 0                         # lock: pieces written
         self.reg_fd = -1
+        # the same hook backend as a profile in this process would use (sys.monitoring
+        # on 3.12+ unless GPUPROF_HOOK says otherwise)
+        self.monitoring = _monitoring.use_monitoring()
         self.core = _gpuprof.Profiler(max_events=ctx.max_events, cuda=False, memory=False,
                                       schedule=None, schedule_fn=None, on_trace_ready=None,
-                                      owner=None)
+                                      owner=None, monitoring=self.monitoring)
 
     # -- lifecycle -------------------------------------------------------------------
     def register(self) -> bool:
@@ -304,13 +307,23 @@ class _Child:
 
     # -- recording ---------------------------------------------------------------------
     def _start(self, win: int, from_poll: bool) -> None:
-        if not from_poll:
-            threading.setprofile(_gpuprof._thread_bootstrap)
-        self.core.start()
-        if from_poll:
-            # The poll thread is gpuprof's, not the program's: keep it out of the data.
-            sys.setprofile(None)
-            threading.setprofile(_gpuprof._thread_bootstrap)
+        if self.monitoring:
+            # interpreter-wide; the poll thread's own calls are gpuprof's frames and
+            # C calls made from them, which the aggregation leaves out
+            _monitoring.install()
+            try:
+                self.core.start()
+            except BaseException:
+                _monitoring.uninstall()
+                raise
+        else:
+            if not from_poll:
+                threading.setprofile(_gpuprof._thread_bootstrap)
+            self.core.start()
+            if from_poll:
+                # The poll thread is gpuprof's, not the program's: keep it out of the data.
+                sys.setprofile(None)
+                threading.setprofile(_gpuprof._thread_bootstrap)
         self.recording = True
         self.rec_win = win
 
@@ -319,7 +332,10 @@ class _Child:
         try:
             self.core.stop()
         finally:
-            threading.setprofile(None)
+            if self.monitoring:
+                _monitoring.uninstall()
+            else:
+                threading.setprofile(None)
         return self.core.result
 
     def _stop_and_save(self, restart_win: int | None = None) -> None:
