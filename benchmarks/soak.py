@@ -12,8 +12,9 @@ the whole time.
     PYTHONPATH=python python3 benchmarks/soak.py --steps 2000 --threads 2
 
 Reports RSS before profiling, after the first cycles (the event pool and
-Python's caches reach their size there) and at the end, and the event-buffer
-bytes held at every window. Prints a summary, writes JSON (default
+Python's caches reach their size there), at the last cycle and after stop;
+live heap (Python blocks, glibc malloc bytes in use) after the first cycles
+and at the last; and the event-buffer bytes held at every window. Prints a summary, writes JSON (default
 benchmarks/results/soak.json) and exits 1 if the buffer bytes grew after the
 first cycles or RSS drifted by more than ``--rss-tolerance-mb``.
 """
@@ -29,6 +30,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -82,6 +85,40 @@ def rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, not current
 
 
+def _mallinfo2():
+    """glibc's mallinfo2(), or None elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                                                    "hblkhd", "usmblks", "fsmblks", "uordblks",
+                                                    "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = MallInfo2
+    return fn
+
+
+MALLINFO2 = _mallinfo2()
+
+
+def heap_in_use() -> dict:
+    """Live allocations: Python's (sys.getallocatedblocks) and malloc's (glibc)."""
+    import gc
+
+    gc.collect()
+    out = {"py_blocks": sys.getallocatedblocks()}
+    if MALLINFO2 is not None:
+        mi = MALLINFO2()
+        out["malloc_in_use_bytes"] = mi.uordblks + mi.hblkhd
+    return out
+
+
 def _git(*args) -> str | None:
     try:
         proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
@@ -109,27 +146,42 @@ def metadata(args) -> dict:
 
 
 def run(args) -> dict:
-    windows: list[dict] = []
-    rss_series: list[tuple[int, int]] = []
+    # Preallocated: the harness's own bookkeeping must not grow with the windows,
+    # or the RSS it reports would measure itself.
+    cycle = args.wait + args.warmup + args.active
+    cap = args.steps // cycle + 2
+    held = np.zeros(cap, dtype=np.int64)
+    events = np.zeros(cap, dtype=np.int64)
+    dropped = np.zeros(cap, dtype=np.int64)
+    n_windows = [0]
+    rss_series = np.zeros((cap // args.rss_every + 1, 2), dtype=np.int64)
+    n_rss = [0]
     rss_warm = [0]
+    rss_last = [0]
+    heap_warm: dict = {}
+    heap_end: dict = {}
 
     def on_trace_ready(p):
         table = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=5)
         ops = p.ops()
         calls = int(ops["calls"][ops["name"] == "step_work"].sum())
         if calls < args.active:  # every active step ran it on the main thread
-            raise AssertionError(f"window {len(windows)}: step_work called {calls} times, "
+            raise AssertionError(f"window {n_windows[0]}: step_work called {calls} times, "
                                  f"expected >= {args.active}\n{table}")
-        stats = p.buffer_stats()
-        threads = p.results.threads()
-        windows.append({"bytes_held": stats["bytes_held"], "threads": stats["threads"],
-                        "events": int(threads["events"].sum()),
-                        "dropped": p.dropped_events, "table_chars": len(table)})
-        n = len(windows)
+        i = n_windows[0]
+        held[i] = p.buffer_stats()["bytes_held"]
+        events[i] = p.results.threads()["events"].sum()
+        dropped[i] = p.dropped_events
+        n = n_windows[0] = i + 1
         if n == WARM_CYCLES:
             rss_warm[0] = rss_bytes()
+            heap_warm.update(heap_in_use())
+        if n == cap - 2:  # the last full cycle, measured as at WARM_CYCLES (session open)
+            heap_end.update(heap_in_use())
+            rss_last[0] = rss_bytes()
         if n % args.rss_every == 0:
-            rss_series.append((n, rss_bytes()))
+            rss_series[n_rss[0]] = (n, rss_bytes())
+            n_rss[0] += 1
 
     stop = threading.Event()
 
@@ -156,29 +208,33 @@ def run(args) -> dict:
     elapsed = time.perf_counter() - t0
     rss_end = rss_bytes()
 
-    held = [w["bytes_held"] for w in windows]
+    n = n_windows[0]
+    held = [int(b) for b in held[:n]]
     warm = held[:WARM_CYCLES]
     after = held[WARM_CYCLES:]
     buffer_flat = not after or max(after) <= max(warm)
-    rss_drift = rss_end - rss_warm[0] if rss_warm[0] else None
+    rss_drift = rss_last[0] - rss_warm[0] if rss_warm[0] and rss_last[0] else None
     rss_ok = rss_drift is None or rss_drift <= args.rss_tolerance_mb * 2**20
     return {
         "steps": args.steps,
-        "windows": len(windows),
+        "windows": n,
         "elapsed_s": round(elapsed, 3),
         "steps_per_s": round(args.steps / elapsed, 1) if elapsed else None,
         "rss_start_bytes": rss_start,
         "rss_after_warmup_bytes": rss_warm[0] or None,
+        "rss_last_cycle_bytes": rss_last[0] or None,
         "rss_end_bytes": rss_end,
         "rss_drift_after_warmup_bytes": rss_drift,
-        "rss_series": rss_series,
+        "rss_series": rss_series[: n_rss[0]].tolist(),
+        "heap_after_warmup": heap_warm,
+        "heap_end": heap_end,
         "buffer_bytes_first": held[0] if held else None,
         "buffer_bytes_min": min(held) if held else None,
         "buffer_bytes_max": max(held) if held else None,
         "buffer_bytes_last": held[-1] if held else None,
         "buffer_bytes_distinct": sorted(set(held)),
-        "events_per_window_max": max((w["events"] for w in windows), default=0),
-        "dropped_total": sum(w["dropped"] for w in windows),
+        "events_per_window_max": int(events[:n].max()) if n else 0,
+        "dropped_total": int(dropped[:n].sum()),
         "buffer_flat": buffer_flat,
         "rss_ok": rss_ok,
     }
@@ -212,8 +268,17 @@ def main(argv=None) -> int:
     print(f"  windows handed to on_trace_ready: {res['windows']:,} in {res['elapsed_s']:.1f} s "
           f"({res['steps_per_s']:,.0f} steps/s)")
     print(f"  RSS: start {fmt(res['rss_start_bytes'])}, after {WARM_CYCLES} cycles "
-          f"{fmt(res['rss_after_warmup_bytes'])}, end {fmt(res['rss_end_bytes'])} "
-          f"(drift {fmt(res['rss_drift_after_warmup_bytes'])})")
+          f"{fmt(res['rss_after_warmup_bytes'])}, last cycle {fmt(res['rss_last_cycle_bytes'])} "
+          f"(drift {fmt(res['rss_drift_after_warmup_bytes'])}), after stop "
+          f"{fmt(res['rss_end_bytes'])}")
+    hw, he = res["heap_after_warmup"], res["heap_end"]
+    if hw and he:
+        line = (f"  live heap after {WARM_CYCLES} cycles -> last cycle: Python blocks "
+                f"{hw['py_blocks']:,} -> {he['py_blocks']:,}")
+        if "malloc_in_use_bytes" in hw:
+            line += (f", malloc in use {fmt(hw['malloc_in_use_bytes'])} -> "
+                     f"{fmt(he['malloc_in_use_bytes'])}")
+        print(line)
     print(f"  event buffers: {fmt(res['buffer_bytes_first'])} at the first window, "
           f"{fmt(res['buffer_bytes_max'])} max, {fmt(res['buffer_bytes_last'])} at the last; "
           f"values seen: {[fmt(b) for b in res['buffer_bytes_distinct']]}")
