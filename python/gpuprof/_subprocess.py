@@ -401,6 +401,8 @@ class _Child:
                         with contextlib.suppress(Exception):
                             self._stop()
                     return
+                if self.closed:  # the session is over: nobody waits, the folder is going
+                    return
                 self._ack(st[0], 1)
 
 
@@ -632,7 +634,12 @@ class ParentSession:
             _CTX = None
         if _PARENT is self:
             _PARENT = None
-        shutil.rmtree(self.ctx.dir, ignore_errors=True)
+        # a child may still be answering or saving as the folder goes: try again
+        for _ in range(50):
+            shutil.rmtree(self.ctx.dir, ignore_errors=True)
+            if not os.path.exists(self.ctx.dir):
+                break
+            time.sleep(0.01)
         self.ctx = None
 
     # -- state -----------------------------------------------------------------------------

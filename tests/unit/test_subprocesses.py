@@ -83,12 +83,26 @@ def workers(prof):
 
 
 @pytest.fixture(autouse=True)
-def _quiet_fork_warning():
-    """3.12+ warns about fork() with threads; the pools' helper threads are expected."""
+def _session_hygiene(monkeypatch):
+    """3.12+ warns about fork() with threads; the pools' helper threads are expected.
+    Every session must leave no context and no folder behind."""
+    folders = []
+    real_mkdtemp = _subprocess.tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        folders.append(real_mkdtemp(*args, **kwargs))
+        return folders[-1]
+
+    monkeypatch.setattr(_subprocess.tempfile, "mkdtemp", mkdtemp)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
         yield
     assert _subprocess._CTX is None, "a session left its subprocess context behind"
+    if folders:
+        time.sleep(3 * _subprocess.POLL_S)  # children still alive have seen the session end
+    # (tempfile is shared: multiprocessing's own folders go through it too)
+    left = [f for f in folders if "gpuprof-children-" in f and os.path.exists(f)]
+    assert not left, f"session folders left behind: {left} {[os.listdir(f) for f in left]}"
 
 
 # -- arguments ---------------------------------------------------------------------------
