@@ -16,6 +16,7 @@
 #include "intern.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t intern_failures = 0; /* GIL */
 
@@ -107,9 +108,51 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     return 0;
 }
 
+/* Whether `obj` is gpuprof._gpuprof._thread_bootstrap, the sys.setprofile
+ * function a thread started during a session runs once to install the hook. */
+static int
+is_thread_bootstrap(PyObject *obj)
+{
+    if (obj == NULL || !PyCFunction_Check(obj))
+        return 0;
+    PyCFunctionObject *fn = (PyCFunctionObject *)obj;
+    if (fn->m_self == NULL || !PyModule_Check(fn->m_self) ||
+        strcmp(fn->m_ml->ml_name, "_thread_bootstrap") != 0)
+        return 0;
+    const char *mod = PyModule_GetName(fn->m_self);
+    if (mod == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return strcmp(mod, "gpuprof._gpuprof") == 0;
+}
+
+/* Installing the hook replaces every thread's profile function, so refuse
+ * when some thread runs another profiler (profiler.py checks the calling
+ * thread first, with its own message; this covers the others, which were
+ * silently replaced, and then cleared at stop). */
+static int
+check_no_other_profiler(PyInterpreterState *interp)
+{
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+        if (ts->c_profilefunc == NULL || ts->c_profilefunc == profile_callback ||
+            is_thread_bootstrap(ts->c_profileobj))
+            continue;
+        PyErr_Format(PyExc_RuntimeError,
+                     "gpuprof.profile.start(): another profiler is active in thread %lu "
+                     "(sys.setprofile is set to %R there); stop it first, gpuprof will not "
+                     "silently replace it",
+                     ts->thread_id, ts->c_profileobj ? ts->c_profileobj : Py_None);
+        return -1;
+    }
+    return 0;
+}
+
 int
 gp_hook_install(PyObject *owner)
 {
+    if (check_no_other_profiler(PyThreadState_GetInterpreter(PyThreadState_Get())) < 0)
+        return -1;
 #if PY_VERSION_HEX >= 0x030C0000
     PyEval_SetProfileAllThreads(profile_callback, owner);
     if (PyErr_Occurred())

@@ -11,7 +11,8 @@
  * (borrowed; the interpreter keeps its own reference) as the profile object
  * that sys.getprofile() returns. Threads started later install it through
  * gp_hook_bootstrap_thread (threading.setprofile, done in Python).
- * 0 on success, -1 with an exception. */
+ * 0 on success, -1 with an exception: RuntimeError, installing nothing, when
+ * a thread runs another profile function (gpuprof never replaces one). */
 int gp_hook_install(PyObject *owner);
 
 /* Remove the callback from every thread where it is ours. Never fails. */

@@ -683,6 +683,38 @@ def test_a_setprofile_function_set_before_makes_start_raise():
     assert calls(prof, "middle") == 1
 
 
+def test_a_profiler_set_in_another_thread_makes_start_raise():
+    # given another thread that runs under its own sys.setprofile function
+    def other_threads_profiler(frame, event, arg):
+        return None
+
+    ready, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def body():
+        sys.setprofile(other_threads_profiler)
+        ready.set()
+        done.wait()
+        seen["hook"] = sys.getprofile()
+        sys.setprofile(None)
+
+    t = threading.Thread(target=body)
+    t.start()
+    ready.wait()
+    try:
+        # when gpuprof is started from this thread
+        prof = gpuprof.profile(activities=CPU)
+        with pytest.raises(RuntimeError, match="other_threads_profiler"):
+            prof.start()
+        assert not prof.running
+    finally:
+        done.set()
+        t.join()
+    # then the other thread kept its profiler
+    assert seen["hook"] is other_threads_profiler
+    assert sys.getprofile() is None
+
+
 def test_cprofile_active_before_makes_start_raise():
     cp = cProfile.Profile()
     cp.enable()
