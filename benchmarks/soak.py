@@ -14,9 +14,10 @@ the whole time.
 Reports RSS before profiling, after the first cycles (the event pool and
 Python's caches reach their size there), at the last cycle and after stop;
 live heap (Python blocks, glibc malloc bytes in use) after the first cycles
-and at the last; and the event-buffer bytes held at every window. Prints a summary, writes JSON (default
-benchmarks/results/soak.json) and exits 1 if the buffer bytes grew after the
-first cycles or RSS drifted by more than ``--rss-tolerance-mb``.
+and at the last; and the event-buffer bytes held at every window. Prints a
+summary, writes JSON (default benchmarks/results/soak.json) and exits 1 if
+the buffer bytes grew after the first cycles or RSS drifted by more than
+``--rss-tolerance-mb`` between the first cycles and the last.
 """
 
 from __future__ import annotations

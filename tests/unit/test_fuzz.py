@@ -11,15 +11,14 @@ import threading
 import time
 import warnings
 
+import gpuprof
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import gpuprof
 from gpuprof import ProfilerAction as A
 from gpuprof import _gpuprof, record_function
 from gpuprof.tables import _UNPRINTABLE, SORT_KEYS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,10 +19,9 @@ import threading
 import time
 import warnings
 
+import gpuprof
 import numpy as np
 import pytest
-
-import gpuprof
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuprof.__file__)))
@@ -206,7 +205,7 @@ def test_eight_threads_while_profiling_starts_and_stops_repeatedly():
     sys.setswitchinterval(1e-4)  # many GIL hand-offs inside each window
     try:
         # when profiling starts and stops over and over around them
-        for cycle in range(12):
+        for _cycle in range(12):
             before = list(counts)
             with gpuprof.profile(activities=CPU) as prof:
                 middle(30)
