@@ -1194,7 +1194,9 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
 
     uint32_t step_thread = UINT32_MAX;
     uint32_t ti = 0;
-    for (const GpThreadBuf *tb = gp_buffer_threads(); tb && ti < n_threads; tb = tb->next_thread, ti++) {
+    for (const GpThreadBuf *tb = gp_buffer_threads(); tb && ti < n_threads; tb = tb->next_thread) {
+        if (tb->ignored)
+            continue;
         GpThreadRow *tr = VEC_PUSH(out->threads);
         if (tr == NULL)
             goto done;
@@ -1210,6 +1212,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
         if (replay_thread(&a, tb, tr) < 0)
             goto done;
         span_hi[ti] = out->spans.n;
+        ti++;
     }
     /* Activity-only mode: API calls from threads that never ran Python (the
      * autograd engine's device threads) have no stream to join; they become

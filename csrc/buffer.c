@@ -78,6 +78,9 @@ free_slabs_locked(void)
     slab_left = 0;
 }
 static atomic_uint_fast64_t orphan_drops = 0; /* events lost for want of a thread buffer */
+#define MAX_IGNORED 16
+static uint64_t ignored_idents[MAX_IGNORED]; /* registry_lock; cleared at session end */
+static uint32_t n_ignored = 0;               /* registry_lock */
 
 GpStatus
 gp_buffer_session_begin(uint64_t max_events)
@@ -110,6 +113,7 @@ gp_buffer_session_end(void)
     free_chunks = NULL; /* chunks live in the slabs */
     free_slabs_locked();
     chunks_allocated = 0;
+    n_ignored = 0;
     pthread_mutex_unlock(&registry_lock);
     /* Invalidate every thread's cached pointer without touching their TLS. */
     atomic_fetch_add(&gp_buffer_session, 1);
@@ -184,10 +188,40 @@ gp_buffer_thread_slow(void)
     return tb;
 }
 
+static int
+is_ignored_locked(uint64_t ident)
+{
+    for (uint32_t i = 0; i < n_ignored; i++)
+        if (ignored_idents[i] == ident)
+            return 1;
+    return 0;
+}
+
+void
+gp_buffer_ignore_current(void)
+{
+    uint64_t ident = (uint64_t)pthread_self();
+    gp_buffer_tls_ignore = 1;
+    pthread_mutex_lock(&registry_lock);
+    /* sys.monitoring may have registered this thread already, at the very
+     * call that got here: leave that buffer out of the results. */
+    GpThreadBuf *tb = find_locked(ident);
+    if (tb != NULL && tb->claimed)
+        tb->ignored = 1;
+    if (n_ignored < MAX_IGNORED && !is_ignored_locked(ident))
+        ignored_idents[n_ignored++] = ident;
+    pthread_mutex_unlock(&registry_lock);
+    gp_buffer_tls = NULL;
+}
+
 GpThreadBuf *
 gp_buffer_thread_for(uint64_t ident)
 {
     pthread_mutex_lock(&registry_lock);
+    if (is_ignored_locked(ident)) {
+        pthread_mutex_unlock(&registry_lock);
+        return NULL;
+    }
     /* The snapshot runs with the GIL: `ident` is a live thread, so its
      * newest buffer (claimed or not) is the right one. */
     GpThreadBuf *tb = find_locked(ident);

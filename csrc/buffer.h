@@ -74,6 +74,7 @@ typedef struct GpThreadBuf {
     uint64_t os_tid;                 /* gettid(): trace lanes, CUPTI's threadId */
     uint32_t index;                  /* registration order in this session */
     int has_python;                  /* set once the Python hook wrote here */
+    int ignored;                     /* gpuprof's own helper thread: left out of the results */
     int claimed;                     /* a live thread owns it (registry lock); a buffer made
                                         by the snapshot waits unclaimed for its thread */
     GpChunk *head, *tail;            /* owner thread writes; readers after quiesce */
@@ -117,8 +118,14 @@ gp_buffer_thread(void)
     return gp_buffer_thread_slow();
 }
 
-/* Find (or create) the buffer of thread `ident` for the window-start snapshot. */
+/* Find (or create) the buffer of thread `ident` for the window-start
+ * snapshot; NULL for a thread marked with gp_buffer_ignore_current (or when
+ * out of memory). */
 GpThreadBuf *gp_buffer_thread_for(uint64_t ident);
+
+/* Never record the calling thread in this session (gpuprof's own helper
+ * threads): no buffer now, none from the snapshot later. */
+void gp_buffer_ignore_current(void);
 
 /* Slow path of gp_buffer_push: a new chunk from the budget, or NULL (drop). */
 GpChunk *gp_buffer_grow(GpThreadBuf *tb, uint64_t ts);

@@ -248,11 +248,8 @@ gp_hook_snapshot(uint64_t ts)
         if (n == 0)
             continue;
         GpThreadBuf *tb = gp_buffer_thread_for((uint64_t)t->thread_id);
-        if (tb == NULL) {
-            free(ops);
-            PyErr_NoMemory();
-            return -1;
-        }
+        if (tb == NULL)
+            continue; /* a helper thread of ours (or out of memory: that thread goes unseen) */
         tb->has_python = 1;
         while (n > 0)
             gp_buffer_push(tb, ts, ops[--n], GP_EV_FRAME);

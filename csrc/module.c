@@ -110,7 +110,7 @@ static PyObject *
 mod_ignore_current_thread(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
-    gp_buffer_tls_ignore = 1;
+    gp_buffer_ignore_current();
     Py_RETURN_NONE;
 }
 

@@ -54,6 +54,9 @@ def install() -> None:
     """Claim sys.monitoring's profiler slot and register the C callbacks."""
     m, events = _events()
     tool = m.PROFILER_ID
+    if m.get_tool(tool) == _TOOL_NAME:
+        raise RuntimeError("gpuprof.profile.start(): another gpuprof profiler is already running "
+                           "in this process; stop it first (profiling is per process)")
     m.use_tool_id(tool, _TOOL_NAME)  # ValueError if another tool holds it
     _gpuprof._monitoring_configure(m.DISABLE, m.restart_events)
     mask = 0
