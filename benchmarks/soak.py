@@ -16,8 +16,10 @@ Python's caches reach their size there), at the last cycle and after stop;
 live heap (Python blocks, glibc malloc bytes in use) after the first cycles
 and at the last; and the event-buffer bytes held at every window. Prints a
 summary, writes JSON (default benchmarks/results/soak.json) and exits 1 if
-the buffer bytes grew after the first cycles or RSS drifted by more than
-``--rss-tolerance-mb`` between the first cycles and the last.
+the buffer bytes grew at a window that was not the largest so far (the pool
+grows to the largest window, within max_events, and never otherwise) or RSS
+drifted by more than ``--rss-tolerance-mb`` between the first cycles and the
+last.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ if str(REPO / "python") not in sys.path:
 import gpuprof  # noqa: E402
 
 WARM_CYCLES = 50  # cycles after which the pool and caches have their size
+CHUNK_EVENTS = gpuprof._gpuprof._test_constants()["CHUNK_EVENTS"]  # events per chunk
 
 
 # -- the work of one step -------------------------------------------------------
@@ -154,6 +157,7 @@ def run(args) -> dict:
     held = np.zeros(cap, dtype=np.int64)
     events = np.zeros(cap, dtype=np.int64)
     dropped = np.zeros(cap, dtype=np.int64)
+    chunks = np.zeros(cap, dtype=np.int64)
     n_windows = [0]
     rss_series = np.zeros((cap // args.rss_every + 1, 2), dtype=np.int64)
     n_rss = [0]
@@ -171,7 +175,9 @@ def run(args) -> dict:
                                  f"expected >= {args.active}\n{table}")
         i = n_windows[0]
         held[i] = p.buffer_stats()["bytes_held"]
-        events[i] = p.results.threads()["events"].sum()
+        per_thread = p.results.threads()["events"]
+        events[i] = per_thread.sum()
+        chunks[i] = (-(-per_thread // CHUNK_EVENTS)).sum()  # whole chunks per thread
         dropped[i] = p.dropped_events
         n = n_windows[0] = i + 1
         if n == WARM_CYCLES:
@@ -210,10 +216,12 @@ def run(args) -> dict:
     rss_end = rss_bytes()
 
     n = n_windows[0]
+    ch = chunks[:n]
+    # The chunk pool grows to the largest window seen (in chunks, within
+    # max_events) and never otherwise: growth at any other window is a leak.
+    growth = [(i, int(held[i]), int(events[i])) for i in range(1, n) if held[i] > held[i - 1]]
+    buffer_flat = all(ch[i] > ch[:i].max() for i, _, _ in growth)
     held = [int(b) for b in held[:n]]
-    warm = held[:WARM_CYCLES]
-    after = held[WARM_CYCLES:]
-    buffer_flat = not after or max(after) <= max(warm)
     rss_drift = rss_last[0] - rss_warm[0] if rss_warm[0] and rss_last[0] else None
     rss_ok = rss_drift is None or rss_drift <= args.rss_tolerance_mb * 2**20
     return {
@@ -234,6 +242,7 @@ def run(args) -> dict:
         "buffer_bytes_max": max(held) if held else None,
         "buffer_bytes_last": held[-1] if held else None,
         "buffer_bytes_distinct": sorted(set(held)),
+        "buffer_growth": growth,  # (window, bytes held, events of that window)
         "events_per_window_max": int(events[:n].max()) if n else 0,
         "dropped_total": int(dropped[:n].sum()),
         "buffer_flat": buffer_flat,
@@ -286,6 +295,10 @@ def main(argv=None) -> int:
     print(f"  events per window (max) {res['events_per_window_max']:,}, "
           f"dropped {res['dropped_total']:,}")
     ok = res["buffer_flat"] and res["rss_ok"]
+    for i, b, e in res["buffer_growth"]:
+        print(f"  event pool grew to {fmt(b)} at window {i:,}, the largest so far "
+              f"({e:,} events)" if res["buffer_flat"] else
+              f"  event pool grew to {fmt(b)} at window {i:,} ({e:,} events)")
     print(f"  flat: buffers {'yes' if res['buffer_flat'] else 'NO'}, "
           f"RSS {'yes' if res['rss_ok'] else 'NO'} (tolerance {args.rss_tolerance_mb} MiB)")
     if args.json:
