@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import sys
 import threading
 import warnings
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable
 from . import _cuda, _gpuprof, _monitoring, _nvtx, _subprocess  # docs/nvtx.md, docs/subprocesses.md
 from . import memory as _memory  # imported here: start() must not import while hooked
 from . import processes as _processes  # -- subprocesses --
+from ._progress import progress
 from ._results import Results
 from .schedule import Schedule
 from .tables import KeyAverages
@@ -227,7 +229,8 @@ class profile:
             # -- end memory curves --
             if self._subprocs is not None:  # -- subprocesses: the last window, no next one --
                 self._subprocs.stopping = True
-            self._core.stop()
+            with progress("closing the recorded window", self._core.buffer_stats()["events"]):
+                self._core.stop()
         finally:
             self._unhook()
             if self._subprocs is not None:  # -- subprocesses: children stop, folder removed --
@@ -350,7 +353,9 @@ class profile:
         opens in Perfetto, chrome://tracing, TensorBoard and HTA. See docs/traces.md."""
         from .exporters.chrome import export_chrome_trace
 
-        return export_chrome_trace(self.results, path)
+        results = self.results
+        with progress(f"writing {os.fspath(path)}", len(results.spans())):
+            return export_chrome_trace(results, path)
 
     def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
         """Write collapsed stacks for flame graphs; ``metric`` is
@@ -363,7 +368,9 @@ class profile:
         """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""
         from .exporters.saved import save
 
-        return save(self.results, path)
+        results = self.results
+        with progress(f"saving {os.fspath(path)}", sum(len(w["spans"]) for w in results.windows)):
+            return save(results, path)
 
     # -- memory (gpuprof.memory, docs/memory.md) ------------------------------------------
     def _memory_check(self, what: str) -> None:
