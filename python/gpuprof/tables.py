@@ -8,7 +8,6 @@ launched while the op was innermost), CUDA total is ``cuda_total_ns``.
 
 from __future__ import annotations
 
-import html
 import os
 import re
 
@@ -169,9 +168,16 @@ class KeyAverages:
         return self.table(sort_by="self_cpu_time_total")
 
     def _repr_html_(self) -> str:
-        text = self.table(sort_by="self_cuda_time_total" if self.cuda else "self_cpu_time_total",
-                          row_limit=30)
-        return f"<pre>{html.escape(text)}</pre>"
+        """The table as HTML for notebooks (top 30 rows by self CUDA, else self CPU time)."""
+        from .views import Table
+
+        order = self._order("self_cuda_time_total" if self.cuda else "self_cpu_time_total")[:30]
+        cols, lines_cells, footer = _cells(self, order, 80, 80)
+        rows = [cells[:-1] + [" \u2190 ".join([cells[-1], *more])] if more else cells
+                for cells, more in lines_cells]
+        align = "".join("l" if a is None else "r" for _, a in cols)
+        return Table("gpuprof key averages", [c for c, _ in cols], rows, align,
+                     footer=" | ".join(footer))._repr_html_()
 
 
 # Characters that would break a printed table: C0/C1 controls (line breaks,
@@ -185,7 +191,8 @@ def _cut(s: str, width: int) -> str:
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None) -> str:
+def _cells(ka: KeyAverages, order, name_w: int, src_w: int):
+    """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
     r = ka.rows
     total_self_cpu = float(r["cpu_self_ns"].sum())
     total_self_cuda = float(r["cuda_self_ns"].sum())
@@ -227,6 +234,15 @@ def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None)
             stack = ka.stacks[i]
             cells += [_cut(stack[0] if stack else "", src_w)]
         lines_cells.append((cells, ka.stacks[i][1:] if ka.stacks is not None else []))
+    footer = [f"Self CPU time total: {format_time(total_self_cpu)}"]
+    if ka.cuda:
+        footer.append(f"Self CUDA time total: {format_time(total_self_cuda)}")
+    footer += _footer(ka._results)
+    return cols, lines_cells, footer
+
+
+def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None) -> str:
+    cols, lines_cells, footer = _cells(ka, order, name_w, src_w)
     widths = [len(c[0]) for c in cols]
     for cells, more in lines_cells:
         for j, c in enumerate(cells):
@@ -252,11 +268,7 @@ def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None)
             blank[-1] = _cut(frame, src_w)
             out.append(fmt(blank))
     out.append(sep)
-    out.append(f"Self CPU time total: {format_time(total_self_cpu)}")
-    if ka.cuda:
-        out.append(f"Self CUDA time total: {format_time(total_self_cuda)}")
-    res = ka._results
-    out += _footer(res)
+    out += footer
     return "\n".join(out) + "\n"
 
 
