@@ -242,6 +242,9 @@ def cmd_report(args) -> int:
 
     if not os.path.isfile(args.file):
         raise _CliError(f"cannot read {args.file!r}: no such file")
+    if args.file.endswith((".json", ".json.gz")):
+        print(_trace_report(args.file, args.kernels, args.limit))
+        return 0
     load = getattr(gpuprof, "load", None)
     if load is None:
         raise _CliError("this build cannot read saved profiles")
@@ -259,6 +262,39 @@ def cmd_report(args) -> int:
         sort = args.sort or "self_cuda_time_total"
         print(prof.key_averages().table(sort_by=sort, row_limit=args.limit))
     return 0
+
+
+def _trace_report(path: str, kernels: bool, limit: int):
+    """Totals by name from an exported Chrome trace (ours or any Kineto-style trace)."""
+    import gzip
+    import json
+
+    from .tables import format_time
+    from .views import Table
+
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            trace = json.load(f)
+        events = trace["traceEvents"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _CliError(f"cannot read {path!r}: not a Chrome trace ({e})") from e
+    gpu_cats = {"kernel", "gpu_memcpy", "gpu_memset"}
+    host_cats = {"python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver"}
+    cats = gpu_cats if kernels else host_cats
+    totals: dict[str, list] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in cats:
+            continue
+        t = totals.setdefault(e.get("name", "?"), [0, 0.0])
+        t[0] += 1
+        t[1] += float(e.get("dur", 0.0))
+    order = sorted(totals.items(), key=lambda kv: -kv[1][1])[:limit]
+    rows = [[name if len(name) <= 70 else name[:67] + "...", str(n), format_time(us * 1e3),
+             format_time(us * 1e3 / n)] for name, (n, us) in order]
+    title = ("GPU activity" if kernels else "Host events (inclusive time)") + f" in {path}"
+    return Table(title, ["Name", "Count", "Total", "Avg"], rows, "lrrr",
+                 footer=f"{len(totals)} names; {sum(v[0] for v in totals.values())} events")
 
 
 def _print_kernels(k, limit):

@@ -79,3 +79,18 @@ def test_demo_runs():
     assert r.returncode == 0, r.stderr
     assert "gpuprof diagnosis" in r.stdout
     assert "augment (training.py:" in r.stdout or "forward" in r.stdout
+
+
+def test_report_reads_an_exported_trace(tmp_path):
+    out = tmp_path / "out"
+    r = gpuprof("run", "--no-cuda", "--output", str(out), os.path.join(SCRIPTS, "cpu_train.py"),
+                "3")
+    assert r.returncode == 0, r.stderr
+    trace = [f for f in os.listdir(out) if f.endswith(".pt.trace.json.gz")][0]
+    rep = gpuprof("report", str(out / trace))
+    assert rep.returncode == 0, rep.stderr
+    assert "train_step" in rep.stdout and "Host events" in rep.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    rep = gpuprof("report", str(bad))
+    assert rep.returncode == 2 and "not a Chrome trace" in rep.stderr
