@@ -816,3 +816,104 @@ def test_buffer_limit_with_threads_and_a_schedule(no_gc):
     # heavy windows drop, the light ones after them are exact again
     assert [d > 0 for d, _ in windows] == [True, False, False]
     assert [n for _, n in windows][1:] == [10, 10]
+
+
+# -- the same with GPU capture on (run on a GPU machine; skipped here) -----------------------
+
+CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+def check_gpu_consistent(prof):
+    ops = check_consistent(prof)
+    assert (ops["cuda_self_ns"] >= 0).all()
+    assert (ops["cuda_total_ns"] >= ops["cuda_self_ns"]).all()
+    ev = prof.gpu_events()
+    assert (ev["end_ns"] >= ev["start_ns"]).all()
+    return ev
+
+
+@pytest.mark.gpu
+def test_interpreter_exits_cleanly_while_capturing_cuda():
+    _torch_cuda()
+    code = EXIT_HEADER + textwrap.dedent("""
+        import torch
+        x = torch.randn(1 << 16, device="cuda")
+        def launcher():
+            while True:
+                (x * 2).sum()
+        threading.Thread(target=launcher, daemon=True).start()
+        prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU,
+                                           gpuprof.ProfilerActivity.CUDA])
+        prof.start()
+        for _ in range(50):
+            (x + 1).sum()
+        print("done")
+    """)
+    proc = run_python(code, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Fatal" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip().endswith("done")
+
+
+@pytest.mark.gpu
+def test_threads_launching_kernels_while_cuda_capture_starts_and_stops():
+    torch = _torch_cuda()
+    x = torch.randn(1 << 14, device="cuda")
+    stop = threading.Event()
+
+    def launcher():
+        while not stop.is_set():
+            (x * 2).sum().item()
+
+    workers = [threading.Thread(target=launcher) for _ in range(4)]
+    for t in workers:
+        t.start()
+    kernels = 0
+    try:
+        for _ in range(5):
+            with gpuprof.profile(activities=CUDA) as prof:
+                for _ in range(20):
+                    (x + 1).sum()
+                torch.cuda.synchronize()
+            ev = check_gpu_consistent(prof)
+            kernels += int((ev["kind"] == "kernel").sum())
+            assert sys.getprofile() is None
+    finally:
+        stop.set()
+        for t in workers:
+            t.join()
+    assert kernels > 5 * 20
+
+
+@pytest.mark.gpu
+def test_fork_while_cuda_capture_records(fork_ok):
+    torch = _torch_cuda()
+    x = torch.randn(1 << 14, device="cuda")
+    with gpuprof.profile(activities=CUDA) as prof:
+        (x + 1).sum()
+        # the child must not touch the parent's CUDA capture; it profiles the CPU only
+        assert _fork_and_check() == (0, b"1")
+        (x + 1).sum()
+        torch.cuda.synchronize()
+    ev = check_gpu_consistent(prof)
+    assert (ev["kind"] == "kernel").sum() >= 2
+
+
+@pytest.mark.gpu
+def test_buffer_limit_with_cuda_capture(no_gc):
+    torch = _torch_cuda()
+    x = torch.randn(1 << 10, device="cuda")
+    with gpuprof.profile(activities=CUDA, max_events=20_000) as prof:
+        for _ in range(20_000):  # CUDA API enter/exit events and Python calls overflow 20k
+            (x + 1).sum()
+        torch.cuda.synchronize()
+    assert prof.dropped_events > 0
+    assert "events dropped" in prof.key_averages().table()
+    check_gpu_consistent(prof)
