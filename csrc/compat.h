@@ -21,12 +21,9 @@ gp_compat_dict_get_item_ref(PyObject *dict, PyObject *key, PyObject **result)
 #endif
 
 #if PY_VERSION_HEX < 0x030B0000
-static inline PyCodeObject *
-gp_compat_frame_code(PyFrameObject *frame)
-{
-    return (PyCodeObject *)Py_NewRef(frame->f_code);
-}
-#define PyFrame_GetCode gp_compat_frame_code
+/* PyFrame_GetLasti (3.11): before 3.11 the frame struct is public, in
+ * frameobject.h, which also declares PyFrame_GetBack (3.9). */
+#include <frameobject.h>
 static inline int
 gp_compat_frame_lasti(PyFrameObject *frame)
 {
