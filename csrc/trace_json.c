@@ -335,6 +335,12 @@ escape_list(PyObject *list, Str **out, size_t *n, const char *what)
     return 0;
 }
 
+/* meta['part']: a whole file, or one window's events inside a file written by
+ * several calls on the same writer (other processes' lanes): "open" writes the
+ * header and the events, "append" the events, "close" the events, the window
+ * markers and the end. */
+enum { PART_WHOLE = 0, PART_OPEN, PART_APPEND, PART_CLOSE };
+
 /* ---- inputs ------------------------------------------------------------- */
 
 /* Rows of one structured array, read through the buffer protocol. */
@@ -403,6 +409,49 @@ get_i64(PyObject *d, const char *key, int64_t *out, const char *where)
     return 0;
 }
 
+/* Optional int: *out is left as it is when the key is absent or None. */
+static int
+get_opt_i64(PyObject *d, const char *key, int64_t *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v == NULL || v == Py_None)
+        return 0;
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "_write_trace: meta['%s'] must be an int, not %.100s", key,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+/* meta['part'] (optional, default "whole") -> PART_*. */
+static int
+meta_part(PyObject *meta, int *part)
+{
+    static const char *const names[] = {"whole", "open", "append", "close"};
+    *part = PART_WHOLE;
+    PyObject *v = PyDict_GetItemString(meta, "part"); /* borrowed */
+    if (v == NULL || v == Py_None)
+        return 0;
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (s == NULL && PyErr_Occurred())
+        return -1;
+    for (int i = 0; s != NULL && i < 4; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *part = i;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "_write_trace: meta['part'] must be 'whole', 'open', 'append' or 'close', "
+                 "got %R", v);
+    return -1;
+}
+
 /* Optional list of ints -> malloc'ed array (NULL, 0 when absent). */
 static int
 get_int_list(PyObject *d, const char *key, int64_t **out, size_t *n)
@@ -447,9 +496,12 @@ typedef struct Ctx {
     size_t n_steps;
     const GpThreadRow *threads;
     size_t n_threads;
-    int64_t base;       /* profiler-clock ns of ts == 0 (window start) */
+    int64_t base;       /* profiler-clock ns of ts == 0 (window start, or meta base_ns) */
     int64_t window_end;
     int64_t pid;
+    int64_t sort_index; /* process_sort_index of the host lane (meta, default pid) */
+    uint32_t id_base;   /* added to Python ids, External ids and Ev Idx (meta id_base) */
+    int part;           /* PART_*: which pieces of the file this call writes */
     Str header, trace_name, process_name;
     Str *names;         /* per op row */
     size_t n_names;
@@ -650,7 +702,7 @@ write_host(const Ctx *c, Out *o, uint32_t *ext_of)
         Frame *f = &stack[depth++];
         *f = up;
         f->end = key->end;
-        uint32_t id = key->idx + 1;
+        uint32_t id = c->id_base + key->idx + 1;
         const Str *name = name_of(c, s->op_row);
         int64_t dur = key->end - key->start;
         switch (s->kind) {
@@ -674,7 +726,7 @@ write_host(const Ctx *c, Out *o, uint32_t *ext_of)
             PUT(o, ", \"args\": {\"External id\": ");
             put_i64(o, id);
             PUT(o, ", \"Ev Idx\": ");
-            put_i64(o, key->idx);
+            put_i64(o, (int64_t)c->id_base + key->idx);
             PUT(o, "}}");
             break;
         }
@@ -1108,7 +1160,7 @@ write_process_meta(const Ctx *c, Out *o, int64_t pid, int64_t device)
     }
     put_meta_head(o, CAT("process_sort_index"), pid, 0);
     PUT(o, "\"sort_index\": ");
-    put_i64(o, device < 0 ? pid : device + DEVICE_SORT_OFFSET);
+    put_i64(o, device < 0 ? c->sort_index : device + DEVICE_SORT_OFFSET);
     PUT(o, "}}");
 }
 
@@ -1181,30 +1233,22 @@ write_device_meta(const Ctx *c, Out *o, const Devices *devs)
 
 /* ---- the whole file --------------------------------------------------------- */
 
-/* 0, or -1 when out of memory (o->failed reports I/O errors). */
-static int
-write_all(const Ctx *c, Out *o)
+/* The file's start: '{', the header keys and the opening of traceEvents. */
+static void
+write_open(const Ctx *c, Out *o)
 {
-    Devices devs = {NULL, 0};
-    uint32_t *ext_of = calloc(c->n_spans + 1, sizeof(uint32_t));
-    int rc = -1;
-    if (ext_of == NULL || build_devices(c, &devs) < 0)
-        goto done;
     PUT(o, "{\n  ");
     if (c->header.n) {
         out_bytes(o, c->header.p, c->header.n);
         PUT(o, ",\n  ");
     }
     PUT(o, "\"traceEvents\": [");
-    o->first = 1;
+}
 
-    write_host_meta(c, o);
-    if (write_device_meta(c, o, &devs) < 0)
-        goto done;
-
-    int64_t end = c->window_end - c->base;
-    if (end < 0)
-        end = 0;
+/* The window's span and iteration markers (trace-format 6.10). */
+static void
+write_markers(const Ctx *c, Out *o, int64_t end)
+{
     begin_event(o);
     PUT(o, "{\"ph\": \"X\", \"cat\": \"Trace\", \"name\": \"gpuprof (0)\", \"pid\": \"Spans\", "
            "\"tid\": \"gpuprof\", \"ts\": 0.000, \"dur\": ");
@@ -1215,12 +1259,12 @@ write_all(const Ctx *c, Out *o)
     begin_event(o);
     PUT(o, "{\"ph\": \"i\", \"s\": \"g\", \"name\": \"Iteration Start: gpuprof\", "
            "\"pid\": \"Traces\", \"tid\": \"Trace gpuprof\", \"ts\": 0.000}");
+}
 
-    if (write_host(c, o, ext_of) < 0)
-        goto done;
-    if (write_gpu(c, o, &devs, ext_of, &end) < 0)
-        goto done;
-
+/* The file's end: the window end marker (the last event), traceName, '}'. */
+static void
+write_close(const Ctx *c, Out *o, int64_t end)
+{
     begin_event(o);
     PUT(o, "{\"ph\": \"i\", \"s\": \"g\", \"name\": \"Record Window End\", \"pid\": \"\", "
            "\"tid\": \"\", \"ts\": ");
@@ -1228,6 +1272,39 @@ write_all(const Ctx *c, Out *o)
     PUT(o, "}\n  ],\n  \"traceName\": ");
     put_str(o, &c->trace_name);
     PUT(o, "\n}\n");
+}
+
+/* 0, or -1 when out of memory (o->failed reports I/O errors). */
+static int
+write_all(const Ctx *c, Out *o)
+{
+    Devices devs = {NULL, 0};
+    uint32_t *ext_of = calloc(c->n_spans + 1, sizeof(uint32_t));
+    int rc = -1;
+    int opens = c->part == PART_WHOLE || c->part == PART_OPEN;
+    int closes = c->part == PART_WHOLE || c->part == PART_CLOSE;
+    if (ext_of == NULL || build_devices(c, &devs) < 0)
+        goto done;
+    if (opens)
+        write_open(c, o);
+    /* Appended events follow those of an earlier call: each needs a comma. */
+    o->first = opens;
+
+    write_host_meta(c, o);
+    if (write_device_meta(c, o, &devs) < 0)
+        goto done;
+
+    int64_t end = c->window_end - c->base;
+    if (end < 0)
+        end = 0;
+    if (closes)
+        write_markers(c, o, end);
+    if (write_host(c, o, ext_of) < 0)
+        goto done;
+    if (write_gpu(c, o, &devs, ext_of, &end) < 0)
+        goto done;
+    if (closes)
+        write_close(c, o, end);
     out_flush(o);
     rc = 0;
 done:
@@ -1325,6 +1402,23 @@ gp_trace_json_write(PyObject *module, PyObject *args)
         meta_str(meta, "trace_name", &c.trace_name) < 0 ||
         meta_str(meta, "process_name", &c.process_name) < 0)
         goto done;
+    c.sort_index = c.pid;
+    if (get_opt_i64(meta, "base_ns", &c.base) < 0 ||
+        get_opt_i64(meta, "sort_index", &c.sort_index) < 0 || meta_part(meta, &c.part) < 0)
+        goto done;
+    {
+        int64_t id_base = 0;
+        if (get_opt_i64(meta, "id_base", &id_base) < 0)
+            goto done;
+        if (id_base < 0 || (uint64_t)id_base + c.n_spans >= UINT32_MAX) {
+            PyErr_Format(PyExc_ValueError,
+                         "_write_trace: meta['id_base'] must be >= 0 and leave room for the "
+                         "window's %zu spans below 2**32 - 1, got %lld",
+                         c.n_spans, (long long)id_base);
+            goto done;
+        }
+        c.id_base = (uint32_t)id_base;
+    }
     {
         /* The header is JSON already: copied verbatim, not escaped. */
         PyObject *h = PyDict_GetItemString(meta, "header"); /* borrowed */

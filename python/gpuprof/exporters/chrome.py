@@ -15,11 +15,13 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from .. import _gpuprof
 
 __all__ = ["export_chrome_trace", "trace_names"]
 
-_OP_PYTHON, _OP_CFUNC = 1, 2
+_OP_PYTHON, _OP_CFUNC, _OP_STEP = 1, 2, 4  # csrc/opkinds.h
 _GZIP_LEVEL = 6  # ~the size of level 9 at a fraction of its time
 
 
@@ -177,13 +179,76 @@ def trace_meta(results, window: dict, trace_name: str) -> dict:
     }
 
 
+# -- subprocesses (docs/subprocesses.md): child processes as their own process lanes --
+def _child_thread_names(pid: int, window: dict) -> list[str]:
+    """A child's thread names are not recorded: its main thread is the one whose
+    OS thread id is the process id."""
+    return ["MainThread" if int(tid) == pid else f"thread {i}"
+            for i, tid in enumerate(window["threads"]["os_tid"].tolist())]
+
+
+def _child_process_name(child) -> str:
+    name = str(child.name or "")
+    # a plain os.fork() child keeps the parent's multiprocessing name
+    if not name or name == "MainProcess":
+        return f"worker {child.pid}"
+    return f"worker {child.pid} ({name})"
+
+
+def _clip_to(window: dict, lo: int, hi: int) -> dict | None:
+    """A child's window cut to the parent's [lo, hi]: its calls inside it, cut at
+    the edges, without the session's step marker (a child has no steps). None when
+    nothing is left."""
+    sp = window["spans"]
+    keep = (sp["end_ns"] >= lo) & (sp["start_ns"] <= hi) & (sp["kind"] != _OP_STEP)
+    if not keep.any():
+        return None
+    sp = sp[keep]  # a copy: the child's arrays may be read-only memory maps
+    np.minimum(sp["end_ns"], hi, out=sp["end_ns"])
+    out = dict(window)
+    out["spans"] = sp
+    out["gpu"] = window["gpu"][:0]  # children record CPU only
+    return out
+
+
+def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict, dict]]:
+    """(window, meta) for ``_write_trace`` per piece of child data that overlaps
+    ``window`` (the parent's), in pid order: each child is its own process lane
+    (pid = its OS pid, sorted after the main process), on the parent's time base,
+    its calls cut to the parent's window. The caller writes them with part
+    "open"/"append" before the parent's window with part "close"."""
+    children = getattr(results, "subprocesses", None) or []
+    lo, hi = int(window["window_start_ns"]), int(window["window_end_ns"])
+    main_pid = int(results.meta.get("pid") or os.getpid())
+    id_base = len(window["spans"])
+    calls = []
+    for i, child in enumerate(children):
+        for raw in child.windows:
+            if int(raw["window_end_ns"]) < lo or int(raw["window_start_ns"]) > hi:
+                continue
+            part = _clip_to(raw, lo, hi)
+            if part is None:
+                continue
+            calls.append((part, {
+                "header": "", "trace_name": trace_name, "part": "append",
+                "pid": int(child.pid), "process_name": _child_process_name(child),
+                "sort_index": main_pid + 1 + i, "base_ns": lo, "id_base": id_base,
+                "names": trace_names(part), "kernel_names": [],
+                "thread_names": _child_thread_names(int(child.pid), part),
+            }))
+            id_base += len(part["spans"])
+    return calls
+# -- end subprocesses --
+
+
 def export_chrome_trace(results, path) -> str:
     """Write the last recorded window of ``results`` as a Chrome trace.
 
     The file opens in Perfetto (ui.perfetto.dev), chrome://tracing, the
     TensorBoard profiler plugin and Holistic Trace Analysis. A path ending in
     ``.gz`` is gzip-compressed. The file appears atomically: it is written
-    under ``path + ".tmp"`` and renamed when complete.
+    under ``path + ".tmp"`` and renamed when complete. Child processes profiled
+    with ``subprocesses=True`` are their own process lanes (docs/subprocesses.md).
 
     Args:
         results: a :class:`gpuprof.Results` (``prof.results``).
@@ -199,21 +264,27 @@ def export_chrome_trace(results, path) -> str:
     path = check_output_path(path, "export_chrome_trace")
     window = results.windows[-1]
     meta = trace_meta(results, window, path)
-    try:
-        if path.endswith(".gz"):
-            tmp = path + ".tmp"
-            try:
-                with open(tmp, "wb") as raw, gzip.GzipFile(
-                        filename=os.path.basename(path[:-3]), mode="wb", fileobj=raw,
-                        compresslevel=_GZIP_LEVEL) as gz:
-                    _gpuprof._write_trace(gz, window, meta)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.remove(tmp)
-                raise
-        else:
+    calls = child_trace_calls(results, window, path)  # -- subprocesses --
+    if calls:
+        # one file from several calls on one writer: the children's lanes first,
+        # the parent's window last (it ends the file with the window end marker)
+        calls[0][1].update(part="open", header=meta["header"])
+        calls.append((window, dict(meta, part="close")))
+    else:
+        calls = [(window, meta)]
+    if not path.endswith(".gz") and len(calls) == 1:
+        try:  # written in C without the GIL, renamed into place there
             _gpuprof._write_trace(path, window, meta)
-    except OSError as e:
-        reraise_os_error(e, "export_chrome_trace", path)
+        except OSError as e:
+            reraise_os_error(e, "export_chrome_trace", path)
+        return path
+    with atomic_output(path, "export_chrome_trace") as tmp, open(tmp, "wb") as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(filename=os.path.basename(path[:-3]), mode="wb", fileobj=raw,
+                               compresslevel=_GZIP_LEVEL) as gz:
+                for w, m in calls:
+                    _gpuprof._write_trace(gz, w, m)
+        else:
+            for w, m in calls:
+                _gpuprof._write_trace(raw, w, m)
     return path
