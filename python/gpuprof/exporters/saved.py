@@ -6,12 +6,20 @@ array of every window (``w0/spans.npy``, ``w0/gpu.npy``, ...), readable with
 not an array: op names, files and lines, kernel names, the window's scalars,
 the CUDA capture state, thread and process names, device properties and the
 format version.
+
+Format version 2 adds the child processes of ``profile(subprocesses=True)``
+(docs/subprocesses.md): child ``j``'s window ``k`` is stored like a window of
+the main process under ``p<j>w<k>/``, and ``meta.json`` lists the children
+(``subprocesses``: pid, ppid, name, start method, status and their windows'
+scalars). The key is absent when children were not profiled. Version 1 files
+(no children) still load.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -28,7 +36,7 @@ from .chrome import (
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedProfile", "load", "save"]
 
 FORMAT = "gpuprof-saved"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: child processes (subprocesses); 1 files load unchanged
 
 
 def save(results: Results, path) -> str:
@@ -41,19 +49,12 @@ def save(results: Results, path) -> str:
     from .. import __version__
 
     path = check_output_path(path, "save")
-    windows = []
     arrays: dict[str, np.ndarray] = {}
-    for i, raw in enumerate(results.windows):
-        scalars = {}
-        for key, value in raw.items():
-            if isinstance(value, np.ndarray):
-                arrays[f"w{i}/{key}"] = value
-            else:
-                scalars[key] = value
-        windows.append(scalars)
+    windows = [_split_window(raw, f"w{i}/", arrays) for i, raw in enumerate(results.windows)]
     meta = dict(results.meta)
     meta.setdefault("pid", os.getpid())
     meta.setdefault("process_name", program_name())
+    meta.setdefault("ppid", os.getppid())
     meta.setdefault("thread_names", {str(k): v for k, v in results.thread_names().items()})
     meta.setdefault("device_properties", device_properties(results))
     meta.setdefault("distributed_info", distributed_info())
@@ -65,6 +66,16 @@ def save(results: Results, path) -> str:
         "meta": meta,
         "windows": windows,
     }
+    # -- subprocesses: the children's windows (format 2) --
+    children = getattr(results, "subprocesses", None)
+    if children is not None:
+        doc["subprocesses"] = [
+            {"pid": c.pid, "ppid": c.ppid, "name": c.name, "start_method": c.start_method,
+             "status": c.status,
+             "windows": [_split_window(raw, f"p{j}w{k}/", arrays)
+                         for k, raw in enumerate(c.windows)]}
+            for j, c in enumerate(children)]
+    # -- end subprocesses --
     # ensure_ascii keeps lone surrogates of labels intact through json.loads
     text = json.dumps(doc, ensure_ascii=True, default=_json_default)
     with atomic_output(path, "save") as tmp:
@@ -74,6 +85,17 @@ def save(results: Results, path) -> str:
                 with zf.open(name + ".npy", "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
     return path
+
+
+def _split_window(raw: dict, prefix: str, arrays: dict) -> dict:
+    """A window's arrays go to ``arrays`` under ``prefix``; the rest is returned."""
+    scalars = {}
+    for key, value in raw.items():
+        if isinstance(value, np.ndarray):
+            arrays[prefix + key] = value
+        else:
+            scalars[key] = value
+    return scalars
 
 
 def _json_default(o):
@@ -110,17 +132,36 @@ def load(path) -> LoadedProfile:
             raise ValueError(f"gpuprof.load(): {path!r} has format version {doc['version']}; "
                              f"this gpuprof reads up to {FORMAT_VERSION}: upgrade gpuprof")
         windows = [dict(w) for w in doc["windows"]]
+        children = doc.get("subprocesses")  # format 2, with subprocesses=True
+        child_windows = [[dict(w) for w in c["windows"]] for c in children or []]
         for name in zf.namelist():
             if not name.endswith(".npy"):
                 continue
             prefix, _, key = name[:-4].partition("/")
-            i = int(prefix[1:])
+            m = _ENTRY.fullmatch(prefix)
+            if m is None:
+                raise ValueError(f"gpuprof.load(): {path!r}: unexpected entry {name!r}")
             with zf.open(name) as f:
                 arr = np.lib.format.read_array(f, allow_pickle=False)
             arr.flags.writeable = False
-            windows[i][key] = arr
+            child, k = m.group(1), int(m.group(2))
+            try:
+                (windows if child is None else child_windows[int(child)])[k][key] = arr
+            except IndexError:
+                raise ValueError(f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
+                                 "window listed in meta.json (damaged file?)") from None
     results = Results(windows, cuda=doc.get("cuda"), meta=doc.get("meta"))
+    if children is not None:  # -- subprocesses --
+        from ..processes import ProcessData
+
+        results.subprocesses = [
+            ProcessData(int(c["pid"]), int(c["ppid"]), str(c["name"]),
+                        str(c["start_method"]), str(c["status"]), wins)
+            for c, wins in zip(children, child_windows, strict=True)]
     return LoadedProfile(results, path)
+
+
+_ENTRY = re.compile(r"(?:p(\d+))?w(\d+)")  # w<k>: the main process; p<j>w<k>: child j
 
 
 class LoadedProfile:
@@ -151,18 +192,49 @@ class LoadedProfile:
     def with_stack(self) -> bool:
         return bool(self._results.meta.get("with_stack"))
 
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0):
-        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints)."""
+    @property
+    def subprocesses(self) -> bool:
+        """Whether the recording profiled child processes (``subprocesses=True``)."""
+        return hasattr(self._results, "subprocesses")
+
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0,
+                     pid=None):
+        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints).
+        ``pid``: see :meth:`ops`."""
         from ..tables import KeyAverages
 
         if group_by_input_shape:
             raise ValueError("key_averages(): group_by_input_shape is not supported (gpuprof "
                              "does not record input shapes)")
+        if pid is not None:  # -- subprocesses --
+            from .. import processes
+
+            return processes.key_averages(self._results, pid, self.subprocesses,
+                                          group_by_stack_n, self.profile_memory)
         return KeyAverages(self._results, group_by_stack_n=group_by_stack_n,
                            show_memory=self.profile_memory)
 
-    def ops(self):
+    def ops(self, pid=None):
+        """One row per op. ``pid`` as for a live profile: None or "main" the main
+        process, an int that process, "workers" the child processes summed, "all"
+        every process summed (docs/subprocesses.md)."""
+        if pid is not None:  # -- subprocesses --
+            from .. import processes
+
+            return processes.select(self._results, pid, self.subprocesses).ops()
         return self._results.ops()
+
+    def processes(self):
+        """One row per recorded process, the main process first, as
+        ``profile.processes()`` returned it when it was saved."""
+        from .. import processes
+
+        out = processes.processes_array(self._results)
+        meta = self._results.meta
+        # the main process's row as it was recorded, not the reader's own
+        out[0]["ppid"] = int(meta.get("ppid", -1))
+        out[0]["name"] = str(meta.get("process_name") or out[0]["name"])
+        return out
 
     def kernels(self):
         return self._results.kernels()
