@@ -36,6 +36,8 @@ def _profile_kwargs(args) -> dict:
     import gpuprof
 
     kwargs: dict = {"profile_memory": args.memory, "with_stack": args.with_stack}
+    if getattr(args, "subprocesses", False):  # -- subprocesses (docs/subprocesses.md) --
+        kwargs["subprocesses"] = True
     if args.cuda is not None:
         kwargs["activities"] = [gpuprof.ProfilerActivity.CPU] + (
             [gpuprof.ProfilerActivity.CUDA] if args.cuda else [])
@@ -223,12 +225,36 @@ def _report_run(prof, args, n_steps, patched):
     sort = args.sort or ("self_cuda_time_total" if results.cuda.get("active")
                          else "self_cpu_time_total")
     print(prof.key_averages().table(sort_by=sort, row_limit=args.limit), file=out)
+    if getattr(prof, "subprocesses", False):  # -- subprocesses --
+        _report_processes(prof, args, out)
     how = ", ".join(patched) if patched else ("time window" if args.delay is not None else "none")
     print(f"steps detected: {n_steps} (step boundaries: {how})", file=out)
     print(prof.diagnose(), file=out)
     if args.output:
         for path in _write_outputs(prof, args.output):
             print(f"gpuprof: wrote {path}", file=out)
+
+
+# -- subprocesses (docs/subprocesses.md) --
+def _report_processes(prof, args, out) -> None:
+    """One line per profiled process, then the workers' ops summed (when any recorded)."""
+    from .tables import format_time
+
+    procs = prof.processes()
+    workers = procs[procs["role"] == "worker"]
+    print(f"processes: main + {len(workers)} worker{'s' if len(workers) != 1 else ''}",
+          file=out)
+    width = min(40, max(len(str(n)) for n in procs["name"]))
+    for p in procs:
+        how = f"{p['role']}, {p['start_method']}" if p["start_method"] else str(p["role"])
+        print(f"  pid {p['pid']:<8d} {str(p['name'])[:width]:<{width}s}  {how:<18s} "
+              f"{p['status']:<7s} {p['events']:>11,d} events  self CPU "
+              f"{format_time(p['cpu_self_ns'])}", file=out)
+    if len(workers) and workers["windows"].sum() > 0:
+        print(prof.key_averages(pid="workers").table(
+            sort_by="self_cpu_time_total", row_limit=args.limit,
+            header=f"child processes ({len(workers)}), summed"), file=out)
+# -- end subprocesses --
 
 
 def cmd_demo(args) -> int:
@@ -364,6 +390,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", action="store_true", help="record device memory")
     r.add_argument("--with-stack", action="store_true")
     r.add_argument("--step-fn", help="module:function whose every return ends a step")
+    r.add_argument("--subprocesses", action="store_true",
+                   help="also profile child processes started by the program (DataLoader "
+                        "workers, multiprocessing); they are shown per process")
     r.add_argument("--capture-range", metavar="cudaProfilerApi|nvtx:NAME[@DOMAIN]",
                    help="record only between cudaProfilerStart() and cudaProfilerStop() "
                         "(torch.cuda.profiler.start/stop), or inside NVTX ranges named NAME")

@@ -94,3 +94,42 @@ def test_report_reads_an_exported_trace(tmp_path):
     bad.write_text("{not json")
     rep = gpuprof("report", str(bad))
     assert rep.returncode == 2 and "not a Chrome trace" in rep.stderr
+
+
+def test_run_subprocesses_shows_the_pool_workers(tmp_path):
+    """--subprocesses: the fork pool's workers are profiled; their rows are printed
+    (one line per process, then the workers' ops summed) and kept in the outputs."""
+    out = tmp_path / "out"
+    script = os.path.join(SCRIPTS, "pool_workers.py")
+    r = gpuprof("run", "--no-cuda", "--subprocesses", "--limit", "1000", "--output", str(out),
+                script, "20")
+    assert r.returncode == 0, r.stderr
+    assert "done 2470" in r.stdout
+    err = r.stderr
+    assert "processes: main + 2 workers" in err
+    lines = err.splitlines()
+    workers = [ln for ln in lines if "ForkPoolWorker-" in ln and "worker, fork" in ln]
+    assert len(workers) == 2, err
+    assert "child processes (2), summed" in err
+    # the workers' table: slow_item ran once per item, in the workers only
+    table = err[err.index("child processes (2), summed"):]
+    row = [ln for ln in table.splitlines() if ln.startswith("slow_item (pool_workers.py:")]
+    assert row and row[0].split()[-1] == "20", table
+    main_table = err[:err.index("processes: main")]
+    assert "slow_item (pool_workers.py:" not in main_table
+    # the saved profile keeps the workers; the trace has a lane per worker
+    saved = [f for f in os.listdir(out) if f.endswith(".gpuprof")]
+    import gpuprof as gp
+
+    loaded = gp.load(out / saved[0])
+    w = loaded.processes()
+    assert list(w["role"]).count("worker") == 2
+    ops = loaded.ops(pid="workers")
+    assert int(ops["calls"][ops["name"] == "slow_item"].sum()) == 20
+
+
+def test_run_without_subprocesses_prints_no_process_lines():
+    r = gpuprof("run", "--no-cuda", os.path.join(SCRIPTS, "pool_workers.py"), "4")
+    assert r.returncode == 0, r.stderr
+    assert "processes: main" not in r.stderr
+    assert "slow_item (pool_workers.py:" not in r.stderr
