@@ -1,4 +1,5 @@
-"""Chrome trace export: one recorded window as Kineto-compatible trace JSON.
+"""Chrome trace export: one recorded window as Kineto-compatible trace JSON,
+with the child processes profiled in that window as their own process lanes.
 
 The events are formatted in C (``_gpuprof._write_trace``, csrc/trace_json.c);
 this module prepares what C cannot know: display names, thread names, the
