@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import enum
 import functools
-import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 
-from . import _cuda, _gpuprof, _monitoring, _nvtx, _subprocess  # docs/nvtx.md, docs/subprocesses.md
+from . import (  # docs/nvtx.md, docs/subprocesses.md
+    _cuda,
+    _gpuprof,
+    _monitoring,
+    _nvtx,
+    _progress,
+    _subprocess,
+)
 from . import memory as _memory  # imported here: start() must not import while hooked
 from . import processes as _processes  # -- subprocesses --
 from ._progress import progress
@@ -229,8 +236,11 @@ class profile:
             # -- end memory curves --
             if self._subprocs is not None:  # -- subprocesses: the last window, no next one --
                 self._subprocs.stopping = True
-            with progress("closing the recorded window", self._core.buffer_stats()["events"]):
-                self._core.stop()
+            # Only C calls until the window is closed: Python code here would be recorded.
+            events = self._core.buffer_stats()["events"]
+            t0 = time.perf_counter()
+            self._core.stop()
+            _progress.done("closed the recorded window", events, time.perf_counter() - t0)
         finally:
             self._unhook()
             if self._subprocs is not None:  # -- subprocesses: children stop, folder removed --
@@ -354,7 +364,7 @@ class profile:
         from .exporters.chrome import export_chrome_trace
 
         results = self.results
-        with progress(f"writing {os.fspath(path)}", len(results.spans())):
+        with progress(f"writing {path}", len(results.spans())):
             return export_chrome_trace(results, path)
 
     def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
@@ -369,7 +379,7 @@ class profile:
         from .exporters.saved import save
 
         results = self.results
-        with progress(f"saving {os.fspath(path)}", sum(len(w["spans"]) for w in results.windows)):
+        with progress(f"saving {path}", sum(len(w["spans"]) for w in results.windows)):
             return save(results, path)
 
     # -- memory (gpuprof.memory, docs/memory.md) ------------------------------------------
