@@ -27,7 +27,8 @@ gp_compat_dict_get_item_ref(PyObject *dict, PyObject *key, PyObject **result)
 static inline int
 gp_compat_frame_lasti(PyFrameObject *frame)
 {
-    return frame->f_lasti;
+    /* 3.10 counts f_lasti in code units; 3.11's PyFrame_GetLasti in bytes. */
+    return frame->f_lasti < 0 ? frame->f_lasti : frame->f_lasti * (int)sizeof(_Py_CODEUNIT);
 }
 #define PyFrame_GetLasti gp_compat_frame_lasti
 #endif
