@@ -20,10 +20,9 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md
 )
 from . import memory as _memory  # imported here: start() must not import while hooked
 from . import processes as _processes  # -- subprocesses --
-from ._progress import progress
+from ._accessors import ResultAccessors
 from ._results import Results
 from .schedule import Schedule
-from .tables import KeyAverages
 
 __all__ = ["ProfilerActivity", "profile", "record_function"]
 
@@ -48,7 +47,7 @@ def _foreign_profiler() -> str | None:
     return None
 
 
-class profile:
+class profile(ResultAccessors):
     """Profile the Python calls and GPU work of a block of code.
 
     ``with gpuprof.profile(schedule=gpuprof.schedule(wait=1, warmup=1, active=3)) as prof:``
@@ -315,73 +314,6 @@ class profile:
         return self._core.buffer_stats()
 
     # -- results ---------------------------------------------------------------
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0,
-                     pid=None):
-        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints).
-        ``pid``: see :meth:`ops`."""
-        if group_by_input_shape:
-            raise ValueError("key_averages(): group_by_input_shape is not supported (gpuprof "
-                             "does not record input shapes)")
-        if pid is not None:  # -- subprocesses --
-            return _processes.key_averages(self.results, pid, self.subprocesses,
-                                           group_by_stack_n, self.profile_memory)
-        return KeyAverages(self.results, group_by_stack_n=group_by_stack_n,
-                           show_memory=self.profile_memory)
-
-    def ops(self, pid=None):
-        """One row per op: see docs/tables.md for the fields. ``pid`` (with
-        ``subprocesses=True``): None the main process, an int that process,
-        "workers" summed over child processes, "all" summed over every process."""
-        if pid is not None:  # -- subprocesses --
-            return _processes.select(self.results, pid, self.subprocesses).ops()
-        return self.results.ops()
-
-    def kernels(self):
-        """One row per GPU activity name and device."""
-        return self.results.kernels()
-
-    def gpu_events(self):
-        """One row per GPU activity, joined to the op that launched it."""
-        return self.results.gpu_events()
-
-    def steps(self):
-        """One row per recorded step with CPU and GPU time breakdowns."""
-        return self.results.steps()
-
-    def call_tree(self):
-        """The call tree: node id, parent id, op row, times and calls."""
-        return self.results.call_tree()
-
-    def diagnose(self):
-        """Findings about the last recorded window, most severe first (see gpuprof.diagnose)."""
-        from .diagnose import diagnose
-
-        return diagnose(self.results)
-
-    def export_chrome_trace(self, path) -> str:
-        """Write the last recorded window as a Chrome/Perfetto trace (``.gz`` compresses);
-        opens in Perfetto, chrome://tracing, TensorBoard and HTA. See docs/traces.md."""
-        from .exporters.chrome import export_chrome_trace
-
-        results = self.results
-        with progress(f"writing {path}", len(results.spans())):
-            return export_chrome_trace(results, path)
-
-    def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
-        """Write collapsed stacks for flame graphs; ``metric`` is
-        ``"self_cpu_time_total"`` or ``"self_cuda_time_total"``."""
-        from .exporters.stacks import export_stacks
-
-        return export_stacks(self.results, path, metric)
-
-    def save(self, path) -> str:
-        """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""
-        from .exporters.saved import save
-
-        results = self.results
-        with progress(f"saving {path}", sum(len(w["spans"]) for w in results.windows)):
-            return save(results, path)
-
     # -- memory (gpuprof.memory, docs/memory.md) ------------------------------------------
     def _memory_check(self, what: str) -> None:
         if not self.profile_memory:
@@ -472,25 +404,6 @@ class profile:
         (see :data:`gpuprof.processes.PROCESSES_DTYPE` and docs/subprocesses.md)."""
         return _processes.processes_array(self.results)
     # -- end subprocesses --
-
-    # -- printable views (terminal text, HTML in notebooks) -----------------
-    def kernel_table(self, sort_by: str = "total_ns", row_limit: int = 20):
-        """GPU activities by name, most time first (see gpuprof.views.kernel_table)."""
-        from .views import kernel_table
-
-        return kernel_table(self.kernels(), sort_by=sort_by, row_limit=row_limit)
-
-    def step_table(self):
-        """One line per recorded step: wall, GPU busy/idle, memcpy, comm, sync wait."""
-        from .views import step_table
-
-        return step_table(self.steps())
-
-    def plot_steps(self, path_or_ax=None):
-        """Stacked bar per step of GPU compute, memcpy, comm, sync wait and idle (matplotlib)."""
-        from .views import plot_steps
-
-        return plot_steps(self.steps(), path_or_ax)
 
 
 class record_function:

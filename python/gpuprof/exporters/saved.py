@@ -24,6 +24,7 @@ import zipfile
 
 import numpy as np
 
+from .._accessors import ResultAccessors
 from .._results import Results
 from .chrome import (
     atomic_output,
@@ -164,7 +165,7 @@ def load(path) -> LoadedProfile:
 _ENTRY = re.compile(r"(?:p(\d+))?w(\d+)")  # w<k>: the main process; p<j>w<k>: child j
 
 
-class LoadedProfile:
+class LoadedProfile(ResultAccessors):
     """A profile read back from a ``.gpuprof`` file (read-only).
 
     It answers like the ``gpuprof.profile`` that recorded it: ``ops()``,
@@ -197,33 +198,6 @@ class LoadedProfile:
         """Whether the recording profiled child processes (``subprocesses=True``)."""
         return hasattr(self._results, "subprocesses")
 
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0,
-                     pid=None):
-        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints).
-        ``pid``: see :meth:`ops`."""
-        from ..tables import KeyAverages
-
-        if group_by_input_shape:
-            raise ValueError("key_averages(): group_by_input_shape is not supported (gpuprof "
-                             "does not record input shapes)")
-        if pid is not None:  # -- subprocesses --
-            from .. import processes
-
-            return processes.key_averages(self._results, pid, self.subprocesses,
-                                          group_by_stack_n, self.profile_memory)
-        return KeyAverages(self._results, group_by_stack_n=group_by_stack_n,
-                           show_memory=self.profile_memory)
-
-    def ops(self, pid=None):
-        """One row per op. ``pid`` as for a live profile: None or "main" the main
-        process, an int that process, "workers" the child processes summed, "all"
-        every process summed (docs/subprocesses.md)."""
-        if pid is not None:  # -- subprocesses --
-            from .. import processes
-
-            return processes.select(self._results, pid, self.subprocesses).ops()
-        return self._results.ops()
-
     def processes(self):
         """One row per recorded process, the main process first, as
         ``profile.processes()`` returned it when it was saved."""
@@ -235,33 +209,3 @@ class LoadedProfile:
         out[0]["ppid"] = int(meta.get("ppid", -1))
         out[0]["name"] = str(meta.get("process_name") or out[0]["name"])
         return out
-
-    def kernels(self):
-        return self._results.kernels()
-
-    def gpu_events(self):
-        return self._results.gpu_events()
-
-    def steps(self):
-        return self._results.steps()
-
-    def call_tree(self):
-        return self._results.call_tree()
-
-    def diagnose(self):
-        from ..diagnose import diagnose
-
-        return diagnose(self._results)
-
-    def export_chrome_trace(self, path) -> str:
-        from .chrome import export_chrome_trace
-
-        return export_chrome_trace(self._results, path)
-
-    def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
-        from .stacks import export_stacks
-
-        return export_stacks(self._results, path, metric)
-
-    def save(self, path) -> str:
-        return save(self._results, path)
