@@ -193,11 +193,22 @@ def _sync_points(v: _View):
             f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
             {"wait_ns": d["wait_ns"], "calls": d["calls"],
              "wait_per_step_ns": d["wait_ns"] // v.n_steps, "api": ", ".join(sorted(d["api"]))},
-            _loc(file, line),
-            "Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
-            "print(tensor)): accumulate on the GPU and read every N steps, or log "
-            "asynchronously with non_blocking copies into pinned memory."))
+            _loc(file, line), _sync_fix(d["via"])))
     return out
+
+
+# C calls that copy host data to the GPU: they block when the source is pageable.
+_TO_DEVICE = ("cuda", "to", "copy_", "pin_memory")
+
+
+def _sync_fix(via: set) -> str:
+    if any(name.rsplit(".", 1)[-1] in _TO_DEVICE for name in via):
+        return ("Copy from pinned memory without waiting: DataLoader(pin_memory=True) or "
+                "tensor.pin_memory(), then .cuda(non_blocking=True) / .to(device, "
+                "non_blocking=True).")
+    return ("Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
+            "print(tensor)): accumulate on the GPU and read every N steps, or log "
+            "asynchronously with non_blocking copies into pinned memory.")
 
 
 def _data_stall(v: _View):

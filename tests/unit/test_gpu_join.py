@@ -191,3 +191,10 @@ def test_activity_only_api_records_from_unknown_threads_go_to_the_blocked_thread
     ev = res.gpu_events()
     assert ev["op_name"][0].startswith("train_step")
     assert ev["blocked_thread"][0]
+
+
+def test_sync_fix_depends_on_the_call():
+    from gpuprof.diagnose import _sync_fix
+
+    assert "pin_memory" in _sync_fix({"torch._C.TensorBase.cuda"})
+    assert ".item()" in _sync_fix({"torch._C.TensorBase.item"})
