@@ -47,6 +47,7 @@ if str(REPO / "python") not in sys.path:
     sys.path.insert(0, str(REPO / "python"))
 
 import gpuprof  # noqa: E402
+from _runinfo import run_info  # noqa: E402
 from gpuprof import _gpuprof  # noqa: E402
 
 perf_ns = time.perf_counter_ns
@@ -612,20 +613,9 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def _git(*args) -> str | None:
-    try:
-        proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def metadata(args) -> dict:
-    status = _git("status", "--porcelain")
     return {
-        "benchmark": "bench_python_hook",
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        **run_info("bench_python_hook"),
         "machine": {
             "platform": platform.platform(),
             "machine": platform.machine(),
@@ -642,8 +632,6 @@ def metadata(args) -> dict:
         },
         "numpy": np.__version__,
         "gpuprof": getattr(gpuprof, "__version__", None),
-        "git": {"commit": _git("rev-parse", "HEAD"),
-                "dirty": None if status is None else bool(status)},
         "quick": args.quick,
         "repeats": args.repeats,
     }

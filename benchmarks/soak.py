@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ if str(REPO / "python") not in sys.path:
     sys.path.insert(0, str(REPO / "python"))
 
 import gpuprof  # noqa: E402
+from _runinfo import run_info  # noqa: E402
 
 WARM_CYCLES = 50  # cycles after which the pool and caches have their size
 CHUNK_EVENTS = gpuprof._gpuprof._test_constants()["CHUNK_EVENTS"]  # events per chunk
@@ -123,28 +123,15 @@ def heap_in_use() -> dict:
     return out
 
 
-def _git(*args) -> str | None:
-    try:
-        proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def metadata(args) -> dict:
-    status = _git("status", "--porcelain")
     return {
-        "benchmark": "soak",
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        **run_info("soak"),
         "machine": {"platform": platform.platform(), "machine": platform.machine(),
                     "cpu_count": os.cpu_count()},
         "python": {"version": platform.python_version(),
                    "implementation": platform.python_implementation()},
         "gpuprof": getattr(gpuprof, "__version__", None),
         "cuda": gpuprof.cuda_status().get("reason") or "usable",
-        "git": {"commit": _git("rev-parse", "HEAD"),
-                "dirty": None if status is None else bool(status)},
         "args": vars(args),
     }
 
