@@ -751,6 +751,13 @@ gp_cupti_activity_session_begin(void)
 }
 
 void
+gp_cupti_activity_after_fork_child(void)
+{
+    pthread_mutex_init(&cuda_lock, NULL);
+    atomic_store(&accepting, 0);
+}
+
+void
 gp_cupti_activity_session_end(void)
 {
     atomic_store(&accepting, 0);

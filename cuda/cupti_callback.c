@@ -533,6 +533,7 @@ gp_cuda_after_fork_child(void)
     /* The parent's subscription, buffers and enabled kinds belong to the
      * parent's CUDA context, which the child cannot use: drop our view of
      * them (the child's copy of the buffers is leaked, by design). */
+    gp_cupti_activity_after_fork_child();
     subscriber = NULL;
     window_open = 0;
     forced_activity = 0;

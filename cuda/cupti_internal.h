@@ -69,6 +69,11 @@ void gp_cupti_activity_session_begin(void);
  * gp_cuda_take_records. Control thread. */
 void gp_cupti_activity_session_end(void);
 
+/* In a forked child: a CUPTI thread of the parent may have held the lock at
+ * fork; the child gets a fresh one and accepts no records (its CUDA is not
+ * the parent's). */
+void gp_cupti_activity_after_fork_child(void);
+
 /* 1 when (domain, cbid) is one of the traced APIs below. Any thread. */
 int gp_cupti_activity_traced(CUpti_CallbackDomain domain, uint32_t cbid);
 
