@@ -541,6 +541,7 @@ CUPTI_AUTO_RANGE = 1
 CUPTI_KERNEL_REPLAY = 2
 CUPTI_PROFILER_TYPE_RANGE_PROFILER = 0
 CUPTI_PROFILER_RANGE_PROFILING = 0
+CUPTI_ERROR_NOT_INITIALIZED = 15
 SUPPORT_UNKNOWN, SUPPORT_UNSUPPORTED, SUPPORT_DISABLED, SUPPORT_SUPPORTED = 0, 1, 2, 3
 
 # entry point -> CUPTI_PARAMS key
@@ -595,6 +596,11 @@ class _Cupti:
             fn.restype = ctypes.c_int
             fn.argtypes = [_vp]
             self.fns[entry] = fn
+        for name, args in (("cuptiSubscribe", [ctypes.POINTER(_vp), _vp, _vp]),
+                           ("cuptiUnsubscribe", [_vp])):
+            f = getattr(self.lib, name)
+            f.restype = ctypes.c_int
+            f.argtypes = args
         self._result_string = self.lib.cuptiGetResultString
         self._result_string.restype = ctypes.c_int
         self._result_string.argtypes = [ctypes.c_int, ctypes.POINTER(_cp)]
@@ -628,6 +634,33 @@ class _Cupti:
         if code != 0:
             raise _CuptiFailure(entry, code, self.text(code))
         return p
+
+
+def _profiler_initialize(api: _Cupti) -> Callable[[], None]:
+    """cuptiProfilerInitialize, attaching CUPTI first when it is detached.
+
+    A gpuprof profile detaches CUPTI when it stops (cuptiFinalize), so that
+    nothing lingers in the program; the profiler API then answers
+    CUPTI_ERROR_NOT_INITIALIZED until a client attaches CUPTI again. A
+    subscription without callbacks does that. Returns what undoes it, to call
+    after cuptiProfilerDeInitialize.
+    """
+    try:
+        api.call("cuptiProfilerInitialize")
+        return lambda: None
+    except _CuptiFailure as e:
+        if e.code != CUPTI_ERROR_NOT_INITIALIZED:
+            raise
+    handle = _vp()
+    code = api.lib.cuptiSubscribe(ctypes.byref(handle), None, None)
+    if code != 0:
+        raise _CuptiFailure("cuptiSubscribe", code, api.text(code))
+    try:
+        api.call("cuptiProfilerInitialize")
+    except BaseException:
+        api.lib.cuptiUnsubscribe(handle)
+        raise
+    return lambda: api.lib.cuptiUnsubscribe(handle)
 
 
 def _names(strings: list[str]):
@@ -729,7 +762,7 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
                        "that runs the same work")
 
     # 2. measure them
-    api.call("cuptiProfilerInitialize")
+    detach = _profiler_initialize(api)
     host = None
     obj = None
     try:
@@ -815,6 +848,7 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
         if host is not None:
             _quiet(api, "cuptiProfilerHostDeinitialize", pHostObject=host)
         _quiet(api, "cuptiProfilerDeInitialize")
+        detach()
 
     if dropped:
         report.notes.append(f"{dropped} kernel launches past max_kernels={max_kernels} were "
