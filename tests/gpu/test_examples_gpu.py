@@ -31,5 +31,6 @@ def test_slow_and_fast_training(tmp_path):
     c = gpuprof.compare(slow, fast)
     print(c)
     gone = set(c.findings_gone)
-    assert {"data_stall", "sync_point", "no_mixed_precision"} <= gone, (str(c), fast_out)
+    assert {"data_stall", "sync_point", "no_mixed_precision", "launch_bound"} <= gone, (
+        str(c), fast_out)
     assert c.speedup > 1.0

@@ -6,10 +6,9 @@ Marked `gpu`: skipped (with the loader's reason) where GPU capture is unusable.
 
 import time
 
+import gpuprof
 import numpy as np
 import pytest
-
-import gpuprof
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
