@@ -239,6 +239,11 @@ def _data_stall(v: _View):
     if len(v.gpu):
         busy_iv = _merged(v.gpu, kinds=("kernel", "memcpy", "memset"))
         busy = sum(_overlap(busy_iv, int(sp["start_ns"][i]), int(sp["end_ns"][i])) for i in idx)
+    # Waiting for data costs the step only while the GPU has nothing queued:
+    # a loader that the GPU's backlog covers is not a stall.
+    severity = (wait - busy) / max(v.step_ns, 1)
+    if severity < 0.05:
+        return []
     top = np.bincount(sp["op_row"][idx], weights=(sp["end_ns"][idx] - sp["start_ns"][idx]))
     row = int(np.argmax(top))
     # the hottest function inside the loader
@@ -250,7 +255,7 @@ def _data_stall(v: _View):
     hot = _worker_hotspot(v.res)  # -- subprocesses: what the workers were busy with --
     ev.update(hot)
     return [Finding(
-        "data_stall", share,
+        "data_stall", severity,
         f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
         f"{format_time(wait // v.n_steps)} per step"
         + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
@@ -289,7 +294,8 @@ def _merged(gpu, kinds):
     s, e = gpu["start_ns"][m], gpu["end_ns"][m]
     order = np.argsort(s, kind="stable")
     out = []
-    for a, b in zip(s[order], e[order]):
+    # Python ints: these end up in findings' evidence, which to_dict() promises as plain data
+    for a, b in zip(s[order].tolist(), e[order].tolist()):
         if out and a <= out[-1][1]:
             out[-1][1] = max(out[-1][1], b)
         else:

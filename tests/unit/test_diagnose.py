@@ -1,0 +1,494 @@
+"""prof.diagnose() on synthetic profiles: each finding found where it is planted, with
+the severity the timeline implies, and not reported in a near miss.
+
+Every profile goes through the real C aggregation (`_gpuprof._test_aggregate`): four
+steps of 100 us on one thread, CUDA API calls as enter/exit events, GPU activity as
+records. Severities are computed here from the planted timeline, not read back.
+"""
+
+import json
+import os
+
+import gpuprof
+import pytest
+from gpuprof import _gpuprof
+from gpuprof._accessors import ResultAccessors
+from gpuprof._results import Results
+from gpuprof.diagnose import Diagnosis, diagnose
+
+C = _gpuprof._test_constants()
+gpuprof.cuda_status()  # loads libcupti when present: API names come from it
+US = 1000
+STEP = 100 * US
+N_STEPS = 4
+T0 = 1 * US  # the first step's start; the window starts at 0
+
+LAUNCH = 211        # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
+STREAM_SYNC = 131   # CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020
+MALLOC = 20         # CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020
+FREE = 22           # CUPTI_RUNTIME_TRACE_CBID_cudaFree_v3020
+
+# API classes are compiled in with the CUPTI headers; a stub build has none, and then
+# sync and allocation calls cannot be told from other API calls.
+HAVE_CLASSES = _gpuprof._test_api_key(C["API_RUNTIME"], STREAM_SYNC)["class"] != 0
+needs_classes = pytest.mark.skipif(not HAVE_CLASSES, reason="built without CUPTI API classes")
+
+FP32_GEMM = "ampere_sgemm_128x64_nn"
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+ELEMENTWISE = "_Z6kernelv"
+
+
+def key(cbid):
+    return _gpuprof._test_api_key(C["API_RUNTIME"], cbid)["key"]
+
+
+def api_name(cbid):
+    return _gpuprof._test_api_key(C["API_RUNTIME"], cbid)["name"]
+
+
+# The profiled program: these functions' code objects are the Python ops.
+class Loader:
+    def __next__(self):
+        pass
+
+
+def decode():
+    pass
+
+
+def train_step():
+    pass
+
+
+def log_loss():
+    pass
+
+
+def host_postprocess():
+    pass
+
+
+OPS = [train_step, Loader.__next__, decode, log_loss, host_postprocess]
+TRAIN, NEXT, DECODE, LOG, POST = range(2, 2 + len(OPS))
+
+
+def loc(func):
+    """The file:line a finding names for a function (paths relative to the cwd)."""
+    code = func.__code__
+    return f"{os.path.relpath(code.co_filename)}:{code.co_firstlineno}"
+
+
+class Timeline:
+    """One thread's events and the GPU's records, written in time order."""
+
+    def __init__(self):
+        self.events = []
+        self.gpu = []
+        self.names = []
+        self._corr = 0
+
+    def call(self, op, t):
+        self.events.append((t, C["EV_CALL"], op))
+
+    def ret(self, t):
+        self.events.append((t, C["EV_RETURN"], 0))
+
+    def api(self, cbid, t, dur):
+        self._corr += 1
+        self.events.append((t, C["EV_API_ENTER"], self._corr, key(cbid)))
+        self.events.append((t + dur, C["EV_API_EXIT"], self._corr))
+        return self._corr
+
+    def kernel(self, corr, start, end, name=ELEMENTWISE, stream=7):
+        if name not in self.names:
+            self.names.append(name)
+        self.gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=start, end_ns=end,
+                             name_id=self.names.index(name), stream=stream, device=0,
+                             registers=32, grid_x=80, block_x=256))
+
+    def launch(self, t, start, end, name=ELEMENTWISE, stream=7, dur=US // 2):
+        """cudaLaunchKernel at t on the host; the kernel runs [start, end) on the GPU."""
+        self.kernel(self.api(LAUNCH, t, dur), start, end, name, stream)
+
+    def steps(self, body, n=N_STEPS):
+        """n steps of STEP ns; body(k, t0) writes step k's events from its start t0."""
+        for k in range(n):
+            t0 = T0 + k * STEP
+            self.events.append((t0, C["EV_STEP_BEGIN"], k))
+            body(k, t0)
+            self.events.append((t0 + STEP, C["EV_STEP_END"], k))
+        return self
+
+    def results(self):
+        end = max([e[0] for e in self.events] + [g["end_ns"] for g in self.gpu]) + US
+        ops = [(C["OP_PYTHON"], f.__code__, 0) for f in OPS]
+        raw = _gpuprof._test_aggregate(ops, [(1, 101, self.events)], self.gpu, 0, end,
+                                       self.names, 1)
+        # device_properties given: occupancy never asks a live CUDA for them
+        return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None},
+                       meta={"device_properties": []})
+
+
+def found(res, kind):
+    """The one finding of `kind`, or None."""
+    hits = [f for f in diagnose(res) if f.kind == kind]
+    assert len(hits) <= 1, hits
+    return hits[0] if hits else None
+
+
+# ---- data_stall -------------------------------------------------------------------------
+
+LOADER_WAIT = 40 * US
+
+
+def loader_profile(cover_us):
+    """Each step waits LOADER_WAIT in Loader.__next__ (decode inside), then trains: one
+    kernel that keeps the GPU busy cover_us into the next step's wait (the backlog)."""
+    tl = Timeline()
+    if cover_us:  # queued before the first recorded step: covers its wait as well
+        tl.kernel(0, T0, T0 + cover_us * US)
+
+    def body(k, t0):
+        tl.call(NEXT, t0)
+        tl.call(DECODE, t0 + 5 * US)
+        tl.ret(t0 + 35 * US)
+        tl.ret(t0 + LOADER_WAIT)
+        tl.call(TRAIN, t0 + LOADER_WAIT)
+        tl.launch(t0 + 41 * US, t0 + 42 * US, t0 + STEP + cover_us * US)
+        tl.ret(t0 + 95 * US)
+
+    return tl.steps(body).results()
+
+
+def test_data_stall_found_with_the_loader_line_and_the_hottest_function_inside():
+    res = loader_profile(cover_us=0)
+    f = found(res, "data_stall")
+    assert f is not None
+    # the GPU is idle through every wait: the whole wait is lost
+    assert f.severity == pytest.approx(LOADER_WAIT / STEP)
+    assert f.evidence["wait_ns"] == N_STEPS * LOADER_WAIT
+    assert f.evidence["wait_per_step_ns"] == LOADER_WAIT
+    assert f.evidence["gpu_busy_during_wait_share"] == 0.0
+    assert f.evidence["hottest_inside"] == f"decode ({loc(decode)})"
+    assert f.location == loc(Loader.__next__)
+    assert "Loader.__next__" in f.title
+    assert "num_workers" in f.fix
+
+
+def test_data_stall_counts_only_the_wait_the_gpu_backlog_does_not_cover():
+    res = loader_profile(cover_us=30)
+    f = found(res, "data_stall")
+    assert f is not None
+    assert f.severity == pytest.approx((LOADER_WAIT - 30 * US) / STEP)
+    assert f.evidence["wait_ns"] == N_STEPS * LOADER_WAIT
+    assert f.evidence["gpu_busy_during_wait_share"] == pytest.approx(30 / 40)
+
+
+@pytest.mark.parametrize("cover_us", [40, 37])
+def test_no_data_stall_when_the_gpu_backlog_covers_the_wait(cover_us):
+    res = loader_profile(cover_us)
+    # the loop does wait 40% of the step in the loader...
+    ops = res.ops()
+    assert ops[ops["name"] == "Loader.__next__"]["cpu_total_ns"][0] == N_STEPS * LOADER_WAIT
+    # ...but the GPU has queued work for all of it (or for all but 3%, under the 5% bar)
+    assert found(res, "data_stall") is None
+
+
+# ---- sync_point -------------------------------------------------------------------------
+
+def sync_profile(wait_us, sync_steps):
+    """log_loss blocks in cudaStreamSynchronize for wait_us in the steps in sync_steps."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        tl.launch(t0 + 2 * US, t0 + 3 * US, t0 + 60 * US)
+        tl.call(LOG, t0 + 4 * US)
+        if k in sync_steps:
+            tl.api(STREAM_SYNC, t0 + 5 * US, wait_us * US)
+        tl.ret(t0 + 62 * US)
+        tl.ret(t0 + 95 * US)
+
+    return tl.steps(body).results()
+
+
+@needs_classes
+def test_sync_point_names_the_python_line_that_blocked():
+    res = sync_profile(56, range(N_STEPS))
+    f = found(res, "sync_point")
+    assert f is not None
+    assert f.severity == pytest.approx(56 * US / STEP)
+    assert f.evidence == {"wait_ns": N_STEPS * 56 * US, "calls": N_STEPS,
+                          "wait_per_step_ns": 56 * US, "api": api_name(STREAM_SYNC)}
+    assert f.location == loc(log_loss)
+    assert f"({N_STEPS} times)" in f.title
+    assert ".item()" in f.fix  # a sync, not a host-to-device copy
+
+
+@needs_classes
+def test_a_cheap_sync_in_every_step_is_still_reported():
+    f = found(sync_profile(1, range(N_STEPS)), "sync_point")
+    assert f is not None
+    assert f.severity == pytest.approx(1 * US / STEP)  # under 2%, but it serializes each step
+
+
+@needs_classes
+def test_no_sync_point_for_one_cheap_sync():
+    assert found(sync_profile(1, {0}), "sync_point") is None
+
+
+# ---- launch_bound -----------------------------------------------------------------------
+
+LAUNCH_NS = 4 * US
+SHORT_KERNELS = 20
+
+
+def launch_profile(big_kernel_first):
+    """SHORT_KERNELS 1-us kernels per step, each launched by a 4-us cudaLaunchKernel;
+    with big_kernel_first a 70-us kernel goes first and the short ones queue behind it."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        t, gpu_free = t0 + 2 * US, t0
+        durations = [1 * US] * SHORT_KERNELS
+        if big_kernel_first:
+            durations.insert(0, 70 * US)
+        for d in durations:
+            start = max(t + LAUNCH_NS, gpu_free)  # after the launch returns, behind the queue
+            tl.launch(t, start, start + d, dur=LAUNCH_NS)
+            gpu_free = start + d
+            t += LAUNCH_NS + US // 2
+        tl.ret(t0 + 97 * US)
+
+    return tl.steps(body).results()
+
+
+def test_launch_bound_found_for_short_kernels_on_an_idle_gpu():
+    res = launch_profile(big_kernel_first=False)
+    f = found(res, "launch_bound")
+    assert f is not None
+    busy = SHORT_KERNELS * US / STEP  # 20%
+    # every kernel is shorter than a launch: (1 - busy) * min(1, 1.0 + 0.25)
+    assert f.severity == pytest.approx(1 - busy)
+    # without API classes the launch cost is the checker's 5-us default
+    launch_ns = LAUNCH_NS if HAVE_CLASSES else 5000
+    assert f.evidence == {"kernels_per_step": SHORT_KERNELS, "short_kernel_share": 1.0,
+                          "median_kernel_ns": 1 * US, "median_launch_ns": launch_ns,
+                          "gpu_busy_share": pytest.approx(busy)}
+    assert f"{SHORT_KERNELS} kernels per step" in f.title
+    assert "CUDA graphs" in f.fix
+
+
+def test_no_launch_bound_when_a_backlog_keeps_the_gpu_busy():
+    res = launch_profile(big_kernel_first=True)
+    busy = res.steps()["gpu_busy_ns"].sum() / (N_STEPS * STEP)
+    assert busy == pytest.approx(0.9)  # the same short kernels, queued behind a long one
+    assert found(res, "launch_bound") is None
+
+
+# ---- gpu_idle ---------------------------------------------------------------------------
+
+def idle_profile(kernel_us):
+    """One kernel of kernel_us per step; the host then runs host_postprocess."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        tl.launch(t0 + 2 * US, t0 + 3 * US, t0 + (3 + kernel_us) * US)
+        tl.call(POST, t0 + 35 * US)
+        tl.ret(t0 + 95 * US)
+        tl.ret(t0 + 97 * US)
+
+    return tl.steps(body).results()
+
+
+def test_gpu_idle_names_what_the_host_runs_in_the_largest_gap():
+    f = found(idle_profile(30), "gpu_idle")
+    assert f is not None
+    # idle per step: [t0, t0+3us) before the kernel and [t0+33us, t0+100us) after it
+    idle = 3 * US + 67 * US
+    assert f.severity == pytest.approx(0.5 * idle / STEP)
+    assert f.evidence == {"idle_ns": N_STEPS * idle, "gaps": 2 * N_STEPS,
+                          "largest_gap_ns": 67 * US}
+    assert f"67.000us during host_postprocess ({loc(host_postprocess)})" in f.title
+    assert f.fix
+
+
+def test_no_gpu_idle_under_20_percent():
+    assert found(idle_profile(85), "gpu_idle") is None  # idle 3 + 12 us of 100
+
+
+# ---- no_mixed_precision -----------------------------------------------------------------
+
+def matmul_profile(gemm_name):
+    """A 60-us matrix kernel and a 20-us elementwise kernel per step."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        tl.launch(t0 + 2 * US, t0 + 3 * US, t0 + 63 * US, name=gemm_name)
+        tl.launch(t0 + 3 * US, t0 + 63 * US, t0 + 83 * US)
+        tl.ret(t0 + 97 * US)
+
+    return tl.steps(body).results()
+
+
+@pytest.mark.parametrize("gemm_name", [FP32_GEMM, "volta_sgemm_128x64_tn",
+                                       "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128"])
+def test_no_mixed_precision_found_for_fp32_gemms(gemm_name):
+    f = found(matmul_profile(gemm_name), "no_mixed_precision")
+    assert f is not None
+    share, busy = 60 / 80, 80 * US / STEP
+    assert f.severity == pytest.approx(share * busy * 0.5)
+    assert f.evidence == {"fp32_gemm_ns": N_STEPS * 60 * US, "gpu_time_ns": N_STEPS * 80 * US,
+                          "fp32_gemm_share": pytest.approx(share)}
+    assert gemm_name[:60] in f.title
+    assert "autocast" in f.fix
+
+
+@pytest.mark.parametrize("gemm_name", [
+    "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn",
+    "ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+    "volta_h884gemm_64x128_ldg8_nn",
+    "_Z13vectorized_addv",  # FP32, but not a matrix kernel
+])
+def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(gemm_name):
+    assert found(matmul_profile(gemm_name), "no_mixed_precision") is None
+
+
+# ---- communication_wait -----------------------------------------------------------------
+
+def comm_profile(nccl_us):
+    """A compute kernel [5, 45) us into each step on stream 7 and an all-reduce at
+    nccl_us (start, end) on stream 9."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        tl.launch(t0 + 2 * US, t0 + 5 * US, t0 + 45 * US)
+        a, b = nccl_us
+        tl.launch(t0 + 3 * US, t0 + a * US, t0 + b * US, name=NCCL, stream=9)
+        tl.ret(t0 + 97 * US)
+
+    return tl.steps(body).results()
+
+
+@pytest.mark.parametrize("nccl_us, exposed_us", [((50, 90), 40), ((30, 60), 15)])
+def test_communication_wait_counts_what_compute_does_not_overlap(nccl_us, exposed_us):
+    f = found(comm_profile(nccl_us), "communication_wait")
+    assert f is not None
+    assert f.severity == pytest.approx(exposed_us * US / STEP)
+    comm = (nccl_us[1] - nccl_us[0]) * US
+    assert f.evidence == {"comm_ns": N_STEPS * comm, "exposed_comm_ns": N_STEPS * exposed_us * US}
+    assert f"{exposed_us}.000us per step" in f.title
+    assert "all-reduce" in f.fix
+
+
+def test_no_communication_wait_when_compute_overlaps_the_all_reduce():
+    res = comm_profile((10, 40))
+    assert res.steps()["comm_ns"].tolist() == [30 * US] * N_STEPS
+    assert found(res, "communication_wait") is None
+
+
+# ---- memory_churn -----------------------------------------------------------------------
+
+def alloc_profile(alloc_steps, alloc_us=5):
+    """cudaMalloc and cudaFree of alloc_us each around a kernel in alloc_steps."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        if k in alloc_steps:
+            tl.api(MALLOC, t0 + 2 * US, alloc_us * US)
+        tl.launch(t0 + 30 * US, t0 + 31 * US, t0 + 90 * US)
+        if k in alloc_steps:
+            tl.api(FREE, t0 + 40 * US, alloc_us * US)
+        tl.ret(t0 + 97 * US)
+
+    return tl.steps(body).results()
+
+
+@needs_classes
+def test_memory_churn_found_for_allocations_in_every_step():
+    f = found(alloc_profile(range(N_STEPS)), "memory_churn")
+    assert f is not None
+    assert f.severity == pytest.approx(2 * 5 * US / STEP)
+    assert f.evidence == {"calls": 2 * N_STEPS, "time_ns": N_STEPS * 2 * 5 * US}
+    assert "2.0 calls per step" in f.title
+    assert "caching allocator" in f.fix
+
+
+@needs_classes
+def test_no_memory_churn_once_allocation_reaches_a_steady_state():
+    # the first step allocates (slowly); later steps reuse the memory
+    assert found(alloc_profile({0}, alloc_us=20), "memory_churn") is None
+
+
+# ---- the report -------------------------------------------------------------------------
+
+def ranked_profile():
+    """A 30-us loader wait, a compute kernel, then a 25-us all-reduce nothing overlaps:
+    data_stall 0.30 > communication_wait 0.25 > gpu_idle 0.175 (checked in another order)."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(NEXT, t0)
+        tl.ret(t0 + 30 * US)
+        tl.call(TRAIN, t0 + 30 * US)
+        tl.launch(t0 + 31 * US, t0 + 32 * US, t0 + 72 * US)
+        tl.launch(t0 + 32 * US, t0 + 72 * US, t0 + 97 * US, name=NCCL, stream=9)
+        tl.ret(t0 + 98 * US)
+
+    return tl.steps(body).results()
+
+
+def test_findings_are_ranked_by_severity():
+    d = diagnose(ranked_profile())
+    assert d.kinds() == ["data_stall", "communication_wait", "gpu_idle"]
+    # idle per step: [0, 32) and [97, 100) us
+    assert [f.severity for f in d] == pytest.approx([0.30, 0.25, 0.5 * 35 / 100])
+    assert d.summary == {"steps": N_STEPS, "step_ns_mean": STEP,
+                         "gpu_busy_share": pytest.approx(65 / 100), "gpu": True}
+
+
+def test_to_dict_round_trips_through_json():
+    d = diagnose(ranked_profile())
+    data = d.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert [f["kind"] for f in data["findings"]] == d.kinds()
+    assert set(data["findings"][0]) == {"kind", "severity", "title", "evidence", "location",
+                                        "fix"}
+    for f in data["findings"]:
+        assert type(f["severity"]) is float
+        assert all(type(v) in (int, float, str) for v in f["evidence"].values()), f
+
+
+def test_str_names_each_finding_with_its_share_location_and_fix():
+    d = diagnose(ranked_profile())
+    text = str(d)
+    assert text.startswith("gpuprof diagnosis\n")
+    assert f"{N_STEPS} recorded steps, 100.000us per step; GPU busy 65.0% of step time" in text
+    for i, f in enumerate(d, 1):
+        assert f"{i}. [{100 * f.severity:4.1f}% of step time] {f.title}" in text
+        assert f"   fix: {f.fix}" in text
+    assert f"   at {loc(Loader.__next__)}" in text
+    assert "wait_per_step_ns=30.000us" in text
+
+
+def test_a_clean_profile_has_no_findings():
+    res = idle_profile(85)
+    d = diagnose(res)
+    assert isinstance(d, Diagnosis) and list(d) == []
+    assert "No bottleneck found" in str(d)
+    assert json.loads(json.dumps(d.to_dict()))["findings"] == []
+
+
+def test_prof_diagnose_reads_the_results():
+    class Loaded(ResultAccessors):
+        def __init__(self, results):
+            self.results = results
+
+    res = loader_profile(cover_us=0)
+    assert Loaded(res).diagnose().to_dict() == diagnose(res).to_dict()
