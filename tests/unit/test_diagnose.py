@@ -99,12 +99,12 @@ class Timeline:
         self.events.append((t + dur, C["EV_API_EXIT"], self._corr))
         return self._corr
 
-    def kernel(self, corr, start, end, name=ELEMENTWISE, stream=7):
+    def kernel(self, corr, start, end, name=ELEMENTWISE, stream=7, graph_id=0):
         if name not in self.names:
             self.names.append(name)
         self.gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=start, end_ns=end,
                              name_id=self.names.index(name), stream=stream, device=0,
-                             registers=32, grid_x=80, block_x=256))
+                             registers=32, grid_x=80, block_x=256, graph_id=graph_id))
 
     def launch(self, t, start, end, name=ELEMENTWISE, stream=7, dur=US // 2):
         """cudaLaunchKernel at t on the host; the kernel runs [start, end) on the GPU."""
@@ -285,6 +285,24 @@ def test_no_launch_bound_when_a_backlog_keeps_the_gpu_busy():
     busy = res.steps()["gpu_busy_ns"].sum() / (N_STEPS * STEP)
     assert busy == pytest.approx(0.9)  # the same short kernels, queued behind a long one
     assert found(res, "launch_bound") is None
+
+
+def test_no_launch_bound_for_short_kernels_replayed_from_a_cuda_graph():
+    # given the same 1-us kernels and the same idle GPU, all from one graph launch
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        corr = tl.api(LAUNCH, t0 + 2 * US, LAUNCH_NS)
+        start = t0 + 2 * US + LAUNCH_NS
+        for i in range(SHORT_KERNELS):
+            tl.kernel(corr, start + i * US, start + (i + 1) * US, graph_id=1)
+        tl.ret(t0 + 97 * US)
+
+    res = tl.steps(body).results()
+    # then no kernel paid a launch of its own: the idle GPU is gpu_idle's finding
+    assert found(res, "launch_bound") is None
+    assert found(res, "gpu_idle") is not None
 
 
 # ---- gpu_idle ---------------------------------------------------------------------------
