@@ -846,11 +846,21 @@ def check_gpu_consistent(prof):
 def test_interpreter_exits_cleanly_while_capturing_cuda():
     _torch_cuda()
     code = EXIT_HEADER + textwrap.dedent("""
-        import torch
+        import atexit, torch
         x = torch.randn(1 << 16, device="cuda")
+        # PyTorch itself aborts ("terminate called without an active exception") when
+        # a daemon thread is inside a CUDA call at exit, profiler or not; so the
+        # launcher stops launching at exit and parks, a daemon thread still alive.
+        stopping, parked = threading.Event(), threading.Event()
+        def at_exit():
+            stopping.set()
+            parked.wait(30)
+        atexit.register(at_exit)
         def launcher():
-            while True:
+            while not stopping.is_set():
                 (x * 2).sum()
+            parked.set()
+            threading.Event().wait()
         threading.Thread(target=launcher, daemon=True).start()
         prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU,
                                            gpuprof.ProfilerActivity.CUDA])
