@@ -336,6 +336,16 @@ gp_cuda_session_begin(void)
 
     /* Before any kind is enabled, so that every record is on our clock. */
     r = gp_cupti.cuptiActivityRegisterTimestampCallback(gp_clock_now_fn);
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED && subscriber == NULL) {
+        /* Seen under compute-sanitizer and Nsight Compute: every CUPTI
+         * entry point answers this, the activity API included. */
+        st = gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL,
+                                  "another tool (%s) holds all of CUPTI, its activity API "
+                                  "included, as compute-sanitizer and Nsight Compute do; "
+                                  "CPU profiling goes on without GPU capture",
+                                  holder[0] ? holder : "unnamed");
+        goto fail;
+    }
     if (r != CUPTI_SUCCESS) {
         st = cupti_fail(GP_ERR_CUDA_UNAVAIL, "cuptiActivityRegisterTimestampCallback", r);
         goto fail;
