@@ -118,9 +118,11 @@ def run(args) -> dict:
                 loss = step()
                 if i % 50 == 49:
                     loss.item()  # a host sync now and then, as a logging loop does
+                    if time.perf_counter() >= deadline:
+                        break
                 prof.step()
         st["sessions"] += 1
-        st["steps"] += args.session_steps
+        st["steps"] += i + 1
     elapsed = time.perf_counter() - t0
     heap_last = heap_in_use()
     rss_end = rss_bytes()
