@@ -523,7 +523,7 @@ typedef struct Key {
     int64_t end;   /* relative ns, >= start; clamped into the enclosing slice */
     uint64_t lane;
     uint32_t idx;
-    uint32_t pad;
+    uint32_t api;  /* GPU slice: 1 + the API span that launched it, 0 none */
 } Key;
 
 static int
@@ -565,8 +565,23 @@ typedef struct Frame {
     uint32_t py_id;  /* Python id of the innermost python_function at or above, 0 none */
     int32_t py_span; /* innermost Python-function span (CallFrom), -1 none */
     uint32_t ext;    /* External id of the innermost user_annotation, 0 none */
-    uint32_t pad;
+    uint32_t ann;    /* its number in the Anns list, 0 none */
 } Frame;
+
+/* The user_annotation slices (record_function ranges and steps) in host
+ * sweep order, so that a range comes after the range enclosing it: the GPU
+ * side projects each one, with the ranges around it, onto the streams its
+ * launches ran on (trace-format 6.7). Owned by write_all. */
+typedef struct Ann {
+    uint32_t span;   /* span row */
+    uint32_t parent; /* number (index + 1) of the enclosing annotation, 0 none */
+    int64_t step;    /* ProfilerStep number (steps only) */
+} Ann;
+
+typedef struct Anns {
+    Ann *v; /* capacity n_spans */
+    uint32_t n;
+} Anns;
 
 typedef struct StepKey {
     uint32_t thread;
@@ -642,9 +657,26 @@ put_slice_head(Out *o, const char *cat, size_t cat_len, const Str *name, int64_t
 
 #define CAT(s) (s), sizeof(s) - 1
 
-/* Write every span. Fills ext_of (External id an API span passes on). */
+/* "ProfilerStep#<step>" in buf (48 bytes). */
+static Str
+step_name(char *buf, int64_t step)
+{
+    static const char prefix[] = "ProfilerStep#";
+    char *p = buf + sizeof(prefix) - 1;
+    memcpy(buf, prefix, sizeof(prefix) - 1);
+    if (step < 0) {
+        *p++ = '-';
+        p = fmt_u64(p, (uint64_t)0 - (uint64_t)step);
+    } else {
+        p = fmt_u64(p, (uint64_t)step);
+    }
+    return (Str){buf, (size_t)(p - buf)};
+}
+
+/* Write every span. Fills anns, and ann_of: for each API span, the number
+ * of the innermost annotation around it (0 none). */
 static int
-write_host(const Ctx *c, Out *o, uint32_t *ext_of)
+write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
 {
     size_t n = c->n_spans;
     Key *keys = malloc((n + 1) * sizeof(Key));
@@ -662,7 +694,7 @@ write_host(const Ctx *c, Out *o, uint32_t *ext_of)
             keys[i].end = keys[i].start;
         keys[i].lane = s->thread;
         keys[i].idx = (uint32_t)i;
-        keys[i].pad = 0;
+        keys[i].api = 0;
     }
     sort_keys(keys, n);
     for (size_t i = 0; i < c->n_steps; i++) {
@@ -708,7 +740,12 @@ write_host(const Ctx *c, Out *o, uint32_t *ext_of)
         switch (s->kind) {
         case GP_OP_USER:
         case GP_OP_STEP: {
+            Ann *a = &anns->v[anns->n++];
+            a->span = key->idx;
+            a->parent = up.ann;
+            a->step = 0;
             f->ext = id;
+            f->ann = anns->n;
             if (s->kind == GP_OP_STEP) {
                 StepKey want = {s->thread, s->start_ns, 0};
                 StepKey *hit = c->n_steps
@@ -716,9 +753,9 @@ write_host(const Ctx *c, Out *o, uint32_t *ext_of)
                                    : NULL;
                 int64_t step = hit ? hit->step : next_step;
                 next_step = step + 1;
+                a->step = step;
                 char buf[48];
-                int len = snprintf(buf, sizeof(buf), "ProfilerStep#%lld", (long long)step);
-                Str sn = {buf, (size_t)len};
+                Str sn = step_name(buf, step);
                 put_slice_head(o, CAT("user_annotation"), &sn, c->pid, tid, key->start, dur);
             } else {
                 put_slice_head(o, CAT("user_annotation"), name, c->pid, tid, key->start, dur);
@@ -747,7 +784,7 @@ write_host(const Ctx *c, Out *o, uint32_t *ext_of)
             PUT(o, ", \"correlation\": ");
             put_i64(o, s->correlation);
             PUT(o, "}}");
-            ext_of[key->idx] = up.ext;
+            ann_of[key->idx] = up.ann;
             break;
         }
         default: { /* Python and C calls */
@@ -918,17 +955,346 @@ put_flow(Out *o, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
         PUT(o, ", \"cat\": \"ac2g\", \"name\": \"ac2g\", \"bp\": \"e\"}");
 }
 
+/* ---- GPU projections of user annotations (trace-format 6.7) ----------------- */
+
+/* One annotation's slice on one GPU lane. */
+typedef struct AnnSlice {
+    int64_t start; /* first op's start; after pad_slices, the written start */
+    int64_t end;   /* last op's end; after pad_slices, the written end */
+    uint32_t ann;  /* annotation number */
+    uint32_t pad;
+} AnnSlice;
+
+/* A slice open during pad_slices. */
+typedef struct Open {
+    int64_t start; /* written start */
+    int64_t end;   /* op's end, or the annotation's last op's end */
+    int64_t cap;   /* an op's end, or the cap of an annotation's parent (INT64_MAX none) */
+    uint32_t item; /* index in Proj.items, or NO_ITEM for an op */
+    uint32_t pad;
+} Open;
+
+#define NO_ITEM UINT32_MAX
+
+/* Scratch for the projections, owned by write_gpu; the per-annotation arrays
+ * hold n_anns + 1 entries. */
+typedef struct Proj {
+    uint32_t *stamp; /* per annotation: the last lane number that has a slice of it */
+    uint32_t *slot;  /* per annotation: its index in items, valid while stamped */
+    AnnSlice *items; /* the slices of the current lane */
+    size_t n;
+    Open *open;     /* pad_slices' stack: as many entries as a lane has slices */
+    uint32_t lane_no;
+} Proj;
+
 static int
-write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ext_of, int64_t *max_end)
+cmp_slice_ann(const void *x, const void *y)
+{
+    const AnnSlice *a = x, *b = y;
+    return (a->ann > b->ann) - (a->ann < b->ann);
+}
+
+/* Lane order: start ascending, longest first, an outer range before an inner
+ * one with the same bounds. */
+static int
+cmp_slice(const void *x, const void *y)
+{
+    const AnnSlice *a = x, *b = y;
+    if (a->start != b->start)
+        return a->start < b->start ? -1 : 1;
+    if (a->end != b->end)
+        return a->end > b->end ? -1 : 1;
+    return (a->ann > b->ann) - (a->ann < b->ann);
+}
+
+/* Whether the annotation slice goes before the op in lane order; with the
+ * same bounds it is the op's parent. */
+static inline int
+slice_first(const AnnSlice *a, const Key *k)
+{
+    return a->start < k->start || (a->start == k->start && a->end >= k->end);
+}
+
+/* Add 1 ns on each side of every annotation slice of the lane, less where
+ * that would overlap a neighbour, so that the lane nests without moving an
+ * op. On one stream the ops of a range run in launch order, so the unpadded
+ * slices of one thread's ranges nest or are disjoint; ranges of threads that
+ * share a stream can cross, and then the later one is cut at the end of the
+ * one it starts in. A slice starts no earlier than anything before it ended
+ * (a zero-length op 1 ns earlier included) or than its parent, and ends no
+ * later than the next slice starts or than an op around it. */
+static void
+pad_slices(Proj *p, const Key *keys, size_t kb, size_t ke)
+{
+    size_t i = 0, k = kb, depth = 0;
+    int64_t floor = 0;
+    while (i < p->n || k < ke) {
+        int is_ann = k == ke || (i < p->n && slice_first(&p->items[i], &keys[k]));
+        int64_t s = is_ann ? p->items[i].start : keys[k].start;
+        int64_t e = is_ann ? p->items[i].end : keys[k].end;
+        /* Close what ends at or before s; a zero-length slice at the end of
+         * a range (its last op, say) stays inside it. */
+        while (depth > 0 && p->open[depth - 1].end <= s &&
+               (e > p->open[depth - 1].end || p->open[depth - 1].item == NO_ITEM)) {
+            Open *t = &p->open[--depth];
+            int64_t end = t->end;
+            if (t->item != NO_ITEM) {
+                int64_t padded = end + 1 < s ? end + 1 : s;
+                end = p->items[t->item].end = padded < t->cap ? padded : t->cap;
+            }
+            int64_t after = t->start == end ? end + 1 : end;
+            if (after > floor)
+                floor = after;
+        }
+        Open *up = depth > 0 ? &p->open[depth - 1] : NULL;
+        if (up != NULL && e > up->end)
+            e = up->end; /* crosses the open slice: cut */
+        Open *t = &p->open[depth++];
+        t->end = e;
+        if (is_ann) {
+            AnnSlice *a = &p->items[i];
+            int64_t st = s - 1 > floor ? s - 1 : floor;
+            if (st > s)
+                st = s;
+            if (up != NULL && st < up->start)
+                st = up->start;
+            a->start = t->start = st;
+            a->end = e;
+            t->cap = up == NULL ? INT64_MAX : up->cap;
+            t->item = (uint32_t)i++;
+        } else {
+            t->start = s;
+            t->cap = e;
+            t->item = NO_ITEM;
+            k++;
+        }
+    }
+    while (depth > 0) {
+        Open *t = &p->open[--depth];
+        if (t->item != NO_ITEM)
+            p->items[t->item].end = t->end < t->cap ? t->end + 1 : t->cap;
+    }
+}
+
+/* Sort the lane's slices by cmp (unless they are in order already) and
+ * index them by annotation. */
+static void
+sort_slices(Proj *p, int (*cmp)(const void *, const void *))
+{
+    for (size_t i = 1; i < p->n; i++) {
+        if (cmp(&p->items[i - 1], &p->items[i]) > 0) {
+            qsort(p->items, p->n, sizeof(AnnSlice), cmp);
+            break;
+        }
+    }
+    for (size_t i = 0; i < p->n; i++)
+        p->slot[p->items[i].ann] = (uint32_t)i;
+}
+
+/* The annotation slices of the lane keys[kb..ke) into p->items, in lane
+ * order with their written bounds: for each annotation with an op of the lane
+ * launched inside it (or inside a range within it), from 1 ns before the
+ * first such op to 1 ns after the last. Output-sensitive: one pass over the
+ * lane's ops, plus O(k log k) for its k slices. The sorts are only checks when
+ * one thread launched the lane's ops: its ranges are found in the order of
+ * their first op, outer ones first, which is both their numbering and the lane
+ * order. */
+static void
+project_lane(Proj *p, const Anns *anns, const uint32_t *ann_of, const GpGpuEventRow *gpu,
+             const Key *keys, size_t kb, size_t ke)
+{
+    uint32_t lane = ++p->lane_no;
+    p->n = 0;
+    for (size_t k = kb; k < ke; k++) {
+        if (keys[k].api == 0 || gpu[keys[k].idx].kind == GP_GPU_SYNC)
+            continue;
+        uint32_t a = ann_of[keys[k].api - 1];
+        if (a == 0)
+            continue;
+        if (p->stamp[a] == lane) {
+            AnnSlice *s = &p->items[p->slot[a]];
+            if (keys[k].start < s->start)
+                s->start = keys[k].start;
+            if (keys[k].end > s->end)
+                s->end = keys[k].end;
+            continue;
+        }
+        /* A new range, and the ranges around it that the lane does not have
+         * yet, outermost first. */
+        size_t first = p->n;
+        for (uint32_t up = a; up != 0 && p->stamp[up] != lane; up = anns->v[up - 1].parent) {
+            p->stamp[up] = lane;
+            p->items[p->n++] = (AnnSlice){INT64_MAX, INT64_MIN, up, 0};
+        }
+        for (size_t i = first, j = p->n - 1; i < j; i++, j--) {
+            AnnSlice tmp = p->items[i];
+            p->items[i] = p->items[j];
+            p->items[j] = tmp;
+        }
+        for (size_t i = first; i < p->n; i++)
+            p->slot[p->items[i].ann] = (uint32_t)i;
+        p->items[p->n - 1].start = keys[k].start;
+        p->items[p->n - 1].end = keys[k].end;
+    }
+    if (p->n == 0)
+        return;
+    /* Inner ranges have higher numbers: widen the outer ones bottom up. */
+    sort_slices(p, cmp_slice_ann);
+    for (size_t i = p->n; i-- > 0;) {
+        uint32_t up = anns->v[p->items[i].ann - 1].parent;
+        if (up == 0)
+            continue;
+        AnnSlice *s = &p->items[p->slot[up]];
+        if (p->items[i].start < s->start)
+            s->start = p->items[i].start;
+        if (p->items[i].end > s->end)
+            s->end = p->items[i].end;
+    }
+    sort_slices(p, cmp_slice);
+    pad_slices(p, keys, kb, ke);
+    sort_slices(p, cmp_slice); /* padding keeps the order but for rare ties */
+}
+
+/* One gpu_user_annotation slice (no stream arg: HTA takes any event with one
+ * for a GPU op). */
+static void
+write_ann_slice(const Ctx *c, Out *o, const Anns *anns, const AnnSlice *a, uint64_t lane)
+{
+    const Ann *ann = &anns->v[a->ann - 1];
+    int64_t pid = (int64_t)(lane >> 40);
+    int64_t tid = (int64_t)(lane & (((uint64_t)1 << 40) - 1));
+    if (c->spans[ann->span].kind == GP_OP_STEP) {
+        char buf[48];
+        Str sn = step_name(buf, ann->step);
+        put_slice_head(o, CAT("gpu_user_annotation"), &sn, pid, tid, a->start, a->end - a->start);
+    } else {
+        put_slice_head(o, CAT("gpu_user_annotation"), name_of(c, c->spans[ann->span].op_row), pid,
+                       tid, a->start, a->end - a->start);
+    }
+    PUT(o, ", \"args\": {\"External id\": ");
+    put_i64(o, (int64_t)c->id_base + ann->span + 1);
+    PUT(o, "}}");
+}
+
+/* One kernel, copy, set or sync, with its ac2g flow. */
+static void
+write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const uint32_t *ann_of,
+             const Anns *anns, uint8_t *flowed)
+{
+    const GpGpuEventRow *g = &c->gpu[key->idx];
+    DevLane *dl = dev_find(devs, dev_pid(g->device));
+    int64_t pid = dl->device, tid = gpu_tid(g, dl);
+    int64_t stream = g->stream ? (int64_t)g->stream : (int64_t)dl->zero_sub;
+    int64_t dur = key->end - key->start;
+    const Str *name = g->kernel_row < c->n_kernel_names ? &c->kernel_names[g->kernel_row]
+                                                        : &gpu_activity_name;
+    uint32_t ann = key->api ? ann_of[key->api - 1] : 0;
+    switch (g->kind) {
+    case GP_GPU_KERNEL:
+        put_slice_head(o, CAT("kernel"), name, pid, tid, key->start, dur);
+        break;
+    case GP_GPU_MEMCPY:
+        put_slice_head(o, CAT("gpu_memcpy"), name, pid, tid, key->start, dur);
+        break;
+    case GP_GPU_MEMSET:
+        put_slice_head(o, CAT("gpu_memset"), name, pid, tid, key->start, dur);
+        break;
+    default:
+        put_slice_head(o, CAT("cuda_sync"), name, pid, tid, key->start, dur);
+        break;
+    }
+    PUT(o, ", \"args\": {");
+    if (ann) {
+        PUT(o, "\"External id\": ");
+        put_i64(o, (int64_t)c->id_base + anns->v[ann - 1].span + 1);
+        PUT(o, ", ");
+    }
+    if (g->kind == GP_GPU_SYNC) {
+        PUT(o, "\"cuda_sync_kind\": ");
+        put_str(o, name);
+        PUT(o, ", ");
+        if (g->wait_stream) {
+            PUT(o, "\"wait_on_stream\": ");
+            put_i64(o, g->wait_stream);
+            PUT(o, ", ");
+        }
+        stream = g->stream ? (int64_t)g->stream : -1;
+    }
+    PUT(o, "\"device\": ");
+    put_i64(o, pid);
+    PUT(o, ", \"stream\": ");
+    put_i64(o, stream);
+    PUT(o, ", \"correlation\": ");
+    put_i64(o, g->correlation);
+    if (g->kind == GP_GPU_KERNEL) {
+        PUT(o, ", \"registers per thread\": ");
+        put_i64(o, g->registers);
+        PUT(o, ", \"shared memory\": ");
+        put_i64(o, g->shared_mem);
+        int64_t sms = (size_t)pid < c->n_sm_counts ? c->sm_counts[pid] : 0;
+        if (sms > 0) {
+            double blocks = 1.0, threads = 1.0;
+            for (int d = 0; d < 3; d++) {
+                blocks *= g->grid[d] ? g->grid[d] : 1;
+                threads *= g->block[d] ? g->block[d] : 1;
+            }
+            int64_t warp = (size_t)pid < c->n_warp_sizes && c->warp_sizes[pid] > 0
+                               ? c->warp_sizes[pid]
+                               : 32;
+            double warps = (double)(((int64_t)threads + warp - 1) / warp);
+            PUT(o, ", \"blocks per SM\": ");
+            put_fixed2(o, blocks / (double)sms);
+            PUT(o, ", \"warps per SM\": ");
+            put_fixed2(o, blocks * warps / (double)sms);
+        }
+        PUT(o, ", \"grid\": ");
+        put_xyz(o, g->grid);
+        PUT(o, ", \"block\": ");
+        put_xyz(o, g->block);
+        if (g->graph_id) {
+            PUT(o, ", \"graph id\": ");
+            put_i64(o, g->graph_id);
+        }
+    } else if (g->kind == GP_GPU_MEMCPY || g->kind == GP_GPU_MEMSET) {
+        int64_t raw_dur = g->end_ns - g->start_ns;
+        PUT(o, ", \"bytes\": ");
+        put_i64(o, g->bytes);
+        PUT(o, ", \"memory bandwidth (GB/s)\": ");
+        put_fixed2(o, raw_dur > 0 ? (double)g->bytes / (double)raw_dur : 0.0);
+    }
+    PUT(o, "}}");
+
+    /* ac2g: only when both slices exist; once per correlation. */
+    if (key->api != 0 && g->kind != GP_GPU_SYNC && !flowed[key->api - 1]) {
+        const GpSpanRow *s = &c->spans[key->api - 1];
+        flowed[key->api - 1] = 1;
+        put_flow(o, 's', g->correlation, c->pid, thread_tid(c, s->thread), rel(c, s->start_ns));
+        put_flow(o, 'f', g->correlation, pid, tid, key->start);
+    }
+}
+
+static int
+write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ann_of, const Anns *anns,
+          int64_t *max_end)
 {
     size_t n = c->n_gpu;
     Key *keys = malloc((n + 1) * sizeof(Key));
     Corr *corr = malloc((c->n_spans + 1) * sizeof(Corr));
     uint8_t *flowed = calloc(c->n_spans + 1, 1);
-    int64_t *ends = malloc((n + 1) * sizeof(int64_t));
+    /* The lane stack holds ops and annotation slices. */
+    int64_t *ends = malloc((n + anns->n + 1) * sizeof(int64_t));
+    Proj proj = {NULL, NULL, NULL, 0, NULL, 0};
     int rc = -1;
     if (keys == NULL || corr == NULL || flowed == NULL || ends == NULL)
         goto done;
+    if (anns->n > 0 && n > 0) {
+        proj.stamp = calloc(anns->n + 1, sizeof(uint32_t));
+        proj.slot = malloc((anns->n + 1) * sizeof(uint32_t));
+        proj.items = malloc((anns->n + 1) * sizeof(AnnSlice));
+        proj.open = malloc((n + anns->n + 1) * sizeof(Open));
+        if (proj.stamp == NULL || proj.slot == NULL || proj.items == NULL || proj.open == NULL)
+            goto done;
+    }
 
     size_t nc = 0;
     for (size_t i = 0; i < c->n_spans; i++) {
@@ -992,38 +1358,10 @@ write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ext_of, int64_t *
             keys[nk].end = keys[nk].start;
         keys[nk].lane = (uint64_t)(uint32_t)dl->device << 40 | (uint64_t)gpu_tid(g, dl);
         keys[nk].idx = (uint32_t)i;
-        keys[nk].pad = 0;
-        nk++;
-    }
-    sort_keys(keys, nk);
-
-    uint64_t lane = UINT64_MAX;
-    size_t depth = 0;
-    for (size_t k = 0; k < nk; k++) {
-        Key *key = &keys[k];
-        const GpGpuEventRow *g = &c->gpu[key->idx];
-        if (key->lane != lane) {
-            lane = key->lane;
-            depth = 0;
-        }
-        while (depth > 0 && ends[depth - 1] <= key->start)
-            depth--;
-        if (depth > 0 && key->end > ends[depth - 1])
-            key->end = ends[depth - 1];
-        ends[depth++] = key->end;
-        if (key->end > *max_end)
-            *max_end = key->end;
-
-        DevLane *dl = dev_find(devs, dev_pid(g->device));
-        int64_t pid = dl->device, tid = gpu_tid(g, dl);
-        int64_t stream = g->stream ? (int64_t)g->stream : (int64_t)dl->zero_sub;
-        int64_t dur = key->end - key->start;
-        const Str *name = g->kernel_row < c->n_kernel_names ? &c->kernel_names[g->kernel_row]
-                                                            : &gpu_activity_name;
-        Corr *api = NULL;
+        keys[nk].api = 0;
         if (g->correlation != 0 && nc > 0) {
+            /* the first API span with this correlation */
             Corr want = {g->correlation, 0};
-            /* first entry with this correlation */
             size_t lo = 0, hi = nc;
             while (lo < hi) {
                 size_t m = lo + (hi - lo) / 2;
@@ -1033,90 +1371,36 @@ write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ext_of, int64_t *
                     hi = m;
             }
             if (lo < nc && corr[lo].corr == g->correlation)
-                api = &corr[lo];
+                keys[nk].api = corr[lo].span + 1;
         }
-        uint32_t ext = api ? ext_of[api->span] : 0;
-        switch (g->kind) {
-        case GP_GPU_KERNEL:
-            put_slice_head(o, CAT("kernel"), name, pid, tid, key->start, dur);
-            break;
-        case GP_GPU_MEMCPY:
-            put_slice_head(o, CAT("gpu_memcpy"), name, pid, tid, key->start, dur);
-            break;
-        case GP_GPU_MEMSET:
-            put_slice_head(o, CAT("gpu_memset"), name, pid, tid, key->start, dur);
-            break;
-        default:
-            put_slice_head(o, CAT("cuda_sync"), name, pid, tid, key->start, dur);
-            break;
-        }
-        PUT(o, ", \"args\": {");
-        if (ext) {
-            PUT(o, "\"External id\": ");
-            put_i64(o, ext);
-            PUT(o, ", ");
-        }
-        if (g->kind == GP_GPU_SYNC) {
-            PUT(o, "\"cuda_sync_kind\": ");
-            put_str(o, name);
-            PUT(o, ", ");
-            if (g->wait_stream) {
-                PUT(o, "\"wait_on_stream\": ");
-                put_i64(o, g->wait_stream);
-                PUT(o, ", ");
-            }
-            stream = g->stream ? (int64_t)g->stream : -1;
-        }
-        PUT(o, "\"device\": ");
-        put_i64(o, pid);
-        PUT(o, ", \"stream\": ");
-        put_i64(o, stream);
-        PUT(o, ", \"correlation\": ");
-        put_i64(o, g->correlation);
-        if (g->kind == GP_GPU_KERNEL) {
-            PUT(o, ", \"registers per thread\": ");
-            put_i64(o, g->registers);
-            PUT(o, ", \"shared memory\": ");
-            put_i64(o, g->shared_mem);
-            int64_t sms = (size_t)pid < c->n_sm_counts ? c->sm_counts[pid] : 0;
-            if (sms > 0) {
-                double blocks = 1.0, threads = 1.0;
-                for (int d = 0; d < 3; d++) {
-                    blocks *= g->grid[d] ? g->grid[d] : 1;
-                    threads *= g->block[d] ? g->block[d] : 1;
-                }
-                int64_t warp = (size_t)pid < c->n_warp_sizes && c->warp_sizes[pid] > 0
-                                   ? c->warp_sizes[pid]
-                                   : 32;
-                double warps = (double)(((int64_t)threads + warp - 1) / warp);
-                PUT(o, ", \"blocks per SM\": ");
-                put_fixed2(o, blocks / (double)sms);
-                PUT(o, ", \"warps per SM\": ");
-                put_fixed2(o, blocks * warps / (double)sms);
-            }
-            PUT(o, ", \"grid\": ");
-            put_xyz(o, g->grid);
-            PUT(o, ", \"block\": ");
-            put_xyz(o, g->block);
-            if (g->graph_id) {
-                PUT(o, ", \"graph id\": ");
-                put_i64(o, g->graph_id);
-            }
-        } else if (g->kind == GP_GPU_MEMCPY || g->kind == GP_GPU_MEMSET) {
-            int64_t raw_dur = g->end_ns - g->start_ns;
-            PUT(o, ", \"bytes\": ");
-            put_i64(o, g->bytes);
-            PUT(o, ", \"memory bandwidth (GB/s)\": ");
-            put_fixed2(o, raw_dur > 0 ? (double)g->bytes / (double)raw_dur : 0.0);
-        }
-        PUT(o, "}}");
+        nk++;
+    }
+    sort_keys(keys, nk);
 
-        /* ac2g: only when both slices exist; once per correlation. */
-        if (api != NULL && g->kind != GP_GPU_SYNC && !flowed[api->span]) {
-            const GpSpanRow *s = &c->spans[api->span];
-            flowed[api->span] = 1;
-            put_flow(o, 's', g->correlation, c->pid, thread_tid(c, s->thread), rel(c, s->start_ns));
-            put_flow(o, 'f', g->correlation, pid, tid, key->start);
+    for (size_t kb = 0, ke; kb < nk; kb = ke) {
+        uint64_t lane = keys[kb].lane;
+        for (ke = kb + 1; ke < nk && keys[ke].lane == lane; ke++)
+            ;
+        proj.n = 0;
+        if (proj.stamp != NULL)
+            project_lane(&proj, anns, ann_of, c->gpu, keys, kb, ke);
+        /* Ops and annotation slices, merged in lane order, nested. */
+        size_t depth = 0, i = 0, k = kb;
+        while (k < ke || i < proj.n) {
+            int is_ann = k == ke || (i < proj.n && slice_first(&proj.items[i], &keys[k]));
+            int64_t *start = is_ann ? &proj.items[i].start : &keys[k].start;
+            int64_t *end = is_ann ? &proj.items[i].end : &keys[k].end;
+            while (depth > 0 && ends[depth - 1] <= *start)
+                depth--;
+            if (depth > 0 && *end > ends[depth - 1])
+                *end = ends[depth - 1];
+            ends[depth++] = *end;
+            if (*end > *max_end)
+                *max_end = *end;
+            if (is_ann)
+                write_ann_slice(c, o, anns, &proj.items[i++], lane);
+            else
+                write_gpu_op(c, o, devs, &keys[k++], ann_of, anns, flowed);
         }
     }
     rc = 0;
@@ -1125,6 +1409,10 @@ done:
     free(corr);
     free(flowed);
     free(ends);
+    free(proj.stamp);
+    free(proj.slot);
+    free(proj.items);
+    free(proj.open);
     return rc;
 }
 
@@ -1279,11 +1567,12 @@ static int
 write_all(const Ctx *c, Out *o)
 {
     Devices devs = {NULL, 0};
-    uint32_t *ext_of = calloc(c->n_spans + 1, sizeof(uint32_t));
+    uint32_t *ann_of = calloc(c->n_spans + 1, sizeof(uint32_t));
+    Anns anns = {malloc((c->n_spans + 1) * sizeof(Ann)), 0};
     int rc = -1;
     int opens = c->part == PART_WHOLE || c->part == PART_OPEN;
     int closes = c->part == PART_WHOLE || c->part == PART_CLOSE;
-    if (ext_of == NULL || build_devices(c, &devs) < 0)
+    if (ann_of == NULL || anns.v == NULL || build_devices(c, &devs) < 0)
         goto done;
     if (opens)
         write_open(c, o);
@@ -1299,16 +1588,17 @@ write_all(const Ctx *c, Out *o)
         end = 0;
     if (closes)
         write_markers(c, o, end);
-    if (write_host(c, o, ext_of) < 0)
+    if (write_host(c, o, ann_of, &anns) < 0)
         goto done;
-    if (write_gpu(c, o, &devs, ext_of, &end) < 0)
+    if (write_gpu(c, o, &devs, ann_of, &anns, &end) < 0)
         goto done;
     if (closes)
         write_close(c, o, end);
     out_flush(o);
     rc = 0;
 done:
-    free(ext_of);
+    free(ann_of);
+    free(anns.v);
     free(devs.v);
     return rc;
 }

@@ -400,7 +400,9 @@ class _RankTrace:
                     kind = "memory"
                 else:
                     kind = None
-                    m = _STEP_NAME.match(str(name))
+                    # the host's step markers; a step projected onto a stream
+                    # (gpu_user_annotation, as Kineto writes too) is not one
+                    m = None if cat in _GPU_CATS else _STEP_NAME.match(str(name))
                     if m:
                         self.host_pids.add(ev.get("pid"))
                         self.steps.setdefault(int(m.group(1)), (t, t + dur))

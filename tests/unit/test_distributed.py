@@ -378,14 +378,18 @@ def test_merged_trace_has_one_process_per_rank(tmp_path):
     lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev
              if e["ph"] == "M" and e["name"] == "thread_name"}
     kern_lanes = {(e["pid"], e["tid"]) for e in ev if e.get("cat") == "kernel"}
-    step_lanes = {(e["pid"], e["tid"]) for e in ev if e["name"].startswith("ProfilerStep#")}
+    step_lanes = {(e["pid"], e["tid"]) for e in ev if e["name"].startswith("ProfilerStep#")
+                  and e.get("cat") == "user_annotation"}
+    gpu_step_lanes = {(e["pid"], e["tid"]) for e in ev if e["name"].startswith("ProfilerStep#")
+                      and e.get("cat") == "gpu_user_annotation"}
     assert kern_lanes.isdisjoint(step_lanes)
+    assert gpu_step_lanes == kern_lanes  # steps projected onto the stream stay with its kernels
     assert all(lanes[la] == "GPU 0 stream 7" for la in kern_lanes)
     assert all(la in lanes for la in step_lanes)
     # same clock: step k starts at the same time on both ranks
     starts = {}
     for e in ev:
-        if e["name"].startswith("ProfilerStep#"):
+        if e["name"].startswith("ProfilerStep#") and e.get("cat") == "user_annotation":
             starts.setdefault(e["name"], set()).add(e["ts"])
     assert all(len(v) == 1 for v in starts.values()), starts
     assert min(e["ts"] for e in ev if "ts" in e and e["ph"] != "M") == 0
@@ -425,7 +429,8 @@ def test_clock_skew_is_aligned_on_the_first_step(tmp_path):
     assert run.alignment == "step" and run.aligned_step == 0
     assert run.shifts_ns[0] == 0 and abs(run.shifts_ns[1] + hour) < 10 * US
     ev = read(out)["traceEvents"]
-    step0 = [e["ts"] for e in ev if e["name"] == "ProfilerStep#0"]
+    step0 = [e["ts"] for e in ev if e["name"] == "ProfilerStep#0"
+             and e.get("cat") == "user_annotation"]
     assert len(step0) == 2 and step0[0] == step0[1]
     assert max(e["ts"] for e in ev if "ts" in e) < 10 * STEP_US  # no hour-long gap
     # the analysis is per rank and does not depend on the alignment
@@ -491,6 +496,21 @@ def test_trace_without_rank_needs_ranks(tmp_path):
     run = merge(None, [p], ranks=[0])
     assert run.ranks == [0] and run.common_steps == [0] and not run.gpu
     assert "no GPU activity" in run.table()
+
+
+def test_steps_on_the_gpu_rows_are_not_host_steps(tmp_path):
+    # torch.profiler (and gpuprof) also draw ProfilerStep#<n> on the stream rows, as a
+    # gpu_user_annotation on the device pid: not a second process claiming the rank
+    p = tmp_path / "torch.json"
+    p.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 9, "tid": 9,
+         "ts": 0.0, "dur": 10.0},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#0", "pid": 0, "tid": 7,
+         "ts": 4.999, "dur": 20.002},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5.0, "dur": 20.0,
+         "args": {"stream": 7, "device": 0}}]}))
+    run = merge(None, [p])
+    assert run.ranks == [0] and run.common_steps == [0] and run.gpu
 
 
 def test_merge_input_errors(tmp_path):

@@ -199,6 +199,11 @@ def check_schema(trace, keys, text):
                 assert e["args"]["stream"] == e["tid"]
             else:
                 assert e["args"]["cuda_sync_kind"] == e["name"]
+        elif e["cat"] == "gpu_user_annotation":
+            # 6.7: on a stream's lane, and no stream arg (HTA would count it as a GPU op)
+            assert isinstance(e["pid"], int) and 0 <= e["pid"] < 64
+            assert isinstance(e["tid"], int) and 0 < e["tid"] < 1000000
+            assert list(e["args"]) == ["External id"]
         else:
             assert e["cat"] == "Trace"
     # 4. slices nest per lane; equal starts: longest first in file order
@@ -241,6 +246,15 @@ def check_schema(trace, keys, text):
             assert isinstance(e["args"]["External id"], int) and e["args"]["External id"] > 0
         if "External id" in e.get("args", {}):
             assert e["args"]["External id"] != 0
+    # a GPU range is named like the host range whose External id it carries, and lies on a
+    # lane that has GPU ops
+    ranges = {e["args"]["External id"]: e["name"] for e in slices(trace)
+              if e["cat"] == "user_annotation"}
+    op_lanes = {(e["pid"], e["tid"]) for e in slices(trace) if e["cat"] in GPU_CATS}
+    for e in slices(trace):
+        if e["cat"] == "gpu_user_annotation":
+            assert ranges[e["args"]["External id"]] == e["name"]
+            assert (e["pid"], e["tid"]) in op_lanes
     return flows
 
 
@@ -435,6 +449,192 @@ def test_unordered_and_overlapping_spans_are_nested(tmp_path):
     export_chrome_trace(Results([raw]), tmp_path / "t.json")
     trace, keys, text = read_trace(tmp_path / "t.json")
     check_schema(trace, keys, text)
+
+
+# ---- GPU ranges (gpu_user_annotation, trace-format 6.7) -----------------------------------
+
+FORWARD, ATTN, MLP, IDLE = 2, 3, 4, 5
+RANGE_OPS = [(C["OP_USER"], "forward", 0), (C["OP_USER"], "attn", 0), (C["OP_USER"], "mlp", 0),
+             (C["OP_USER"], "idle", 0)]
+
+
+def nested_ranges_results():
+    """Two steps. Step 0: forward > (attn, mlp, idle) launching on streams 7 and 20, then a
+    launch in the step outside any range; step 1: forward with one kernel that starts where
+    step 0's last one ends. `idle` only synchronizes. Times in ns."""
+    ev, gpu = [], []
+
+    def launch(t, corr, stream, start, end, kind="GPU_KERNEL", cbid=LAUNCH, **kw):
+        ev.append((t, C["EV_API_ENTER"], corr, api_key(cbid)))
+        ev.append((t + 2, C["EV_API_EXIT"], corr))
+        gpu.append(dict(kind=C[kind], correlation=corr, start_ns=start, end_ns=end,
+                        stream=stream, device=0, **kw))
+
+    ev.append((1000, C["EV_STEP_BEGIN"], 0))
+    ev.append((1100, C["EV_RANGE_PUSH"], FORWARD))
+    launch(1110, 1, 7, 2000, 2200, name_id=0)
+    ev.append((1120, C["EV_RANGE_PUSH"], ATTN))
+    launch(1125, 2, 7, 2200, 2400, name_id=1)          # starts where kernel 1 ends
+    launch(1130, 3, 20, 2300, 2600, name_id=0)
+    launch(1135, 4, 20, 2650, 2700, kind="GPU_MEMCPY", cbid=MEMCPY, bytes=64,
+           subkind=C["COPY_HTOD"], src_mem=C["MEM_PINNED"], dst_mem=C["MEM_DEVICE"])
+    ev.append((1140, C["EV_RANGE_POP"], ATTN))
+    ev.append((1145, C["EV_RANGE_PUSH"], MLP))
+    launch(1150, 5, 7, 3000, 3100, name_id=1)
+    ev.append((1160, C["EV_RANGE_POP"], MLP))
+    ev.append((1165, C["EV_RANGE_PUSH"], IDLE))
+    launch(1166, 6, 7, 3100, 3150, kind="GPU_SYNC", cbid=DEVSYNC, subkind=C["SYNC_STREAM"])
+    ev.append((1170, C["EV_RANGE_POP"], IDLE))
+    ev.append((1180, C["EV_RANGE_POP"], FORWARD))
+    launch(1185, 7, 7, 3200, 3300, name_id=0)          # in the step, in no range
+    ev.append((1300, C["EV_STEP_END"], 0))
+    ev.append((1400, C["EV_STEP_BEGIN"], 1))
+    ev.append((1500, C["EV_RANGE_PUSH"], FORWARD))
+    launch(1510, 8, 7, 3300, 3400, name_id=1)          # starts where kernel 7 ends
+    ev.append((1520, C["EV_RANGE_POP"], FORWARD))
+    ev.append((1600, C["EV_STEP_END"], 1))
+    raw = _gpuprof._test_aggregate(RANGE_OPS, [(1, 101, ev)], gpu, 0, 10_000,
+                                   ["_Z6kernelv", "_Z4gemmPfS_"], 1)
+    return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+
+
+def gpu_ranges(trace):
+    return [e for e in slices(trace) if e["cat"] == "gpu_user_annotation"]
+
+
+def test_gpu_user_annotations_project_nested_ranges(tmp_path):
+    export_chrome_trace(nested_ranges_results(), tmp_path / "t.json")
+    trace, keys, text = read_trace(tmp_path / "t.json")
+    check_schema(trace, keys, text)
+    host = {}
+    for e in slices(trace):
+        if e["cat"] == "user_annotation":
+            host.setdefault(e["name"], []).append(e["args"]["External id"])
+    ext = {"step0": host["ProfilerStep#0"][0], "step1": host["ProfilerStep#1"][0],
+           "fwd0": host["forward"][0], "fwd1": host["forward"][1], "attn": host["attn"][0],
+           "mlp": host["mlp"][0]}
+    assert len(set(ext.values())) == 6
+    got = {(e["name"], e["args"]["External id"], e["pid"], e["tid"], ns(e["ts"]),
+            ns(e["ts"] + e["dur"])) for e in gpu_ranges(trace)}
+    assert got == {
+        # stream 7: 1 ns around the ops, except where a neighbour starts or ends right there
+        ("ProfilerStep#0", ext["step0"], 0, 7, 1999, 3300),   # step 1's kernel starts at 3300
+        ("forward", ext["fwd0"], 0, 7, 1999, 3101),           # kernels 1, 2 and 5
+        ("attn", ext["attn"], 0, 7, 2200, 2401),              # kernel 1 ends at 2200
+        ("mlp", ext["mlp"], 0, 7, 2999, 3101),
+        ("ProfilerStep#1", ext["step1"], 0, 7, 3300, 3401),
+        ("forward", ext["fwd1"], 0, 7, 3300, 3401),
+        # stream 20: the kernel and the copy of attn, in forward, in step 0
+        ("ProfilerStep#0", ext["step0"], 0, 20, 2299, 2701),
+        ("forward", ext["fwd0"], 0, 20, 2299, 2701),
+        ("attn", ext["attn"], 0, 20, 2299, 2701),
+    }
+    # no stream arg, and nothing for the range that launched nothing (its sync has a lane
+    # of its own and is no GPU op)
+    assert all(list(e["args"]) == ["External id"] for e in gpu_ranges(trace))
+    assert "idle" in host and not any(e["name"] == "idle" for e in gpu_ranges(trace))
+    # the ops keep their bounds; outer ranges come first and contain the inner ones
+    ops = {e["args"]["correlation"]: (ns(e["ts"]), ns(e["ts"] + e["dur"]))
+           for e in slices(trace) if e["cat"] in ("kernel", "gpu_memcpy")}
+    assert ops == {1: (2000, 2200), 2: (2200, 2400), 3: (2300, 2600), 4: (2650, 2700),
+                   5: (3000, 3100), 7: (3200, 3300), 8: (3300, 3400)}
+    lane7 = [e["name"] for e in slices(trace) if (e["pid"], e["tid"]) == (0, 7)]
+    assert lane7[:4] == ["ProfilerStep#0", "forward", "kernel()", "attn"]
+    assert lane7[-3:] == ["ProfilerStep#1", "forward", "gemm(float*, float*)"]
+
+
+def test_gpu_user_annotations_keep_external_ids_unique_with_id_base(tmp_path):
+    res = nested_ranges_results()
+    meta = dict(header="", trace_name="t", pid=1, process_name="p",
+                names=list(res.windows[-1]["op_names"]),
+                kernel_names=["kernel()", "gemm()"], thread_names=["main"], id_base=1000)
+    path = tmp_path / "t.json"
+    _gpuprof._write_trace(str(path), res.windows[-1], meta)
+    with open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    host = {e["args"]["External id"]: e["name"] for e in ev
+            if e.get("cat") == "user_annotation"}
+    gpu = [e for e in ev if e.get("cat") == "gpu_user_annotation"]
+    assert len(gpu) == 9 and min(host) > 1000
+    assert all(host[e["args"]["External id"]] == e["name"] for e in gpu)
+
+
+def random_launches(draw, n_threads):
+    """Per thread, a random tree of ranges with launches at its leaves. The threads run at
+    the same time; each stream runs its ops in launch order, with gaps and lengths of 0-2 ns
+    among them so that the padding of neighbours collides."""
+    ev_by_thread, launches, corr = [], [], [0]
+
+    def body(ev, t, depth):
+        for _ in range(draw(st.integers(0, 3))):
+            if depth < 4 and draw(st.booleans()):
+                label = draw(st.integers(2, 5))
+                ev.append((t + 10 * len(ev), C["EV_RANGE_PUSH"], label))
+                body(ev, t, depth + 1)
+                ev.append((t + 10 * len(ev), C["EV_RANGE_POP"], label))
+            else:
+                corr[0] += 1
+                launches.append((t + 10 * len(ev), corr[0], draw(st.sampled_from([7, 20])),
+                                 draw(st.sampled_from([0, 1, 2, 50])),
+                                 draw(st.sampled_from([0, 1, 2, 100]))))
+                ev.append((t + 10 * len(ev), C["EV_API_ENTER"], corr[0], api_key(LAUNCH)))
+                ev.append((t + 10 * len(ev), C["EV_API_EXIT"], corr[0]))
+
+    for th in range(n_threads):
+        ev = [(1000, C["EV_STEP_BEGIN"], 0)] if th == 0 else []
+        body(ev, 1005 + th * 10 * draw(st.integers(0, 8)), 0)  # the threads interleave
+        if th == 0:
+            ev.append((1000 + 10 * len(ev) + 10_000, C["EV_STEP_END"], 0))
+        ev_by_thread.append(ev)
+    gpu, cursor = [], {7: 100_000, 20: 100_000}
+    for _, c, stream, gap, dur in sorted(launches):
+        start = cursor[stream] + gap
+        cursor[stream] = start + dur
+        gpu.append(dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=start,
+                        end_ns=start + dur, stream=stream, device=0, name_id=0))
+    return ev_by_thread, gpu
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data(), n_threads=st.sampled_from([1, 2]))
+def test_gpu_user_annotations_nest_on_every_lane(tmp_path, data, n_threads):
+    ev_by_thread, gpu = random_launches(data.draw, n_threads)
+    raw = _gpuprof._test_aggregate(RANGE_OPS, [(th + 1, 101 + th, ev)
+                                               for th, ev in enumerate(ev_by_thread)],
+                                   gpu, 0, 1_000_000, ["_Z6kernelv"], 1)
+    path = tmp_path / "t.json"
+    export_chrome_trace(Results([raw], cuda={"active": True, "mode": "callbacks",
+                                             "error": None}), path)
+    trace, keys, text = read_trace(path)
+    check_schema(trace, keys, text)  # nesting on every lane included
+    xs = slices(trace)
+    kernels = {e["args"]["correlation"]: e for e in xs if e["cat"] == "kernel"}
+    # the ops keep their bounds
+    for g in gpu:
+        k = kernels[g["correlation"]]
+        assert (ns(k["ts"]), ns(k["ts"] + k["dur"])) == (g["start_ns"], g["end_ns"])
+    # each (range, lane) with ops launched inside the range gets one slice, from 1 ns before
+    # the first op to 1 ns after the last, less where a neighbour needs the room
+    host = {e["args"]["External id"]: e for e in xs if e["cat"] == "user_annotation"}
+    runtime = {e["args"]["correlation"]: e for e in xs if e["cat"] == "cuda_runtime"}
+    want = collections.defaultdict(list)
+    for corr, k in kernels.items():
+        api = runtime[corr]
+        for ext, r in host.items():  # every range around the launch, on its thread
+            if r["tid"] == api["tid"] and ns(r["ts"]) <= ns(api["ts"]) and \
+                    ns(api["ts"] + api["dur"]) <= ns(r["ts"] + r["dur"]):
+                want[(ext, k["tid"])].append((ns(k["ts"]), ns(k["ts"] + k["dur"])))
+    got = collections.defaultdict(list)
+    for e in gpu_ranges(trace):
+        got[(e["args"]["External id"], e["tid"])].append((ns(e["ts"]), ns(e["ts"] + e["dur"])))
+    assert set(got) == set(want)
+    for key, spans in got.items():
+        assert len(spans) == 1
+        (s, e), first, last = spans[0], min(a for a, _ in want[key]), max(b for _, b in want[key])
+        assert first - 1 <= s <= first
+        if n_threads == 1:  # one thread's ranges nest on every stream: nothing is cut
+            assert last <= e <= last + 1
 
 
 # ---- escaping (property) -------------------------------------------------------------------
