@@ -157,7 +157,8 @@ def main():
         steps = args.steps if wl != "b" else max(20, args.steps // 4)
         base = None
         print(f"\n== workload {wl} ({steps} steps) ==")
-        print(f"{'mode':12s} {'step ms':>9s} {'ratio':>7s} {'after':>7s} {'to table s':>10s}  notes")
+        print(f"{'mode':12s} {'step ms':>9s} {'ratio':>7s} {'after':>7s} {'to table s':>10s}"
+              "  notes")
         for mode in args.modes.split(","):
             r = run_child(wl, mode, steps)
             r["mode"] = mode

@@ -36,6 +36,7 @@ import sysconfig
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from resource import RUSAGE_SELF, getrusage
 
@@ -429,7 +430,7 @@ class GpuprofActive(Mode):
     def run(self, fn):
         prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU],
                                max_events=self.max_events)
-        out = _run(fn, prof.__enter__, lambda: prof.__exit__(None, None, None))
+        out = _run(fn, prof.__enter__, partial(prof.__exit__, None, None, None))
         threads = prof.results.threads()
         out["events"] = int(threads["events"].sum())
         out["dropped"] = int(threads["dropped"].sum())
@@ -717,7 +718,7 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
     for _ in range(repeats):
         prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], max_events=max_events)
         info: dict = {}
-        record_ns, stop_ns = _timed(work, prof.__enter__, lambda: prof.__exit__(None, None, None),
+        record_ns, stop_ns = _timed(work, prof.__enter__, partial(prof.__exit__, None, None, None),
                                     info)
         threads = prof.results.threads()
         events = int(threads["events"].sum())
@@ -803,7 +804,7 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None) 
                      f"(user {t['median_stop_utime_s']:.2f} s, "
                      f"sys {t['median_stop_stime_s']:.2f} s, "
                      f"{t['median_stop_minflt']:,} minor faults)")
-        lines.append(f"  stop() of each run: "
+        lines.append("  stop() of each run: "
                      + ", ".join(f"{r['stop_ns'] / 1e9:.2f} s" for r in t["runs"]))
     return "\n".join(lines)
 

@@ -120,6 +120,7 @@ def heap_in_use() -> dict:
     if MALLINFO2 is not None:
         mi = MALLINFO2()
         out["malloc_in_use_bytes"] = mi.uordblks + mi.hblkhd
+        out["malloc_free_bytes"] = mi.fordblks  # held by malloc's arenas, not in use
     return out
 
 

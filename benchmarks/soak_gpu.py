@@ -192,8 +192,9 @@ def main(argv=None) -> int:
     hw, he = res["heap_after_warmup"], res["heap_end"]
     if hw and he and "malloc_in_use_bytes" in hw:
         print(f"  malloc in use {hw['malloc_in_use_bytes'] / mib:.1f} -> "
-              f"{he['malloc_in_use_bytes'] / mib:.1f} MiB; Python blocks {hw['py_blocks']:,} -> "
-              f"{he['py_blocks']:,}")
+              f"{he['malloc_in_use_bytes'] / mib:.1f} MiB, free in its arenas "
+              f"{hw['malloc_free_bytes'] / mib:.1f} -> {he['malloc_free_bytes'] / mib:.1f} MiB; "
+              f"Python blocks {hw['py_blocks']:,} -> {he['py_blocks']:,}")
     print(f"  {'PASS' if res['ok'] else 'FAIL'}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:

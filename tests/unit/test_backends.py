@@ -5,7 +5,6 @@ import sys
 import textwrap
 
 import pytest
-
 from gpuprof import _monitoring
 
 SCRIPT = textwrap.dedent("""
@@ -30,7 +29,8 @@ SCRIPT = textwrap.dedent("""
     ops = prof.ops()
     calls = {str(n): int(c) for n, c in zip(ops["name"], ops["calls"])}
     print(prof._monitoring, calls["leaf"], calls["gen"], calls["work"], calls["list.append"])
-    print(sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) if hasattr(sys, "monitoring") else None)
+    mon = getattr(sys, "monitoring", None)
+    print(mon.get_tool(mon.PROFILER_ID) if mon else None)
 """)
 
 

@@ -8,10 +8,9 @@ import sys
 import time
 import types
 
+import gpuprof
 import numpy as np
 import pytest
-
-import gpuprof
 from gpuprof import _gpuprof, memory
 from gpuprof._allocators import TorchAdapter
 from gpuprof._host_sampler import HOST_DTYPE, Series
