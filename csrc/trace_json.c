@@ -621,10 +621,10 @@ static void
 begin_event(Out *o)
 {
     if (o->first) {
-        PUT(o, "\n  ");
+        PUT(o, "\n");
         o->first = 0;
     } else {
-        PUT(o, ",\n  ");
+        PUT(o, ",\n");
     }
     o->events++;
 }
@@ -633,11 +633,11 @@ begin_event(Out *o)
 static void
 put_lane_ts(Out *o, int64_t pid, int64_t tid, int64_t ts)
 {
-    PUT(o, ", \"pid\": ");
+    PUT(o, ",\"pid\":");
     put_i64(o, pid);
-    PUT(o, ", \"tid\": ");
+    PUT(o, ",\"tid\":");
     put_i64(o, tid);
-    PUT(o, ", \"ts\": ");
+    PUT(o, ",\"ts\":");
     put_us(o, ts);
 }
 
@@ -646,12 +646,12 @@ put_slice_head(Out *o, const char *cat, size_t cat_len, const Str *name, int64_t
                int64_t tid, int64_t ts, int64_t dur)
 {
     begin_event(o);
-    PUT(o, "{\"ph\": \"X\", \"cat\": \"");
+    PUT(o, "{\"ph\":\"X\",\"cat\":\"");
     out_bytes(o, cat, cat_len);
-    PUT(o, "\", \"name\": ");
+    PUT(o, "\",\"name\":");
     put_str(o, name);
     put_lane_ts(o, pid, tid, ts);
-    PUT(o, ", \"dur\": ");
+    PUT(o, ",\"dur\":");
     put_us(o, dur);
 }
 
@@ -760,9 +760,9 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
             } else {
                 put_slice_head(o, CAT("user_annotation"), name, c->pid, tid, key->start, dur);
             }
-            PUT(o, ", \"args\": {\"External id\": ");
+            PUT(o, ",\"args\":{\"External id\":");
             put_i64(o, id);
-            PUT(o, ", \"Ev Idx\": ");
+            PUT(o, ",\"Ev Idx\":");
             put_i64(o, (int64_t)c->id_base + key->idx);
             PUT(o, "}}");
             break;
@@ -773,15 +773,15 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
                 put_slice_head(o, CAT("cuda_driver"), name, c->pid, tid, key->start, dur);
             else
                 put_slice_head(o, CAT("cuda_runtime"), name, c->pid, tid, key->start, dur);
-            PUT(o, ", \"args\": {");
+            PUT(o, ",\"args\":{");
             if (up.ext) {
-                PUT(o, "\"External id\": ");
+                PUT(o, "\"External id\":");
                 put_i64(o, up.ext);
-                PUT(o, ", ");
+                PUT(o, ",");
             }
-            PUT(o, "\"cbid\": ");
+            PUT(o, "\"cbid\":");
             put_i64(o, GP_API_CBID(api));
-            PUT(o, ", \"correlation\": ");
+            PUT(o, ",\"correlation\":");
             put_i64(o, s->correlation);
             PUT(o, "}}");
             ann_of[key->idx] = up.ann;
@@ -792,19 +792,19 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
             if (s->kind == GP_OP_PYTHON)
                 f->py_span = (int32_t)key->idx;
             put_slice_head(o, CAT("python_function"), name, c->pid, tid, key->start, dur);
-            PUT(o, ", \"args\": {\"Python id\": ");
+            PUT(o, ",\"args\":{\"Python id\":");
             put_i64(o, id);
-            PUT(o, ", \"Python parent id\": ");
+            PUT(o, ",\"Python parent id\":");
             if (up.py_id)
                 put_i64(o, up.py_id);
             else
                 PUT(o, "null");
-            PUT(o, ", \"Python thread\": ");
+            PUT(o, ",\"Python thread\":");
             put_i64(o, s->thread);
             if (s->kind == GP_OP_CFUNC && s->line > 0 && up.py_span >= 0) {
                 uint32_t row = c->spans[up.py_span].op_row;
                 if (row < c->n_files) {
-                    PUT(o, ", \"CallFrom\": \"");
+                    PUT(o, ",\"CallFrom\":\"");
                     out_bytes(o, c->files[row].p, c->files[row].n);
                     PUT(o, ":");
                     put_i64(o, s->line);
@@ -930,9 +930,9 @@ put_xyz(Out *o, const uint32_t v[3])
 {
     PUT(o, "[");
     put_i64(o, v[0]);
-    PUT(o, ", ");
+    PUT(o, ",");
     put_i64(o, v[1]);
-    PUT(o, ", ");
+    PUT(o, ",");
     put_i64(o, v[2]);
     PUT(o, "]");
 }
@@ -944,15 +944,15 @@ put_flow(Out *o, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
 {
     begin_event(o);
     if (ph == 's')
-        PUT(o, "{\"ph\": \"s\", \"id\": ");
+        PUT(o, "{\"ph\":\"s\",\"id\":");
     else
-        PUT(o, "{\"ph\": \"f\", \"id\": ");
+        PUT(o, "{\"ph\":\"f\",\"id\":");
     put_i64(o, id);
     put_lane_ts(o, pid, tid, ts);
     if (ph == 's')
-        PUT(o, ", \"cat\": \"ac2g\", \"name\": \"ac2g\"}");
+        PUT(o, ",\"cat\":\"ac2g\",\"name\":\"ac2g\"}");
     else
-        PUT(o, ", \"cat\": \"ac2g\", \"name\": \"ac2g\", \"bp\": \"e\"}");
+        PUT(o, ",\"cat\":\"ac2g\",\"name\":\"ac2g\",\"bp\":\"e\"}");
 }
 
 /* ---- GPU projections of user annotations (trace-format 6.7) ----------------- */
@@ -1171,7 +1171,7 @@ write_ann_slice(const Ctx *c, Out *o, const Anns *anns, const AnnSlice *a, uint6
         put_slice_head(o, CAT("gpu_user_annotation"), name_of(c, c->spans[ann->span].op_row), pid,
                        tid, a->start, a->end - a->start);
     }
-    PUT(o, ", \"args\": {\"External id\": ");
+    PUT(o, ",\"args\":{\"External id\":");
     put_i64(o, (int64_t)c->id_base + ann->span + 1);
     PUT(o, "}}");
 }
@@ -1203,33 +1203,33 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const ui
         put_slice_head(o, CAT("cuda_sync"), name, pid, tid, key->start, dur);
         break;
     }
-    PUT(o, ", \"args\": {");
+    PUT(o, ",\"args\":{");
     if (ann) {
-        PUT(o, "\"External id\": ");
+        PUT(o, "\"External id\":");
         put_i64(o, (int64_t)c->id_base + anns->v[ann - 1].span + 1);
-        PUT(o, ", ");
+        PUT(o, ",");
     }
     if (g->kind == GP_GPU_SYNC) {
-        PUT(o, "\"cuda_sync_kind\": ");
+        PUT(o, "\"cuda_sync_kind\":");
         put_str(o, name);
-        PUT(o, ", ");
+        PUT(o, ",");
         if (g->wait_stream) {
-            PUT(o, "\"wait_on_stream\": ");
+            PUT(o, "\"wait_on_stream\":");
             put_i64(o, g->wait_stream);
-            PUT(o, ", ");
+            PUT(o, ",");
         }
         stream = g->stream ? (int64_t)g->stream : -1;
     }
-    PUT(o, "\"device\": ");
+    PUT(o, "\"device\":");
     put_i64(o, pid);
-    PUT(o, ", \"stream\": ");
+    PUT(o, ",\"stream\":");
     put_i64(o, stream);
-    PUT(o, ", \"correlation\": ");
+    PUT(o, ",\"correlation\":");
     put_i64(o, g->correlation);
     if (g->kind == GP_GPU_KERNEL) {
-        PUT(o, ", \"registers per thread\": ");
+        PUT(o, ",\"registers per thread\":");
         put_i64(o, g->registers);
-        PUT(o, ", \"shared memory\": ");
+        PUT(o, ",\"shared memory\":");
         put_i64(o, g->shared_mem);
         int64_t sms = (size_t)pid < c->n_sm_counts ? c->sm_counts[pid] : 0;
         if (sms > 0) {
@@ -1242,24 +1242,24 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const ui
                                ? c->warp_sizes[pid]
                                : 32;
             double warps = (double)(((int64_t)threads + warp - 1) / warp);
-            PUT(o, ", \"blocks per SM\": ");
+            PUT(o, ",\"blocks per SM\":");
             put_fixed2(o, blocks / (double)sms);
-            PUT(o, ", \"warps per SM\": ");
+            PUT(o, ",\"warps per SM\":");
             put_fixed2(o, blocks * warps / (double)sms);
         }
-        PUT(o, ", \"grid\": ");
+        PUT(o, ",\"grid\":");
         put_xyz(o, g->grid);
-        PUT(o, ", \"block\": ");
+        PUT(o, ",\"block\":");
         put_xyz(o, g->block);
         if (g->graph_id) {
-            PUT(o, ", \"graph id\": ");
+            PUT(o, ",\"graph id\":");
             put_i64(o, g->graph_id);
         }
     } else if (g->kind == GP_GPU_MEMCPY || g->kind == GP_GPU_MEMSET) {
         int64_t raw_dur = g->end_ns - g->start_ns;
-        PUT(o, ", \"bytes\": ");
+        PUT(o, ",\"bytes\":");
         put_i64(o, g->bytes);
-        PUT(o, ", \"memory bandwidth (GB/s)\": ");
+        PUT(o, ",\"memory bandwidth (GB/s)\":");
         put_fixed2(o, raw_dur > 0 ? (double)g->bytes / (double)raw_dur : 0.0);
     }
     PUT(o, "}}");
@@ -1318,29 +1318,29 @@ write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ann_of, const Ann
         dl->allocated += delta;
         int64_t ts = rel(c, g->start_ns);
         begin_event(o);
-        PUT(o, "{\"ph\": \"C\", \"cat\": \"gpu_memory\", \"name\": \"GPU ");
+        PUT(o, "{\"ph\":\"C\",\"cat\":\"gpu_memory\",\"name\":\"GPU ");
         put_i64(o, dl->device);
         PUT(o, " memory\"");
         put_lane_ts(o, dl->device, 0, ts);
-        PUT(o, ", \"args\": {\"allocated\": ");
+        PUT(o, ",\"args\":{\"allocated\":");
         put_i64(o, dl->allocated);
         PUT(o, "}}");
         if (g->thread >= 0 && (size_t)g->thread < c->n_threads) {
             begin_event(o);
-            PUT(o, "{\"ph\": \"i\", \"s\": \"t\", \"cat\": \"cpu_instant_event\", "
-                   "\"name\": \"[memory]\"");
+            PUT(o, "{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"cpu_instant_event\", "
+                   "\"name\":\"[memory]\"");
             put_lane_ts(o, c->pid, thread_tid(c, (uint32_t)g->thread), ts);
-            PUT(o, ", \"args\": {\"Device Type\": 1, \"Device Id\": ");
+            PUT(o, ",\"args\":{\"Device Type\":1,\"Device Id\":");
             put_i64(o, dl->device);
-            PUT(o, ", \"Addr\": ");
+            PUT(o, ",\"Addr\":");
             put_i64(o, g->address);
-            PUT(o, ", \"Bytes\": ");
+            PUT(o, ",\"Bytes\":");
             put_i64(o, delta);
             /* CUPTI sees driver allocations: what is allocated is also what
              * is reserved from the device. */
-            PUT(o, ", \"Total Allocated\": ");
+            PUT(o, ",\"Total Allocated\":");
             put_i64(o, dl->allocated);
-            PUT(o, ", \"Total Reserved\": ");
+            PUT(o, ",\"Total Reserved\":");
             put_i64(o, dl->allocated);
             PUT(o, "}}");
         }
