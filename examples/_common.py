@@ -58,9 +58,9 @@ def model() -> torch.nn.Module:
     return torch.nn.Sequential(*layers).cuda()
 
 
-def args(default_batch: int):
+def args(default_batch: int, default_steps: int = 30):
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=default_steps)
     p.add_argument("--batch", type=int, default=default_batch)
     p.add_argument("--save", help="write the profile here (.gpuprof)")
     return p.parse_args()

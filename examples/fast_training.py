@@ -43,12 +43,14 @@ def capture_step(net, opt, x, y):
 
 
 def main():
-    a = args(default_batch=2048)
+    # 400 steps of ~0.6 ms: long enough that one hiccup of the loader (a late batch, a
+    # garbage collection) is not most of the window
+    a = args(default_batch=2048, default_steps=400)
     net = model()
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     # The first batches wait for the workers to start: skip them, as one skips a real
     # job's start-up, and profile the steady state.
-    skip = 10
+    skip = 50
     workers = max(2, min(12, (os.cpu_count() or 4) - 2))
     loader = torch.utils.data.DataLoader(Batches(skip + a.steps + 2, a.batch), batch_size=None,
                                          num_workers=workers, pin_memory=True,

@@ -168,21 +168,35 @@ def _sync_points(v: _View):
     if not len(api_rows):
         return []
     idx = np.flatnonzero(np.isin(sp["op_row"], api_rows))
+    # What a sync costs the step: the host's wait when the GPU then idles anyway
+    # (host-bound), but only the GPU's bubble after it when the host was ahead
+    # (GPU-bound: the wait overlapped queued work, and the drained queue is the
+    # loss). So each sync costs min(wait, time until the GPU's next op starts).
+    gpu = v.gpu[np.isin(v.gpu["kind"], ("kernel", "memcpy", "memset"))]
+    starts = np.sort(gpu["start_ns"])
+    window_end = int(v.steps["end_ns"].max()) if len(v.steps) else None
     by_site: dict[tuple, dict] = {}
     for i in idx:
         file, line, func = v.caller(int(i))
         call = v.c_call_of(int(i))
         key = (file, line)
-        d = by_site.setdefault(key, {"wait_ns": 0, "calls": 0, "via": set(), "func": func,
-                                     "api": set()})
-        d["wait_ns"] += int(sp["end_ns"][i] - sp["start_ns"][i])
+        d = by_site.setdefault(key, {"wait_ns": 0, "cost_ns": 0, "calls": 0, "via": set(),
+                                     "func": func, "api": set()})
+        wait = int(sp["end_ns"][i] - sp["start_ns"][i])
+        nxt = np.searchsorted(starts, sp["end_ns"][i])
+        if nxt < len(starts):
+            bubble = int(starts[nxt] - sp["end_ns"][i])
+        else:  # no GPU work after it: idle to the end of the window
+            bubble = wait if window_end is None else max(window_end - int(sp["end_ns"][i]), 0)
+        d["wait_ns"] += wait
+        d["cost_ns"] += min(wait, bubble)
         d["calls"] += 1
         if call:
             d["via"].add(call)
         d["api"].add(str(v.ops["name"][sp["op_row"][i]]))
     out = []
     for (file, line), d in by_site.items():
-        share = d["wait_ns"] / max(v.step_ns, 1)
+        share = d["cost_ns"] / max(v.step_ns, 1)
         # A sync in every step is reported even when it costs little now: it
         # serializes host and GPU, which is what stops other fixes from paying.
         if share < 0.02 and d["calls"] < v.n_steps:
@@ -191,7 +205,7 @@ def _sync_points(v: _View):
         out.append(Finding(
             "sync_point", share,
             f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
-            {"wait_ns": d["wait_ns"], "calls": d["calls"],
+            {"wait_ns": d["wait_ns"], "cost_ns": d["cost_ns"], "calls": d["calls"],
              "wait_per_step_ns": d["wait_ns"] // v.n_steps, "api": ", ".join(sorted(d["api"]))},
             _loc(file, line), _sync_fix(d["via"])))
     return out
