@@ -237,6 +237,13 @@ def test_a_cheap_sync_in_every_step_is_still_reported():
 
 
 @needs_classes
+def test_a_cheap_sync_in_all_steps_but_the_last_stub_is_reported():
+    # the last step (last step() to stop()) is often a stub without the loop's work
+    assert found(sync_profile(1, range(N_STEPS - 1)), "sync_point") is not None
+    assert found(sync_profile(1, range(N_STEPS - 2)), "sync_point") is None
+
+
+@needs_classes
 def test_no_sync_point_for_one_cheap_sync():
     assert found(sync_profile(1, {0}), "sync_point") is None
 
