@@ -206,10 +206,11 @@ def test_eight_threads_while_profiling_starts_and_stops_repeatedly():
     try:
         # when profiling starts and stops over and over around them
         for _cycle in range(12):
-            before = list(counts)
             with gpuprof.profile(activities=CPU) as prof:
+                before = list(counts)  # taken once recording is on
                 middle(30)
-                # two completed loops per worker: at least one whole middle() inside
+                # two loops per worker completed since: the second began after the
+                # start, so one whole middle() per worker is inside the window
                 while any(c < b + 2 for c, b in zip(counts, before)):
                     time.sleep(0.0005)
             # then every window is consistent and saw every thread's work
