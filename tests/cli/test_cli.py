@@ -20,7 +20,8 @@ def test_run_prints_table_and_diagnosis_and_keeps_exit_code():
     r = gpuprof("run", "--no-cuda", os.path.join(SCRIPTS, "cpu_train.py"), "5", "3")
     assert r.returncode == 3, r.stderr
     assert "done" in r.stdout  # the program's own output is untouched
-    assert "train_step (cpu_train.py:" in r.stderr
+    # the hot rows (train_step's own self time is too small to be sure of a top-20 place)
+    assert "<genexpr> (cpu_train.py:11)" in r.stderr
     assert "Self CPU time total" in r.stderr
     assert "gpuprof diagnosis" in r.stderr
 
