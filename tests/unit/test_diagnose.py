@@ -8,6 +8,7 @@ records. Severities are computed here from the planted timeline, not read back.
 
 import json
 import os
+import sys
 
 import gpuprof
 import pytest
@@ -171,7 +172,8 @@ def test_data_stall_found_with_the_loader_line_and_the_hottest_function_inside()
     assert f.evidence["gpu_busy_during_wait_share"] == 0.0
     assert f.evidence["hottest_inside"] == f"decode ({loc(decode)})"
     assert f.location == loc(Loader.__next__)
-    assert "Loader.__next__" in f.title
+    # CPython 3.10 code objects have no qualname: the op is plain __next__ there
+    assert ("Loader.__next__" if sys.version_info >= (3, 11) else "__next__") in f.title
     assert "num_workers" in f.fix
 
 
@@ -189,7 +191,8 @@ def test_no_data_stall_when_the_gpu_backlog_covers_the_wait(cover_us):
     res = loader_profile(cover_us)
     # the loop does wait 40% of the step in the loader...
     ops = res.ops()
-    assert ops[ops["name"] == "Loader.__next__"]["cpu_total_ns"][0] == N_STEPS * LOADER_WAIT
+    name = "Loader.__next__" if sys.version_info >= (3, 11) else "__next__"
+    assert ops[ops["name"] == name]["cpu_total_ns"][0] == N_STEPS * LOADER_WAIT
     # ...but the GPU has queued work for all of it (or for all but 3%, under the 5% bar)
     assert found(res, "data_stall") is None
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 
 import gpuprof
@@ -653,8 +654,10 @@ def test_arbitrary_names_stay_valid_json(tmp_path, label, qualname, filename):
     def victim():
         return 1
 
-    victim.__code__ = victim.__code__.replace(co_name=qualname or "q", co_qualname=qualname or "q",
-                                              co_filename=filename or "f")
+    names = {"co_name": qualname or "q", "co_filename": filename or "f"}
+    if sys.version_info >= (3, 11):
+        names["co_qualname"] = qualname or "q"
+    victim.__code__ = victim.__code__.replace(**names)
     with gpuprof.profile() as prof:
         with record_function(label):
             victim()
