@@ -124,9 +124,6 @@ class _View:
         self.gpu = w.gpu_events()
         self.kernels = w.kernels()
         steps = w.raw["steps"]
-        if len(steps) > 1:
-            # the first recorded step may include one-time work; keep it if it is all we have
-            steps = steps
         self.steps = steps
         self.window_ns = int(w.raw["window_end_ns"] - w.raw["window_start_ns"])
         self.step_ns = int(steps["cpu_ns"].sum()) if len(steps) else self.window_ns
@@ -383,10 +380,11 @@ def _gpu_idle(v: _View):
     if share < 0.2:
         return []
     top = []
-    for dur, a, b in gaps[:3]:
-        name = _running_at(v, (a + b) // 2)
-        top.append(f"{format_time(dur)} during {name}")
     file_line = ""
+    for dur, a, b in gaps[:3]:
+        name, where = _running_at(v, (a + b) // 2)
+        top.append(f"{format_time(dur)} during {name}")
+        file_line = file_line or where  # the Python line running in the largest gap
     return [Finding(
         "gpu_idle", share * 0.5,
         f"GPU idle {100 * share:.0f}% of step time; largest gaps: " + "; ".join(top),
@@ -396,18 +394,22 @@ def _gpu_idle(v: _View):
         "overlap it with GPU work, or batch it.")]
 
 
-def _running_at(v: _View, ts: int) -> str:
+def _running_at(v: _View, ts: int) -> tuple[str, str]:
+    """(name, file:line) of the innermost op the step thread runs at ts: a Python
+    function's own definition line, or for a C call its Python caller's line."""
     sp = v.spans
     m = (sp["thread"] == v.step_thread) & (sp["start_ns"] <= ts) & (sp["end_ns"] >= ts)
     idx = np.flatnonzero(m)
     if not len(idx):
-        return "nothing recorded"
-    i = idx[np.argmax(sp["depth"][idx])]
+        return "nothing recorded", ""
+    i = int(idx[np.argmax(sp["depth"][idx])])
     row = int(sp["op_row"][i])
     name = str(v.ops["name"][row])
+    file, line, _ = v.caller(i)
+    where = _loc(file, line) if file else ""
     if v.ops["kind"][row] == "python":
         name += f" ({_loc(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
-    return name
+    return name, where
 
 
 def _mixed_precision(v: _View):

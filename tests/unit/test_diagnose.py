@@ -367,6 +367,7 @@ def test_gpu_idle_names_what_the_host_runs_in_the_largest_gap():
     assert f.evidence == {"idle_ns": N_STEPS * idle, "gaps": 2 * N_STEPS,
                           "largest_gap_ns": 67 * US}
     assert f"67.000us during host_postprocess ({loc(host_postprocess)})" in f.title
+    assert f.location == loc(host_postprocess)  # what runs in the largest gap
     assert f.fix
 
 
