@@ -160,6 +160,25 @@ def test_push_pop_become_user_ranges_with_their_tree(nv):
     assert _parent_name(prof, n_outer) == "outer_python"
 
 
+def test_names_past_the_table_limit_share_one_overflow_name(nv):
+    # given more distinct messages than the name table holds (65,536 per session)
+    limit, extra = 65536, 10
+    with gpuprof.profile(activities=CPU, max_events=1_000_000) as prof:
+        for i in range(limit + extra):
+            nv.c_push_a(b"n%d" % i)
+            nv.c_pop()
+        nv.c_push_a(b"n0")  # known before the table filled
+        nv.c_pop()
+        info = gpuprof._gpuprof.Profiler.nvtx_info()
+    # then the first 65,536 keep their names, the rest are counted and share one name
+    assert info["names"] == limit + 1 and info["names_dropped"] == extra
+    assert len(_rows(prof, "n0")) == 1 and len(_rows(prof, f"n{limit - 1}")) == 1
+    assert len(_rows(prof, f"n{limit}")) == 0
+    assert _rows(prof, "<nvtx: too many distinct range names>")["calls"][0] == extra
+    # and a message known before the table filled is still found by its name
+    assert _rows(prof, "n0")["calls"][0] == 2
+
+
 def test_push_pop_return_levels_like_nvtx(nv):
     # recording or not, the injection answers with the zero-based nesting level
     for recording in (False, True):
