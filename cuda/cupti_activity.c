@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "../csrc/strtab.h"
+
 /* CUPTI fills whole buffers; 8 MiB holds ~30k kernel records, so a buffer
  * completes every few thousand launches at most, not per launch. */
 #define BUFFER_BYTES ((size_t)8 << 20)
@@ -64,11 +66,8 @@ static uint32_t ctx_ids[CTX_MAP_MAX];
 static int16_t ctx_devs[CTX_MAP_MAX];
 static int n_ctx;
 
-/* Kernel names: strings[id - 1], ids from 1; str_slots hashes name -> id. */
-static char **strings;
-static uint32_t n_strings, cap_strings;
-static uint32_t *str_slots;
-static size_t str_slots_cap;
+/* Kernel names (key 0). */
+static GpStrTab strings;
 
 /* Empty CUPTI buffers kept for reuse. */
 static uint8_t *free_buffers[FREE_BUFFERS_MAX];
@@ -191,91 +190,34 @@ gp_cupti_activity_traced(CUpti_CallbackDomain domain, uint32_t cbid)
 
 /* ---- String table (cuda_lock) ------------------------------------------ */
 
-static uint64_t
-hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-static int
-str_slots_grow_locked(void)
-{
-    size_t cap = str_slots_cap ? str_slots_cap * 2 : 1024;
-    uint32_t *slots = calloc(cap, sizeof *slots);
-    if (slots == NULL)
-        return 0;
-    for (uint32_t id = 1; id <= n_strings; id++) {
-        size_t i = (size_t)hash_str(strings[id - 1]) & (cap - 1);
-        while (slots[i] != 0)
-            i = (i + 1) & (cap - 1);
-        slots[i] = id;
-    }
-    free(str_slots);
-    str_slots = slots;
-    str_slots_cap = cap;
-    return 1;
-}
-
 /* Id of `name`, adding a copy when new; 0 when it cannot be stored. */
 static uint32_t
 intern_locked(const char *name)
 {
     if (name == NULL)
         return 0;
-    if (((size_t)n_strings + 1) * 2 > str_slots_cap && !str_slots_grow_locked())
-        return 0;
-    size_t mask = str_slots_cap - 1;
-    size_t i = (size_t)hash_str(name) & mask;
-    for (; str_slots[i] != 0; i = (i + 1) & mask) {
-        if (strcmp(strings[str_slots[i] - 1], name) == 0)
-            return str_slots[i];
-    }
-    if (n_strings >= MAX_STRINGS)
-        return 0;
-    if (n_strings == cap_strings) {
-        uint32_t cap = cap_strings ? cap_strings * 2 : 256;
-        char **grown = realloc(strings, (size_t)cap * sizeof *grown);
-        if (grown == NULL)
-            return 0;
-        strings = grown;
-        cap_strings = cap;
-    }
     size_t len = strlen(name);
-    char *copy = malloc(len + 1);
-    if (copy == NULL)
-        return 0;
-    memcpy(copy, name, len + 1);
-    strings[n_strings++] = copy;
-    str_slots[i] = n_strings;
-    return n_strings;
+    uint64_t h = gp_strtab_hash(0, name, len);
+    uint32_t id = gp_strtab_find(&strings, 0, name, len, h);
+    if (id == 0 && strings.n < MAX_STRINGS)
+        id = gp_strtab_add(&strings, 0, name, len, h);
+    return id;
 }
 
 const char *
 gp_cuda_string(uint32_t id)
 {
-    const char *s = NULL;
     pthread_mutex_lock(&cuda_lock);
-    if (id >= 1 && id <= n_strings)
-        s = strings[id - 1];
+    const GpStr *s = gp_strtab_get(&strings, id);
     pthread_mutex_unlock(&cuda_lock);
-    return s;
+    return s != NULL ? s->text : NULL;
 }
 
 void
 gp_cuda_clear_strings(void)
 {
     pthread_mutex_lock(&cuda_lock);
-    for (uint32_t i = 0; i < n_strings; i++)
-        free(strings[i]);
-    free(strings);
-    free(str_slots);
-    strings = NULL;
-    str_slots = NULL;
-    n_strings = cap_strings = 0;
-    str_slots_cap = 0;
+    gp_strtab_clear(&strings);
     pthread_mutex_unlock(&cuda_lock);
 }
 

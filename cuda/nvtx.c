@@ -48,6 +48,7 @@
 
 #include "../csrc/buffer.h"
 #include "../csrc/clock.h"
+#include "../csrc/strtab.h"
 
 /* ---- The NVTX injection ABI (nvtx3 nvtxDetail/nvtxTypes.h, NVTX_VERSION 3) -- */
 
@@ -140,22 +141,12 @@ typedef struct GpNvtxString {
     atomic_uint_fast64_t cache;
 } GpNvtxString;
 
-typedef struct Name {
-    char *text;
-    uint64_t hash;
-    uint32_t domain;
-    uint32_t category;
-} Name;
-
 /* Everything below up to the next section: nv_lock. */
 static pthread_mutex_t nv_lock = PTHREAD_MUTEX_INITIALIZER;
 static GpNvtxDomain default_domain = {DOMAIN_MAGIC, 0, "", NULL};
 static GpNvtxDomain **domains;  /* by index; [0] = &default_domain */
 static uint32_t n_domains, cap_domains;
-static Name *names;             /* id = index + 1 */
-static uint32_t n_names, cap_names;
-static uint32_t *slots;         /* open addressing: name id, 0 empty */
-static uint32_t slot_mask;
+static GpStrTab names;          /* key: domain << 32 | category */
 static uint64_t names_dropped;  /* messages past MAX_NAMES (named by overflow_id) */
 static uint32_t overflow_id;
 /* Bumped by gp_nvtx_clear; read without the lock by registered strings. */
@@ -168,91 +159,28 @@ static atomic_uint_fast64_t cross_ends;
 /* Range ids handed out by nvtxRangeStart* (low 24 bits: the tag in events). */
 static atomic_uint_fast64_t next_range = 1;
 
-static uint64_t
-hash_name(uint32_t domain, uint32_t category, const char *text, size_t len)
-{
-    uint64_t h = 1469598103934665603ull ^ ((uint64_t)domain << 32 | category);
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)text[i];
-        h *= 1099511628211ull;
-    }
-    return h ? h : 1;
-}
-
-static int
-grow_slots_locked(void)
-{
-    uint32_t cap = slot_mask ? (slot_mask + 1) * 2 : 1024;
-    uint32_t *s = calloc(cap, sizeof(uint32_t));
-    if (s == NULL)
-        return -1;
-    for (uint32_t id = 1; id <= n_names; id++) {
-        uint32_t i = (uint32_t)names[id - 1].hash & (cap - 1);
-        while (s[i])
-            i = (i + 1) & (cap - 1);
-        s[i] = id;
-    }
-    free(slots);
-    slots = s;
-    slot_mask = cap - 1;
-    return 0;
-}
-
-static uint32_t
-add_name_locked(uint32_t domain, uint32_t category, const char *text, size_t len, uint64_t h)
-{
-    if ((n_names + 1) * 2 > slot_mask + 1 && grow_slots_locked() < 0)
-        return 0;
-    if (n_names == cap_names) {
-        uint32_t cap = cap_names ? cap_names * 2 : 256;
-        Name *p = realloc(names, cap * sizeof(Name));
-        if (p == NULL)
-            return 0;
-        names = p;
-        cap_names = cap;
-    }
-    char *copy = malloc(len + 1);
-    if (copy == NULL)
-        return 0;
-    memcpy(copy, text, len);
-    copy[len] = '\0';
-    names[n_names] = (Name){copy, h, domain, category};
-    uint32_t id = ++n_names;
-    uint32_t i = (uint32_t)h & slot_mask;
-    while (slots[i])
-        i = (i + 1) & slot_mask;
-    slots[i] = id;
-    return id;
-}
-
 /* Name id of (domain, category, text[0..len)), added on first sight; 0 when
  * out of memory. Any thread. */
 static uint32_t
 intern(uint32_t domain, uint32_t category, const char *text, size_t len)
 {
-    uint64_t h = hash_name(domain, category, text, len);
-    uint32_t id = 0;
+    uint64_t key = (uint64_t)domain << 32 | category;
+    uint64_t h = gp_strtab_hash(key, text, len);
     pthread_mutex_lock(&nv_lock);
-    if (slots != NULL) {
-        for (uint32_t i = (uint32_t)h & slot_mask; slots[i]; i = (i + 1) & slot_mask) {
-            const Name *n = &names[slots[i] - 1];
-            if (n->hash == h && n->domain == domain && n->category == category &&
-                strncmp(n->text, text, len) == 0 && n->text[len] == '\0') {
-                id = slots[i];
-                goto done;
-            }
-        }
-    }
-    if (n_names >= MAX_NAMES) {
+    uint32_t id = gp_strtab_find(&names, key, text, len, h);
+    if (id != 0)
+        goto done;
+    if (names.n >= MAX_NAMES) {
         names_dropped++;
         if (overflow_id == 0) {
             static const char full[] = "<nvtx: too many distinct range names>";
-            overflow_id = add_name_locked(0, 0, full, sizeof full - 1, 0);
+            /* hash 0, which no lookup computes: never found, only named */
+            overflow_id = gp_strtab_add(&names, 0, full, sizeof full - 1, 0);
         }
         id = overflow_id;
         goto done;
     }
-    id = add_name_locked(domain, category, text, len, h);
+    id = gp_strtab_add(&names, key, text, len, h);
 done:
     pthread_mutex_unlock(&nv_lock);
     return id;
@@ -849,20 +777,21 @@ gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size_t w
 {
     int rc = -1;
     pthread_mutex_lock(&nv_lock);
-    if (id >= 1 && id <= n_names) {
-        const Name *n = &names[id - 1];
-        const GpNvtxDomain *d = n->domain < n_domains ? domains[n->domain] : &default_domain;
+    const GpStr *n = gp_strtab_get(&names, id);
+    if (n != NULL) {
+        uint32_t domain = (uint32_t)(n->key >> 32), category = (uint32_t)n->key;
+        const GpNvtxDomain *d = domain < n_domains ? domains[domain] : &default_domain;
         const char *cat = NULL;
-        for (const Category *c = d->cats; c != NULL && n->category != 0; c = c->next)
-            if (c->id == n->category)
+        for (const Category *c = d->cats; c != NULL && category != 0; c = c->next)
+            if (c->id == category)
                 cat = c->name;
         snprintf(name, name_cap, "%s", n->text);
         int k = snprintf(where, where_cap, "nvtx%s%s", d->name[0] ? ":" : "", d->name);
-        if (n->category != 0 && k >= 0 && (size_t)k < where_cap) {
+        if (category != 0 && k >= 0 && (size_t)k < where_cap) {
             if (cat != NULL)
                 snprintf(where + k, where_cap - (size_t)k, "/%s", cat);
             else
-                snprintf(where + k, where_cap - (size_t)k, "/%u", n->category);
+                snprintf(where + k, where_cap - (size_t)k, "/%u", category);
         }
         rc = 0;
     }
@@ -874,14 +803,7 @@ void
 gp_nvtx_clear(void)
 {
     pthread_mutex_lock(&nv_lock);
-    for (uint32_t i = 0; i < n_names; i++)
-        free(names[i].text);
-    free(names);
-    free(slots);
-    names = NULL;
-    slots = NULL;
-    n_names = cap_names = 0;
-    slot_mask = 0;
+    gp_strtab_clear(&names);
     overflow_id = 0;
     names_dropped = 0;
     atomic_fetch_add(&names_gen, 1);
@@ -1015,7 +937,7 @@ gp_nvtx_info(GpNvtxInfo *out)
     out->clients = atomic_load(&clients);
     out->probe_hits = atomic_load(&probe_hits);
     pthread_mutex_lock(&nv_lock);
-    out->names = n_names;
+    out->names = names.n;
     out->names_dropped = names_dropped;
     out->domains = n_domains ? n_domains - 1 : 0;
     pthread_mutex_unlock(&nv_lock);
