@@ -12,7 +12,6 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import time
 import zipfile
 
 import gpuprof
@@ -24,29 +23,15 @@ from gpuprof.exporters.chrome import trace_meta
 from gpuprof.exporters.saved import FORMAT_VERSION
 from gpuprof.processes import ProcessData
 
+# the workloads of the subprocess tests (module level there: the workers call them by name)
+from test_subprocesses import main_side, slow
+
 CPU = [gpuprof.ProfilerActivity.CPU]
 N_ITEMS = 16
 DEVICE_SORT_OFFSET = 5_000_000  # trace-format 5
 
 # 3.12+ warns about fork() with threads; the pools' helper threads are expected
 pytestmark = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
-
-
-# -- workloads (module level: the workers call them by name) -------------------------------
-
-def spin(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def slow(x):
-    spin(0.002)
-    return x * x
-
-
-def main_side(n):
-    return sum(range(n))
 
 
 def run_pool(n=N_ITEMS):
