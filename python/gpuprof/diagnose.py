@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from ._results import Results
+from ._spans import python_caller, span_at
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 from .tables import format_time
 
@@ -132,18 +133,7 @@ class _View:
 
     def caller(self, span_index: int) -> tuple[str, int, str]:
         """(file, line, name) of the Python code that made span `span_index`'s call."""
-        sp = self.spans
-        i = span_index
-        line = 0
-        while i >= 0:
-            row = int(sp["op_row"][i])
-            if self.ops["kind"][row] == "python":
-                return str(self.ops["file"][row]), line or int(self.ops["line"][row]), \
-                    str(self.ops["name"][row])
-            if sp["line"][i] > 0 and not line:
-                line = int(sp["line"][i])
-            i = int(sp["parent"][i])
-        return "", 0, ""
+        return python_caller(self.spans, self.ops, span_index)
 
     def c_call_of(self, span_index: int) -> str:
         """Name of the C function whose call contains this span, if any."""
@@ -397,13 +387,10 @@ def _gpu_idle(v: _View):
 def _running_at(v: _View, ts: int) -> tuple[str, str]:
     """(name, file:line) of the innermost op the step thread runs at ts: a Python
     function's own definition line, or for a C call its Python caller's line."""
-    sp = v.spans
-    m = (sp["thread"] == v.step_thread) & (sp["start_ns"] <= ts) & (sp["end_ns"] >= ts)
-    idx = np.flatnonzero(m)
-    if not len(idx):
+    i = span_at(v.spans, v.step_thread, ts)
+    if i < 0:
         return "nothing recorded", ""
-    i = int(idx[np.argmax(sp["depth"][idx])])
-    row = int(sp["op_row"][i])
+    row = int(v.spans["op_row"][i])
     name = str(v.ops["name"][row])
     file, line, _ = v.caller(i)
     where = _loc(file, line) if file else ""

@@ -32,6 +32,7 @@ import numpy as np
 from ._allocators import ADAPTERS, active_adapters
 from ._host_sampler import HOST_DTYPE, HostSampler
 from ._results import Results
+from ._spans import python_caller, span_at
 
 __all__ = ["CUDA_CURVE_DTYPE", "HOST_CURVE_DTYPE", "DeviceMemory", "MemorySummary",
            "memory_curve", "memory_summary", "plot_memory"]
@@ -41,7 +42,7 @@ CUDA_CURVE_DTYPE = np.dtype([("timestamp_ns", "i8"), ("allocated_bytes", "i8"),
 HOST_CURVE_DTYPE = HOST_DTYPE
 
 GPU_MALLOC, GPU_FREE = 5, 6   # GP_GPU_* (cuda/gp_cuda.h)
-OP_PYTHON, OP_CUDA_API = 1, 5  # GP_OP_*
+OP_CUDA_API = 5  # GP_OP_CUDA_API
 LARGEST_N = 5
 GAP_RATIO = 2.0
 GAP_MIN_BYTES = 16 << 20  # below this a reserved/allocated ratio is noise, not a finding
@@ -254,28 +255,9 @@ def _op_label(ops: np.ndarray, row: int) -> str:
 
 
 def _python_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> str:
-    """file:line of the Python code under span i: its innermost Python ancestor, at the
-    call-site line of the C call in between when there is one."""
-    line = 0
-    while i >= 0:
-        row = int(spans["op_row"][i])
-        if int(spans["kind"][i]) == OP_PYTHON:
-            return _loc(str(ops["file"][row]), line or int(ops["line"][row]))
-        if int(spans["line"][i]) > 0 and not line:
-            line = int(spans["line"][i])
-        i = int(spans["parent"][i])
-    return ""
-
-
-def _span_at(spans: np.ndarray, thread: int, ts: int) -> int:
-    """Innermost span of `thread` open at `ts`, or -1."""
-    if thread < 0 or not len(spans):
-        return -1
-    m = (spans["thread"] == thread) & (spans["start_ns"] <= ts) & (spans["end_ns"] >= ts)
-    idx = np.flatnonzero(m)
-    if not len(idx):
-        return -1
-    return int(idx[np.argmax(spans["depth"][idx])])
+    """file:line of the Python code under span i (see _spans.python_caller)."""
+    file, line, _ = python_caller(spans, ops, i)
+    return _loc(file, line)
 
 
 def _allocation_site(results: Results, wi: int, i: int) -> tuple[str, str]:
@@ -294,7 +276,7 @@ def _allocation_site(results: Results, wi: int, i: int) -> tuple[str, str]:
         if len(hit):
             span = int(hit[0])
     if span < 0:
-        span = _span_at(spans, int(g["thread"][i]), int(g["start_ns"][i]))
+        span = span_at(spans, int(g["thread"][i]), int(g["start_ns"][i]))
     where = _python_caller(spans, ops, span) if span >= 0 else ""
     if not where and int(g["op_row"][i]) >= 0 and ops["kind"][int(g["op_row"][i])] == "python":
         row = int(g["op_row"][i])
@@ -310,7 +292,7 @@ def _running_at(results: Results, ts: int) -> tuple[str, str]:
         spans = w.raw["spans"]
         steps = w.raw["steps"]
         thread = int(steps["thread"][0]) if len(steps) else 0
-        i = _span_at(spans, thread, ts)
+        i = span_at(spans, thread, ts)
         if i < 0:
             return "", ""
         ops = w.ops()
