@@ -20,9 +20,21 @@
 
 static uint64_t intern_failures = 0; /* GIL */
 
+/* Whether `self` is the private record a binding library hands its free
+ * functions as their `self` (pybind11: a capsule, or since 3.0 a
+ * pybind11_builtins.pybind11_detail_function_record_* object). Such a
+ * function belongs to its __module__, not to the record's type. */
+static int
+is_binding_record(PyObject *self)
+{
+    return Py_IS_TYPE(self, &PyCapsule_Type) ||
+           strncmp(Py_TYPE(self)->tp_name, "pybind11_builtins.", 18) == 0;
+}
+
 /* Key of a C function call: its PyMethodDef and its owner (the module for
- * module functions, the type of self for methods). 0 when `callable` is not
- * a C function we name (then neither its call nor its return is recorded). */
+ * module functions, the type of self for methods, the __module__ string for
+ * a binding library's free functions). 0 when `callable` is not a C function
+ * we name (then neither its call nor its return is recorded). */
 GP_INLINE int
 cfunc_key(PyObject *callable, const PyMethodDef **ml, PyObject **owner)
 {
@@ -30,7 +42,12 @@ cfunc_key(PyObject *callable, const PyMethodDef **ml, PyObject **owner)
         PyCFunctionObject *fn = (PyCFunctionObject *)callable;
         PyObject *self = fn->m_self;
         *ml = fn->m_ml;
-        *owner = (self == NULL || PyModule_Check(self)) ? self : (PyObject *)Py_TYPE(self);
+        if (self == NULL || PyModule_Check(self))
+            *owner = self;
+        else if (fn->m_module != NULL && PyUnicode_Check(fn->m_module) && is_binding_record(self))
+            *owner = fn->m_module;
+        else
+            *owner = (PyObject *)Py_TYPE(self);
         return 1;
     }
     if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {

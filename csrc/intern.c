@@ -233,6 +233,10 @@ is_hidden_owner(PyObject *owner)
         }
     } else if (PyType_Check(owner)) {
         name = ((PyTypeObject *)owner)->tp_name;
+    } else if (PyUnicode_Check(owner)) {
+        name = PyUnicode_AsUTF8(owner);
+        if (name == NULL)
+            PyErr_Clear();
     }
     return name != NULL && strncmp(name, "gpuprof.", 8) == 0;
 }
@@ -285,7 +289,9 @@ gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown)
     return 0;
 }
 
-/* "module.func", "type.method" or "func" for a C function. New reference. */
+/* "module.func", "type.method" or "func" for a C function (the owner is a
+ * module, a type, or the __module__ string of a binding library's free
+ * function; see cfunc_key in hook.c). New reference. */
 static PyObject *
 cfunc_name(const PyMethodDef *ml, PyObject *owner)
 {
@@ -306,6 +312,8 @@ cfunc_name(const PyMethodDef *ml, PyObject *owner)
         /* tp_name is "module.Qualname" for extension types, bare for builtins. */
         return PyUnicode_FromFormat("%s.%s", tp->tp_name, ml->ml_name);
     }
+    if (PyUnicode_Check(owner))
+        return PyUnicode_FromFormat("%U.%s", owner, ml->ml_name);
     return PyUnicode_FromString(ml->ml_name);
 }
 

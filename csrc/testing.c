@@ -259,7 +259,38 @@ test_api_key(PyObject *module, PyObject *args)
                          gp_cuda_api_class(key));
 }
 
+/* A free function the way pybind11 binds one: a C function whose self is a
+ * private capsule and whose __module__ is a string. Calling it returns its
+ * argument. */
+static PyObject *
+bound_identity(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return Py_NewRef(arg);
+}
+
+static PyMethodDef bound_identity_def = {"bound_identity", bound_identity, METH_O,
+                                         "Return the argument."};
+
+static PyObject *
+test_binding_function(PyObject *module, PyObject *module_name)
+{
+    (void)module;
+    if (!PyUnicode_Check(module_name)) {
+        PyErr_SetString(PyExc_TypeError, "_test_binding_function: module_name must be a str");
+        return NULL;
+    }
+    PyObject *record = PyCapsule_New(&bound_identity_def, "gpuprof.test_record", NULL);
+    if (record == NULL)
+        return NULL;
+    PyObject *fn = PyCFunction_NewEx(&bound_identity_def, record, module_name);
+    Py_DECREF(record);
+    return fn;
+}
+
 PyMethodDef gp_testing_methods[] = {
+    {"_test_binding_function", test_binding_function, METH_O,
+     "A C function bound as pybind11 binds free functions (capsule self, __module__ str)."},
     {"_test_schedule_action", test_schedule_action, METH_VARARGS,
      "Schedule action for (wait, warmup, active, repeat, skip_first, skip_first_wait, step)."},
     {"_test_schedule_transition", test_schedule_transition, METH_VARARGS,

@@ -87,6 +87,21 @@ def test_c_functions_are_named():
     assert _row(prof, "len")["kind"] == "c"
 
 
+def test_binding_library_functions_take_their_module_name():
+    # pybind11 binds a free function as a C function whose self is a private record
+    # (a capsule; since pybind11 3.0 an object of type pybind11_builtins.pybind11_detail_
+    # function_record_...); it is named after its __module__, as Python shows it
+    from gpuprof import _gpuprof
+
+    fn = _gpuprof._test_binding_function("torchlike._C")
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        for i in range(3):
+            assert fn(i) == i
+    row = _row(prof, "torchlike._C.bound_identity")
+    assert row["kind"] == "c" and row["calls"] == 3
+    assert not any("capsule" in str(n).lower() for n in prof.ops()["name"])
+
+
 def gen(n):
     for i in range(n):
         yield i
