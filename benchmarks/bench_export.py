@@ -3,14 +3,18 @@
 Both profilers record the same number of steps of bench_gpu.py's workload (a), the
 launch-bound MLP (16 x Linear(256)+ReLU, batch 64, SGD), one after the other in this process:
 gpuprof first (CPU + CUDA), then torch.profiler (CPU + CUDA, record_shapes=False,
-with_stack=False, profile_memory=False). Neither has a schedule, so each records every step.
-Then each writes its Chrome trace, and the script reports
+with_stack=False, profile_memory=False), then torch.profiler again with with_stack=True (the
+setting that writes the Python calls, as gpuprof does). None has a schedule, so each records
+every step. Then each writes its Chrome trace, and the script reports
 
 - the wall time of ``export_chrome_trace(path)``: the median of ``--repeats`` calls for
   gpuprof, ``--torch-repeats`` calls for torch.profiler (default 1: PyTorch 2.11 will
   not export one profile twice);
-- the size of the uncompressed file and its events, counted by category (``cat``);
+- the size of the uncompressed file and its events, counted by category (``cat``), with the
+  bytes of each category written as compact JSON (of which names and args);
 - gpuprof's ``.json.gz`` export: time and size;
+- gpuprof's export with ``min_duration_us`` (each of ``--min-duration-us``): time, size and
+  the calls it left out;
 - the ratios gpuprof / torch for time and size (the target is 0.5x or less for both).
 
     PYTHONPATH=python python3 benchmarks/bench_export.py [--steps 200] [--json PATH]
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import platform
@@ -137,11 +142,32 @@ def count_events(path):
     with open(path, "rb") as f:
         doc = json.load(f)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    by_cat = collections.Counter(e.get("cat") or f"(ph {e.get('ph')})" for e in events)
+    by_cat = collections.Counter()
+    size = collections.defaultdict(lambda: [0, 0, 0])  # category -> compact, name, args bytes
+    name_bytes = collections.Counter()
+    for e in events:
+        cat = e.get("cat") or f"(ph {e.get('ph')})"
+        by_cat[cat] += 1
+        row = size[cat]
+        row[0] += _compact_len(e)
+        row[1] += _compact_len(e.get("name", ""))
+        row[2] += _compact_len(e.get("args", {})) if "args" in e else 0
+        if cat in ("python_function", "cpu_op"):
+            name_bytes[e.get("name", "")] += len(str(e.get("name", "")).encode())
     steps = sum(1 for e in events if e.get("cat") == "user_annotation"
                 and str(e.get("name", "")).startswith("ProfilerStep#"))
-    return {"events": len(events), "events_by_cat": dict(by_cat.most_common()),
+    return {"events": len(events), "omitted_calls": doc.get("gpuprof_omitted_calls", 0)
+            if isinstance(doc, dict) else 0,
+            "events_by_cat": dict(by_cat.most_common()),
+            "bytes_by_cat": {c: dict(zip(("compact", "name", "args"), size[c])) for c in by_cat},
+            "heaviest_host_names": dict(name_bytes.most_common(20)),
             "step_slices": steps}
+
+
+def _compact_len(value):
+    """Bytes of `value` written as compact JSON (UTF-8): a measure of what each category of
+    event costs that does not depend on how a writer spaces or indents its file."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def export_result(export, path, repeats):
@@ -161,37 +187,54 @@ def fmt(x, spec):
 
 
 def print_report(out):
-    g, t = out["gpuprof"], out.get("torch") or {}
-    r = out["ratios"]
+    g, t, ts = out["gpuprof"], out.get("torch") or {}, out.get("torch_stacks") or {}
     mb = 1e6
     print(f"\nbench_export: {out['steps']} steps of {out['workload']}")
-    print(f"{'':24s} {'gpuprof':>12s} {'torch':>12s} {'gpuprof/torch':>14s}  target 0.5x")
-    rows = [
-        ("export .json (s)", g["json"]["export_s_median"], t.get("export_s_median"),
-         r.get("export_time"), True),
-        ("file size (MB)", g["json"]["size_bytes"] / mb,
-         t["size_bytes"] / mb if "size_bytes" in t else None, r.get("size"), True),
-        ("events", g["json"]["events"], t.get("events"), r.get("events"), False),
-        ("ProfilerStep slices", g["json"]["step_slices"], t.get("step_slices"), None, False),
-        ("export .json.gz (s)", g["gz"]["export_s_median"], None, None, False),
-        ("file size .gz (MB)", g["gz"]["size_bytes"] / mb, None, None, False),
-    ]
-    for name, a, b, q, target in rows:
-        spec = ",d" if name in ("events", "ProfilerStep slices") else ".3f"
-        verdict = ""
-        if target and q is not None:
-            verdict = "met" if q <= 0.5 else "not met"
-        print(f"{name:24s} {fmt(a, spec):>12s} {fmt(b, spec):>12s} "
-              f"{fmt(q, '.2f') + 'x' if q is not None else '-':>14s}  {verdict}")
+    print(f"{'':28s} {'gpuprof':>10s} {'torch':>10s} {'ratio':>7s}  target 0.5x")
+
+    def row(name, a, b, target=False, spec=".3f"):
+        q = ratio(a, b)
+        verdict = ("met" if q <= 0.5 else "not met") if target and q is not None else ""
+        print(f"{name:28s} {fmt(a, spec):>10s} {fmt(b, spec):>10s} "
+              f"{fmt(q, '.2f') + 'x' if q is not None else '-':>7s}  {verdict}")
+
+    size = lambda d: d["size_bytes"] / mb if "size_bytes" in d else None  # noqa: E731
+    row("export .json (s)", g["json"]["export_s_median"], t.get("export_s_median"), True)
+    row("file size (MB)", size(g["json"]), size(t), True)
+    row("events", g["json"]["events"], t.get("events"), spec=",d")
+    row("ProfilerStep slices", g["json"]["step_slices"], t.get("step_slices"), spec=",d")
+    row("export .json.gz (s)", g["gz"]["export_s_median"], None)
+    row("file size .gz (MB)", g["gz"]["size_bytes"] / mb, None)
+    for m, d in g.get("thinned", {}).items():
+        print(f"min_duration_us={m}: {d['omitted_calls']:,d} of "
+              f"{g['json']['events_by_cat'].get('python_function', 0):,d} calls left out")
+        row("  export (s)", d["export_s_median"], t.get("export_s_median"), True)
+        row("  file size (MB)", size(d), size(t), True)
+    if ts:
+        print("torch.profiler with_stack=True (the Python calls too, like gpuprof's default):")
+        row("  export (s)", g["json"]["export_s_median"], ts.get("export_s_median"), True)
+        row("  file size (MB)", size(g["json"]), size(ts), True)
+        row("  events", g["json"]["events"], ts.get("events"), spec=",d")
     if "skipped" in t:
         print(f"torch.profiler: skipped ({t['skipped']})")
-    cats = list(g["json"]["events_by_cat"])
-    cats += [c for c in t.get("events_by_cat", {}) if c not in cats]
-    print(f"\n{'events by category':24s} {'gpuprof':>12s} {'torch':>12s}")
+    cols = [("gpuprof", g["json"]), ("torch", t), ("torch stacks", ts)]
+    cats = []
+    for _, d in cols:
+        cats += [c for c in d.get("events_by_cat", {}) if c not in cats]
+    print(f"\n{'events by category':24s}" + "".join(f"{n:>14s}" for n, _ in cols))
     for c in cats:
-        a = g["json"]["events_by_cat"].get(c, 0)
-        b = t.get("events_by_cat", {}).get(c, 0) if "events_by_cat" in t else None
-        print(f"  {c:22s} {a:>12,d} {fmt(b, ',d'):>12s}")
+        print(f"  {c:22s}" + "".join(
+            f"{fmt(d['events_by_cat'].get(c, 0), ',d') if 'events_by_cat' in d else '-':>14s}"
+            for _, d in cols))
+    print(f"\n{'MB by category':24s}" + "".join(f"{n:>20s}" for n, _ in cols)
+          + "   (compact JSON (name/args))")
+    for c in cats:
+        cells = []
+        for _, d in cols:
+            x = d.get("bytes_by_cat", {}).get(c)
+            cells.append("-" if x is None else
+                         f"{x['compact'] / mb:.2f} ({x['name'] / mb:.1f}/{x['args'] / mb:.1f})")
+        print(f"  {c:22s}" + "".join(f"{x:>20s}" for x in cells))
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -204,6 +247,10 @@ def main():
     ap.add_argument("--torch-repeats", type=int, default=1,
                     help="torch.profiler export_chrome_trace calls (default 1: PyTorch 2.11 "
                          "refuses a second export of one profile, 'Trace is already saved')")
+    ap.add_argument("--min-duration-us", type=float, nargs="*", default=[1.0, 10.0],
+                    help="also export with these min_duration_us (default 1 10)")
+    ap.add_argument("--no-torch-stacks", action="store_true",
+                    help="skip the torch.profiler run with with_stack=True")
     ap.add_argument("--json", default=str(HERE / "results" / "bench_export.json"),
                     help="where the results go")
     ap.add_argument("--out-dir", default=None,
@@ -268,6 +315,11 @@ def main():
                                   out_dir / "gpuprof.pt.trace.json.gz", args.repeats)
         out["gpuprof"]["gz"] = {"export_s": times, "export_s_median": statistics.median(times),
                                 "size_bytes": size}
+        out["gpuprof"]["thinned"] = {}
+        for m in args.min_duration_us:
+            out["gpuprof"]["thinned"][f"{m:g}"] = export_result(
+                functools.partial(prof.export_chrome_trace, min_duration_us=m),
+                out_dir / f"gpuprof.min{m:g}us.pt.trace.json", args.repeats)
         del prof, res
 
         if skip:
@@ -275,21 +327,29 @@ def main():
         else:
             from torch.profiler import ProfilerActivity, profile
 
-            tp = record(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                                record_shapes=False, with_stack=False, profile_memory=False),
-                        step, sync, args.steps)
-            out["torch"] = export_result(tp.export_chrome_trace,
-                                         out_dir / "torch.pt.trace.json", args.torch_repeats)
+            for key, stacks in (("torch", False), ("torch_stacks", True)):
+                if stacks and args.no_torch_stacks:
+                    continue
+                tp = record(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                    record_shapes=False, with_stack=stacks,
+                                    profile_memory=False), step, sync, args.steps)
+                out[key] = export_result(tp.export_chrome_trace,
+                                         out_dir / f"{key}.pt.trace.json", args.torch_repeats)
+                del tp
     finally:
         if args.out_dir is None:
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    g, t = out["gpuprof"]["json"], out["torch"]
+    g, t, ts = out["gpuprof"]["json"], out["torch"], out.get("torch_stacks") or {}
     out["ratios"] = {
         "export_time": ratio(g["export_s_median"], t.get("export_s_median")),
         "size": ratio(g["size_bytes"], t.get("size_bytes")),
         "events": ratio(g["events"], t.get("events")),
+        "size_vs_with_stack": ratio(g["size_bytes"], ts.get("size_bytes")),
+        "export_time_vs_with_stack": ratio(g["export_s_median"], ts.get("export_s_median")),
     }
+    for m, r in out["gpuprof"]["thinned"].items():
+        out["ratios"][f"size_min{m}us"] = ratio(r["size_bytes"], t.get("size_bytes"))
     print_report(out)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:

@@ -170,6 +170,8 @@ static PyMethodDef module_methods[] = {
      "Unix-epoch ns minus profiler-clock ns."},
     {"_write_trace", gp_trace_json_write, METH_VARARGS,
      "_write_trace(dest, window, meta) -> events: one window as a Chrome trace (trace_json.h)."},
+    {"_trace_keep", gp_trace_json_keep, METH_VARARGS,
+     "_trace_keep(window, min_ns) -> (mask, omitted): spans kept without the shortest calls."},
     {NULL, NULL, 0, NULL},
 };
 

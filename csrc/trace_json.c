@@ -673,19 +673,14 @@ step_name(char *buf, int64_t step)
     return (Str){buf, (size_t)(p - buf)};
 }
 
-/* Write every span. Fills anns, and ann_of: for each API span, the number
- * of the innermost annotation around it (0 none). */
-static int
-write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
+/* The spans as keys in lane order (malloc'ed; NULL when out of memory). */
+static Key *
+span_keys(const Ctx *c)
 {
     size_t n = c->n_spans;
     Key *keys = malloc((n + 1) * sizeof(Key));
-    StepKey *steps = malloc((c->n_steps + 1) * sizeof(StepKey));
-    size_t cap = 64, depth = 0;
-    Frame *stack = malloc(cap * sizeof(Frame));
-    int rc = -1;
-    if (keys == NULL || steps == NULL || stack == NULL)
-        goto done;
+    if (keys == NULL)
+        return NULL;
     for (size_t i = 0; i < n; i++) {
         const GpSpanRow *s = &c->spans[i];
         keys[i].start = rel(c, s->start_ns);
@@ -697,6 +692,22 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
         keys[i].api = 0;
     }
     sort_keys(keys, n);
+    return keys;
+}
+
+/* Write every span. Fills anns, and ann_of: for each API span, the number
+ * of the innermost annotation around it (0 none). */
+static int
+write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
+{
+    size_t n = c->n_spans;
+    Key *keys = span_keys(c);
+    StepKey *steps = malloc((c->n_steps + 1) * sizeof(StepKey));
+    size_t cap = 64, depth = 0;
+    Frame *stack = malloc(cap * sizeof(Frame));
+    int rc = -1;
+    if (keys == NULL || steps == NULL || stack == NULL)
+        goto done;
     for (size_t i = 0; i < c->n_steps; i++) {
         steps[i].thread = c->steps[i].thread;
         steps[i].start = c->steps[i].start_ns;
@@ -799,8 +810,6 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
                 put_i64(o, up.py_id);
             else
                 PUT(o, "null");
-            PUT(o, ",\"Python thread\":");
-            put_i64(o, s->thread);
             if (s->kind == GP_OP_CFUNC && s->line > 0 && up.py_span >= 0) {
                 uint32_t row = c->spans[up.py_span].op_row;
                 if (row < c->n_files) {
@@ -1805,5 +1814,105 @@ done:
     release_rows(&ops);
     release_rows(&steps);
     release_rows(&threads);
+    return result;
+}
+
+/* ---- a trace without the shortest calls ----------------------------------- */
+
+enum { KEEP = 1, LAUNCHES = 2 };
+
+/* Marks in keep[] the spans a trace with a minimum duration writes: every span
+ * that is not a Python or C call (annotations, steps, CUDA API calls); every
+ * call lasting min_ns or more; and every call around a CUDA API call on its
+ * thread, so that each kernel still links to the Python calls that launched
+ * it. Nesting, and the clamp into the enclosing slice, are write_host's.
+ * Returns the number of spans left out, or -1 when out of memory. */
+static int64_t
+keep_spans(const Ctx *c, int64_t min_ns, unsigned char *keep)
+{
+    size_t n = c->n_spans, cap = 64, depth = 0;
+    Key *keys = span_keys(c);
+    Key **stack = malloc(cap * sizeof(Key *));
+    int64_t omitted = -1;
+    if (keys == NULL || stack == NULL)
+        goto done;
+    memset(keep, 0, n);
+    uint64_t lane = UINT64_MAX;
+    for (size_t k = 0; k < n; k++) {
+        Key *key = &keys[k];
+        const GpSpanRow *s = &c->spans[key->idx];
+        if (key->lane != lane) {
+            lane = key->lane;
+            depth = 0;
+        }
+        while (depth > 0 && stack[depth - 1]->end <= key->start)
+            depth--;
+        if (depth > 0 && key->end > stack[depth - 1]->end)
+            key->end = stack[depth - 1]->end;
+        if (s->kind == GP_OP_CUDA_API) {
+            /* the frames above an already marked one are marked too */
+            for (size_t j = depth; j-- > 0 && !(keep[stack[j]->idx] & LAUNCHES);)
+                keep[stack[j]->idx] |= KEEP | LAUNCHES;
+        }
+        if ((s->kind != GP_OP_PYTHON && s->kind != GP_OP_CFUNC) || key->end - key->start >= min_ns)
+            keep[key->idx] |= KEEP;
+        if (depth == cap) {
+            Key **grown = realloc(stack, 2 * cap * sizeof(Key *));
+            if (grown == NULL)
+                goto done;
+            stack = grown;
+            cap *= 2;
+        }
+        stack[depth++] = key;
+    }
+    omitted = 0;
+    for (size_t i = 0; i < n; i++) {
+        keep[i] &= KEEP;
+        omitted += !keep[i];
+    }
+done:
+    free(keys);
+    free(stack);
+    return omitted;
+}
+
+PyObject *
+gp_trace_json_keep(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *window;
+    long long min_ns;
+    if (!PyArg_ParseTuple(args, "O!L:_trace_keep", &PyDict_Type, &window, &min_ns))
+        return NULL;
+    if (min_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "_trace_keep: min_ns must be >= 0");
+        return NULL;
+    }
+    Ctx c;
+    Rows spans;
+    memset(&c, 0, sizeof(c));
+    if (get_rows(window, "spans", sizeof(GpSpanRow), &spans) < 0) {
+        release_rows(&spans);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    c.spans = spans.v;
+    c.n_spans = spans.n;
+    if (get_i64(window, "window_start_ns", &c.base, "the window") == 0) {
+        PyObject *mask = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)spans.n);
+        int64_t omitted = -1;
+        if (mask != NULL) {
+            Py_BEGIN_ALLOW_THREADS
+            omitted = keep_spans(&c, min_ns, (unsigned char *)PyBytes_AS_STRING(mask));
+            Py_END_ALLOW_THREADS
+            if (omitted < 0) {
+                Py_DECREF(mask);
+                PyErr_NoMemory();
+            } else {
+                result = Py_BuildValue("(NL)", mask, (long long)omitted); /* steals mask */
+            }
+        }
+    }
+    release_rows(&spans);
     return result;
 }

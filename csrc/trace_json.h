@@ -51,4 +51,13 @@
  * OSError, or whatever dest.write raised). */
 PyObject *gp_trace_json_write(PyObject *module, PyObject *args);
 
+/* _gpuprof._trace_keep(window, min_ns) -> (mask, omitted)
+ *
+ * Which of the window's spans a trace leaving out calls shorter than min_ns
+ * keeps: mask is bytes with one 0/1 per spans row; omitted counts the zeros.
+ * Kept: every span that is not a Python or C call, every call of min_ns or
+ * more, and every call around a CUDA API call on its thread (so kernels keep
+ * their launching calls). Raises ValueError for min_ns < 0. */
+PyObject *gp_trace_json_keep(PyObject *module, PyObject *args);
+
 #endif /* GPUPROF_CSRC_TRACE_JSON_H */

@@ -64,14 +64,16 @@ class ResultAccessors:
 
         return diagnose(self.results)
 
-    def export_chrome_trace(self, path) -> str:
+    def export_chrome_trace(self, path, *, min_duration_us: float = 0.0) -> str:
         """Write the last recorded window as a Chrome/Perfetto trace (``.gz`` compresses);
-        opens in Perfetto, chrome://tracing, TensorBoard and HTA. See docs/traces.md."""
+        opens in Perfetto, chrome://tracing, TensorBoard and HTA. ``min_duration_us``
+        leaves out shorter calls that launched no CUDA work, and counts them in the
+        file's header. See docs/traces.md."""
         from .exporters.chrome import export_chrome_trace
 
         results = self.results
         with progress(f"writing {path}", len(results.spans())):
-            return export_chrome_trace(results, path)
+            return export_chrome_trace(results, path, min_duration_us=min_duration_us)
 
     def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
         """Write collapsed stacks for flame graphs; ``metric`` is

@@ -259,6 +259,24 @@ def check_schema(trace, keys, text):
     return flows
 
 
+def check_python_parents(py):
+    """Each python_function's parent is the innermost python_function around it on its
+    thread (null when there is none). Returns the events by Python id."""
+    by_id = {e["args"]["Python id"]: e for e in py}
+    stacks = collections.defaultdict(list)
+    for e in sorted(py, key=lambda e: (e["tid"], ns(e["ts"]), -ns(e["dur"]))):
+        stack = stacks[e["tid"]]
+        while stack and ns(stack[-1]["ts"] + stack[-1]["dur"]) <= ns(e["ts"]):
+            stack.pop()
+        want = stack[-1]["args"]["Python id"] if stack else None
+        if e["dur"] == 0 and stack and ns(stack[-1]["ts"]) == ns(e["ts"]) == \
+                ns(stack[-1]["ts"] + stack[-1]["dur"]):
+            want = e["args"]["Python parent id"]  # zero-length twins: either order is right
+        assert e["args"]["Python parent id"] == want, e
+        stack.append(e)
+    return by_id
+
+
 # ---- CPU profile -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -300,15 +318,7 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
     work_ev = [e for e in py if e["name"].endswith(": work")]
     assert work_ev and work_ev[0]["name"] == f"{__file__}({work.__code__.co_firstlineno}): work"
     assert any(e["name"] == "<built-in function isinstance>" for e in py)
-    by_id = {e["args"]["Python id"]: e for e in py}
-    for e in py:
-        p = e["args"]["Python parent id"]
-        if p is None:
-            continue
-        parent = by_id[p]
-        assert parent["tid"] == e["tid"]
-        assert ns(parent["ts"]) <= ns(e["ts"])
-        assert ns(e["ts"] + e["dur"]) <= ns(parent["ts"] + parent["dur"])
+    by_id = check_python_parents(py)
     leafs = [e for e in py if e["name"].endswith(": leaf")]
     assert all(by_id[e["args"]["Python parent id"]]["name"].endswith(": work")
                for e in leafs if e["args"]["Python parent id"] in by_id
@@ -342,6 +352,100 @@ def test_no_window_is_an_error(tmp_path):
     prof = gpuprof.profile()
     with pytest.raises(RuntimeError, match="no recorded window"):
         prof.export_chrome_trace(tmp_path / "x.json")
+    assert os.listdir(tmp_path) == []
+
+
+# ---- leaving out the shortest calls (min_duration_us) ------------------------------------
+
+def python_slices(trace):
+    return [e for e in slices(trace) if e["cat"] == "python_function"]
+
+
+def test_min_duration_leaves_out_shorter_calls_and_counts_them(cpu_prof, tmp_path):
+    cpu_prof.export_chrome_trace(tmp_path / "all.json")
+    full, _, _ = read_trace(tmp_path / "all.json")
+    assert "gpuprof_omitted_calls" not in full
+    durs = sorted(e["dur"] for e in python_slices(full))
+    cut = durs[len(durs) // 2]  # the median call: about half are left out
+    assert 0 < cut < durs[-1]
+    cpu_prof.export_chrome_trace(tmp_path / "thin.json", min_duration_us=cut)
+    thin, keys, text = read_trace(tmp_path / "thin.json")
+    check_schema(thin, keys, text)
+    assert keys.index("gpuprof_omitted_calls") < keys.index("traceEvents")
+    # exactly the calls of `cut` or more are written (no CUDA work here), each once
+    lane = lambda e: (str(e["tid"]), e["ts"], e["dur"], e["name"])  # noqa: E731
+    kept = [lane(e) for e in python_slices(full) if e["dur"] >= cut]
+    assert sorted(lane(e) for e in python_slices(thin)) == sorted(kept)
+    omitted = len(python_slices(full)) - len(kept)
+    assert omitted > 0
+    assert thin["gpuprof_min_duration_us"] == cut and thin["gpuprof_omitted_calls"] == omitted
+    # parents point at the nearest call still in the file; ranges and steps all stay
+    check_python_parents(python_slices(thin))
+    others = lambda t: sorted(lane(e) for e in slices(t) if e["cat"] != "python_function")  # noqa: E731
+    assert others(thin) == others(full)
+    # gzip and the TensorBoard handler thin the same way
+    cpu_prof.export_chrome_trace(tmp_path / "thin.json.gz", min_duration_us=cut)
+    assert read_trace(tmp_path / "thin.json.gz")[0]["traceEvents"] == thin["traceEvents"]
+    handler = gpuprof.tensorboard_trace_handler(tmp_path / "tb", min_duration_us=cut)
+    tb, _, _ = read_trace(handler(cpu_prof))
+    assert tb["gpuprof_omitted_calls"] == omitted
+
+
+def test_min_duration_keeps_the_calls_that_launch_cuda_work(tmp_path):
+    # step() [400 us] > inner() [30 us] > launch;  step() > leaf() [3 us], no launch;
+    # leaf() [2 us] > launch directly.  With a 1 ms cut only the bare leaf() goes.
+    step_, inner, leaf_ = 2, 3, 4
+    ev = [
+        (100, C["EV_CALL"], step_),
+        (105, C["EV_CALL"], leaf_),
+        (108, C["EV_RETURN"], 0),
+        (110, C["EV_CALL"], inner),
+        (120, C["EV_API_ENTER"], 7, api_key(LAUNCH)),
+        (125, C["EV_API_EXIT"], 7),
+        (140, C["EV_RETURN"], 0),
+        (150, C["EV_CALL"], leaf_),
+        (151, C["EV_API_ENTER"], 8, api_key(LAUNCH)),
+        (151, C["EV_API_EXIT"], 8),
+        (152, C["EV_RETURN"], 0),
+        (500, C["EV_RETURN"], 0),
+    ]
+    ev = [(e[0] * US,) + e[1:] for e in ev]
+    gpu = [dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=a * US, end_ns=b * US, stream=7,
+                device=0, name_id=0) for c, a, b in ((7, 200, 300), (8, 300, 310))]
+
+    def inner_fn():
+        pass
+
+    def leaf_fn():
+        pass
+
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0), (C["OP_PYTHON"], inner_fn.__code__, 0),
+           (C["OP_PYTHON"], leaf_fn.__code__, 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], gpu, 0, 1000 * US, ["_Z6kernelv"], 1)
+    results = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+    export_chrome_trace(results, tmp_path / "t.json", min_duration_us=1000)
+    trace, keys, text = read_trace(tmp_path / "t.json")
+    flows = check_schema(trace, keys, text)
+    py = python_slices(trace)
+    names = sorted((e["name"].rsplit(": ", 1)[1], e["dur"]) for e in py)
+    assert names == [("test_min_duration_keeps_the_calls_that_launch_cuda_work.<locals>.inner_fn",
+                      30.0),
+                     ("test_min_duration_keeps_the_calls_that_launch_cuda_work.<locals>.leaf_fn",
+                      2.0),
+                     ("train_step", 400.0)]
+    assert trace["gpuprof_omitted_calls"] == 1
+    check_python_parents(py)
+    assert len(flows) == 2 and all(set(f) == {"s", "f"} for f in flows.values())
+
+
+@pytest.mark.parametrize("bad, exc", [(-1, ValueError), (float("inf"), ValueError),
+                                      (float("nan"), ValueError), ("5", TypeError),
+                                      (True, TypeError), (None, TypeError)])
+def test_min_duration_bad_values_name_the_argument(cpu_prof, tmp_path, bad, exc):
+    with pytest.raises(exc, match="export_chrome_trace\\(\\): min_duration_us"):
+        cpu_prof.export_chrome_trace(tmp_path / "t.json", min_duration_us=bad)
+    with pytest.raises(exc, match="tensorboard_trace_handler\\(\\): min_duration_us"):
+        gpuprof.tensorboard_trace_handler(tmp_path / "tb", min_duration_us=bad)
     assert os.listdir(tmp_path) == []
 
 

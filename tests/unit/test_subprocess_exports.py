@@ -286,6 +286,22 @@ def test_gzip_trace_with_workers(pool_prof, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["t.json", "t.json.gz"]  # no temporary left
 
 
+def test_min_duration_thins_every_process_lane(pool_prof, tmp_path):
+    """Workers' lanes lose their short calls too, and the header counts them all:
+    `slow` (2 ms) stays in every worker, the calls under 1 ms go."""
+    pool_prof.export_chrome_trace(tmp_path / "all.json")
+    pool_prof.export_chrome_trace(tmp_path / "thin.json", min_duration_us=1000)
+    full, _ = read_trace(tmp_path / "all.json")
+    thin, _ = read_trace(tmp_path / "thin.json")
+    py = lambda t: [e for e in slices(t) if e["cat"] == "python_function"]  # noqa: E731
+    short = [e for e in py(full) if e["dur"] < 1000]
+    assert {e["pid"] for e in short} > {os.getpid()}  # workers had short calls too
+    assert thin["gpuprof_omitted_calls"] == len(short) == len(py(full)) - len(py(thin))
+    assert all(e["dur"] >= 1000 for e in py(thin))
+    assert sum(is_call_of(e, slow) for e in slices(thin)) == N_ITEMS
+    assert_nested_per_lane(thin)
+
+
 def test_child_windows_are_cut_to_the_parents_window(window_res, tmp_path):
     """A child's calls outside the parent's window are left out, those across its
     start are cut there; a child window wholly outside gives no lane."""

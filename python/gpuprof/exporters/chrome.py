@@ -130,12 +130,14 @@ def device_properties(results) -> list[dict]:
     return out
 
 
-def _header(results, window: dict, props: list[dict]) -> str:
+def _header(results, window: dict, props: list[dict], thinned: dict | None = None) -> str:
     from .. import __version__
 
     keys = {"schemaVersion": 1, "deviceProperties": props,
             "distributedInfo": results.meta.get("distributed_info") or distributed_info(),
             "gpuprof_version": __version__}
+    if thinned:
+        keys.update(thinned)
     if results.meta.get("with_stack"):
         keys["with_stack"] = 1
     if results.meta.get("profile_memory"):
@@ -157,8 +159,9 @@ def _thread_names(results, window: dict) -> list[str]:
             for i, ident in enumerate(window["threads"]["ident"].tolist())]
 
 
-def trace_meta(results, window: dict, trace_name: str) -> dict:
-    """The ``meta`` argument of ``_gpuprof._write_trace`` for one window."""
+def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = None) -> dict:
+    """The ``meta`` argument of ``_gpuprof._write_trace`` for one window; ``thinned``:
+    header keys saying which calls were left out (see :func:`export_chrome_trace`)."""
     props = device_properties(results)
     n_dev = max((int(p.get("id", i)) for i, p in enumerate(props)), default=-1) + 1
     sm_counts, warp_sizes = [0] * n_dev, [0] * n_dev
@@ -168,7 +171,7 @@ def trace_meta(results, window: dict, trace_name: str) -> dict:
         warp_sizes[d] = int(p.get("warpSize", 0))
     kernel_names = window["kernel_names"]
     return {
-        "header": _header(results, window, props),
+        "header": _header(results, window, props, thinned),
         "trace_name": trace_name,
         "pid": int(results.meta.get("pid") or os.getpid()),
         "process_name": results.meta.get("process_name") or program_name(),
@@ -242,7 +245,29 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
 # -- end subprocesses --
 
 
-def export_chrome_trace(results, path) -> str:
+def check_min_duration(min_duration_us, func: str) -> float:
+    """``min_duration_us`` as a float, or a ValueError/TypeError that names it."""
+    if isinstance(min_duration_us, bool) or not isinstance(min_duration_us, (int, float)):
+        raise TypeError(f"{func}(): min_duration_us must be a number of microseconds, "
+                        f"got {min_duration_us!r}")
+    if not (0 <= min_duration_us < float("inf")):
+        raise ValueError(f"{func}(): min_duration_us must be >= 0 and finite (0 keeps every "
+                         f"call), got {min_duration_us!r}")
+    return float(min_duration_us)
+
+
+def _thin(window: dict, min_ns: int) -> tuple[dict, int]:
+    """The window without the Python and C calls shorter than ``min_ns`` that launched
+    no CUDA work (csrc/trace_json.c, keep_spans), and how many calls that leaves out."""
+    mask, omitted = _gpuprof._trace_keep(window, min_ns)
+    if not omitted:
+        return window, 0
+    out = dict(window)
+    out["spans"] = window["spans"][np.frombuffer(mask, dtype=np.bool_)]
+    return out, omitted
+
+
+def export_chrome_trace(results, path, *, min_duration_us: float = 0.0) -> str:
     """Write the last recorded window of ``results`` as a Chrome trace.
 
     The file opens in Perfetto (ui.perfetto.dev), chrome://tracing, the
@@ -254,6 +279,12 @@ def export_chrome_trace(results, path) -> str:
     Args:
         results: a :class:`gpuprof.Results` (``prof.results``).
         path: the output file (str or os.PathLike).
+        min_duration_us: leave out the Python and C calls shorter than this many
+            microseconds, except those around a CUDA API call (so every kernel keeps
+            the calls that launched it). 0 (the default) writes every call. The
+            header then holds ``gpuprof_min_duration_us`` and
+            ``gpuprof_omitted_calls``, the number left out; tables and
+            ``key_averages()`` still count every call.
 
     Returns:
         The path written.
@@ -261,11 +292,22 @@ def export_chrome_trace(results, path) -> str:
     Raises:
         OSError: ``path`` is a directory or cannot be written (the message names it).
         RuntimeError: nothing has been recorded yet.
+        ValueError, TypeError: ``min_duration_us`` is negative, infinite or not a number.
     """
     path = check_output_path(path, "export_chrome_trace")
+    min_us = check_min_duration(min_duration_us, "export_chrome_trace")
     window = results.windows[-1]
-    meta = trace_meta(results, window, path)
     calls = child_trace_calls(results, window, path)  # -- subprocesses --
+    thinned = None
+    if min_us > 0:
+        min_ns = round(min_us * 1000)
+        window, omitted = _thin(window, min_ns)
+        for i, (w, m) in enumerate(calls):
+            w, n = _thin(w, min_ns)
+            calls[i] = (w, m)
+            omitted += n
+        thinned = {"gpuprof_min_duration_us": min_us, "gpuprof_omitted_calls": omitted}
+    meta = trace_meta(results, window, path, thinned)
     if calls:
         # one file from several calls on one writer: the children's lanes first,
         # the parent's window last (it ends the file with the window end marker)

@@ -7,10 +7,13 @@ import os
 import socket
 import time
 
+from .chrome import check_min_duration
+
 __all__ = ["tensorboard_trace_handler"]
 
 
-def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip: bool = False):
+def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip: bool = False,
+                              *, min_duration_us: float = 0.0):
     """Return a callable(prof) that writes one trace per recorded window.
 
     Files are named ``<worker>.<ns timestamp>.pt.trace.json`` (``.gz`` with
@@ -24,6 +27,8 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
             ``dir_name`` and ``worker_name`` may hold ``{rank}``, ``{local_rank}``
             and ``{world_size}`` (see gpuprof.distributed.expand_name).
         use_gzip: compress the traces.
+        min_duration_us: leave out calls shorter than this that launched no CUDA
+            work (see ``export_chrome_trace``); 0 keeps every call.
 
     Example:
         ``gpuprof.profile(schedule=..., on_trace_ready=gpuprof.tensorboard_trace_handler("./log"))``
@@ -37,6 +42,7 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
                          f"name or None, got {worker_name!r}")
     if not isinstance(use_gzip, bool):
         raise TypeError(f"tensorboard_trace_handler(): use_gzip must be a bool, got {use_gzip!r}")
+    min_duration_us = check_min_duration(min_duration_us, "tensorboard_trace_handler")
     dir_name = os.fspath(dir_name)
 
     def handler_fn(prof) -> str:
@@ -55,6 +61,8 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
         while os.path.exists(path):  # two windows within one clock tick
             ts += 1
             path = os.path.join(out_dir, f"{worker}.{ts}{suffix}")
+        if min_duration_us:
+            return prof.export_chrome_trace(path, min_duration_us=min_duration_us)
         return prof.export_chrome_trace(path)
 
     return handler_fn
