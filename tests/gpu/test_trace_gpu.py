@@ -108,3 +108,36 @@ def test_saved_gpu_profile_exports_the_same_trace(tmp_path):
                       if e.get("ph") == "X" and e.get("cat") in GPU_WORK)
 
     assert work(live) and work(live) == work(again)
+
+
+def _launchers(trace):
+    """correlation -> the names of the python_function slices around its runtime call."""
+    py = _slices(trace, "python_function")
+    out = {}
+    for api in _slices(trace, "cuda_runtime") + _slices(trace, "cuda_driver"):
+        t0, t1 = api["ts"], api["ts"] + api["dur"]
+        out[api["args"]["correlation"]] = sorted(
+            e["name"] for e in py if e["tid"] == api["tid"] and e["ts"] <= t0
+            and t1 <= e["ts"] + e["dur"])
+    return out
+
+
+def test_thinned_trace_keeps_every_launch_and_its_python_calls(tmp_path):
+    prof = _profile(_torch())
+    prof.export_chrome_trace(str(tmp_path / "all.json"))
+    prof.export_chrome_trace(str(tmp_path / "thin.json"), min_duration_us=50)
+    full = json.loads((tmp_path / "all.json").read_text())
+    thin = json.loads((tmp_path / "thin.json").read_text())
+    py_full, py_thin = _slices(full, "python_function"), _slices(thin, "python_function")
+    assert thin["gpuprof_omitted_calls"] == len(py_full) - len(py_thin) > 0
+    # the GPU work, the launches and their flows are all still there
+    for cat in GPU_WORK + ("cuda_runtime", "cuda_driver", "user_annotation",
+                           "gpu_user_annotation"):
+        assert len(_slices(thin, cat)) == len(_slices(full, cat)), cat
+    assert sum(e.get("cat") == "ac2g" for e in thin["traceEvents"]) == \
+        sum(e.get("cat") == "ac2g" for e in full["traceEvents"])
+    # every launch sits in the same Python and C calls as in the full trace
+    assert _launchers(thin) == _launchers(full)
+    # and the calls left out are short ones that launched nothing
+    assert all(e["dur"] >= 50 for e in py_thin
+               if not any(e["name"] in names for names in _launchers(thin).values()))
