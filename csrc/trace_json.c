@@ -1689,10 +1689,13 @@ gp_trace_json_write(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "_write_trace: too many events for one trace");
         goto done;
     }
+    /* CallFrom's files: as displayed (meta['files']), else as recorded */
+    int files_in_meta = PyDict_GetItemString(meta, "files") != NULL;
     if (get_i64(window, "window_start_ns", &c.base, "the window") < 0 ||
         get_i64(window, "window_end_ns", &c.window_end, "the window") < 0 ||
         get_i64(meta, "pid", &c.pid, "meta") < 0 ||
-        meta_list(window, "op_files", &c.files, &c.n_files, "the window") < 0 ||
+        (files_in_meta ? meta_list(meta, "files", &c.files, &c.n_files, "meta")
+                       : meta_list(window, "op_files", &c.files, &c.n_files, "the window")) < 0 ||
         meta_list(meta, "names", &c.names, &c.n_names, "meta") < 0 ||
         meta_list(meta, "kernel_names", &c.kernel_names, &c.n_kernel_names, "meta") < 0 ||
         meta_list(meta, "thread_names", &c.thread_names, &c.n_thread_names, "meta") < 0 ||

@@ -27,6 +27,8 @@
  *   pid (int)           host process id
  *   process_name (str)
  *   names (list)        display name per op row (str or UTF-8 bytes)
+ *   files (list, optional) display file per op row, for a C call's CallFrom
+ *                       (default: window['op_files'])
  *   kernel_names (list) name per kernels row
  *   thread_names (list) name per threads row
  *   sm_counts, warp_sizes (list of int, optional) per device index, for

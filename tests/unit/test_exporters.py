@@ -316,7 +316,10 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
     # Python names and parent links agree with containment
     py = [e for e in xs if e["cat"] == "python_function"]
     work_ev = [e for e in py if e["name"].endswith(": work")]
-    assert work_ev and work_ev[0]["name"] == f"{__file__}({work.__code__.co_firstlineno}): work"
+    # files are named relative to their import root; pytest put this test's folder on sys.path
+    assert os.path.dirname(__file__) in {os.path.abspath(p or ".") for p in sys.path}
+    this_file = os.path.basename(__file__)
+    assert work_ev and work_ev[0]["name"] == f"{this_file}({work.__code__.co_firstlineno}): work"
     assert any(e["name"] == "<built-in function isinstance>" for e in py)
     by_id = check_python_parents(py)
     leafs = [e for e in py if e["name"].endswith(": leaf")]
@@ -326,12 +329,31 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
     calls = [e for e in py if e["name"] == "<built-in function isinstance>"]
     # work()'s isinstance calls point back into this file (library code may call
     # isinstance too, e.g. threading on 3.13)
-    assert any(e["args"]["CallFrom"].startswith(__file__ + ":") for e in calls)
+    assert any(e["args"]["CallFrom"].startswith(this_file + ":") for e in calls)
     # lane metadata
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
     assert {"process_name", "process_labels", "process_sort_index", "thread_name",
             "thread_sort_index"} <= {e["name"] for e in meta}
     assert any(e["name"] == "process_labels" and e["args"]["labels"] == "CPU" for e in meta)
+
+
+def test_files_are_named_relative_to_their_import_root(tmp_path):
+    from gpuprof.exporters.chrome import display_files, import_roots
+
+    sep = os.sep
+    site = f"{sep}venv{sep}lib{sep}site-packages{sep}"
+    roots = [site, f"{sep}venv{sep}lib{sep}", f"{sep}work{sep}"]
+    roots.sort(key=len, reverse=True)
+    files = [f"{site}torch{sep}nn{sep}module.py", f"{sep}venv{sep}lib{sep}typing.py",
+             f"{sep}work{sep}train.py", f"{sep}elsewhere{sep}x.py", "<string>", "rel.py",
+             f"{sep}workshop{sep}y.py", None]
+    assert display_files(files, roots) == [f"torch{sep}nn{sep}module.py", "typing.py",
+                                           "train.py", f"{sep}elsewhere{sep}x.py", "<string>",
+                                           "rel.py", f"{sep}workshop{sep}y.py", None]
+    # the real roots: sys.path and site-packages, each once, longest first, never "/"
+    real = import_roots()
+    assert real == sorted(set(real), key=len, reverse=True) and sep not in real
+    assert all(r.endswith(sep) for r in real)
 
 
 def test_gzip_round_trip(cpu_prof, tmp_path):

@@ -86,12 +86,46 @@ def builtin_name(name: str) -> str:
     return f"<built-in method {meth} of {owner} object>"
 
 
+def import_roots() -> list[str]:
+    """The folders Python imports from (sys.path, site-packages, the user's base and
+    site-packages), each ending in a separator, longest first. A trace names a file
+    under one of them relative to it, as torch.profiler names Python frames and
+    py-spy names files: ``torch/nn/modules/module.py``, not the full path."""
+    import site
+
+    roots = [r for r in sys.path if isinstance(r, str)]
+    for get in (site.getsitepackages, lambda: [site.getuserbase(), site.getusersitepackages()]):
+        with contextlib.suppress(Exception):  # some virtual environments lack these
+            roots += [r for r in get() if isinstance(r, str)]
+    out = {os.path.join(os.path.abspath(r or os.curdir), "") for r in roots}  # "" is the cwd
+    out.discard(os.sep)  # "/" would make every absolute path relative
+    return sorted(out, key=len, reverse=True)
+
+
+def display_files(files: list, roots: list[str] | None = None) -> list:
+    """``files`` with each path under an import root made relative to the longest such
+    root (see :func:`import_roots`); other names (``<string>``, relative paths) as they are."""
+    roots = import_roots() if roots is None else roots
+    seen: dict = {}
+    out = []
+    for f in files:
+        short = seen.get(f)
+        if short is None:
+            short = f
+            if isinstance(f, str) and f.startswith(os.sep):
+                short = next((f[len(r):] for r in roots if f.startswith(r)), f)
+            seen[f] = short
+        out.append(short)
+    return out
+
+
 def trace_names(window: dict) -> list[str]:
-    """Display name per op row: ``file(line): qualname`` for Python functions,
-    the builtin form for C functions, the label or API name otherwise."""
+    """Display name per op row: ``file(line): qualname`` for Python functions (the file
+    relative to its import root, see :func:`display_files`), the builtin form for C
+    functions, the label or API name otherwise."""
     out = []
     kinds = window["ops"]["kind"].tolist()
-    for kind, name, file, line in zip(kinds, window["op_names"], window["op_files"],
+    for kind, name, file, line in zip(kinds, window["op_names"], display_files(window["op_files"]),
                                       window["op_lines"], strict=True):
         if kind == _OP_PYTHON:
             out.append(f"{file}({line}): {name}")
@@ -176,6 +210,7 @@ def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = No
         "pid": int(results.meta.get("pid") or os.getpid()),
         "process_name": results.meta.get("process_name") or program_name(),
         "names": trace_names(window),
+        "files": display_files(window["op_files"]),
         "kernel_names": [kernel_names[i] for i in window["kernels"]["name"].tolist()],
         "thread_names": _thread_names(results, window),
         "sm_counts": sm_counts,
@@ -237,7 +272,8 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
                 "header": "", "trace_name": trace_name, "part": "append",
                 "pid": int(child.pid), "process_name": _child_process_name(child),
                 "sort_index": main_pid + 1 + i, "base_ns": lo, "id_base": id_base,
-                "names": trace_names(part), "kernel_names": [],
+                "names": trace_names(part), "files": display_files(part["op_files"]),
+                "kernel_names": [],
                 "thread_names": _child_thread_names(int(child.pid), part),
             }))
             id_base += len(part["spans"])
