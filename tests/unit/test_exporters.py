@@ -55,7 +55,7 @@ def cpu_profile(steps=3):
             with record_function("forward"):
                 work(200)
                 with record_function("inner"):
-                    leaf(10)
+                    leaf(5000)  # ~20 us: its path in the stacks outlasts the 0.5 us cut
             t = threading.Thread(target=helper, name="helper-thread")
             t.start()
             t.join()
