@@ -150,19 +150,15 @@ def _is_ours(filename: str) -> bool:
     return filename.startswith(os.path.dirname(__file__)) or "runpy" in filename
 
 
-def _write_outputs(prof, out_dir: str) -> list[str]:
+def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
-    written = []
     stem = os.path.join(out_dir, f"{os.uname().nodename}_{os.getpid()}")
-    for method, suffix in (("export_chrome_trace", ".pt.trace.json.gz"), ("save", ".gpuprof"),
-                           ("export_stacks", ".stacks.txt")):
-        fn = getattr(prof, method, None)
-        if fn is None:
-            continue
-        path = stem + suffix
-        fn(path)
-        written.append(path)
-    return written
+    outputs = [(stem + ".pt.trace.json.gz",
+                lambda p: prof.export_chrome_trace(p, min_duration_us=trace_min_us)),
+               (stem + ".gpuprof", prof.save), (stem + ".stacks.txt", prof.export_stacks)]
+    for path, write in outputs:
+        write(path)
+    return [path for path, _ in outputs]
 
 
 def cmd_run(args) -> int:
@@ -170,6 +166,8 @@ def cmd_run(args) -> int:
 
     if (args.delay is None) != (args.duration is None):
         raise _CliError("--delay and --duration go together")
+    if not 0 <= args.trace_min_us < float("inf"):
+        raise _CliError(f"--trace-min-us must be >= 0 and finite, got {args.trace_min_us}")
     if args.module:
         if importlib.util.find_spec(args.target) is None:
             raise _CliError(f"no module named {args.target!r}")
@@ -231,7 +229,7 @@ def _report_run(prof, args, n_steps, patched):
     print(f"steps detected: {n_steps} (step boundaries: {how})", file=out)
     print(prof.diagnose(), file=out)
     if args.output:
-        for path in _write_outputs(prof, args.output):
+        for path in _write_outputs(prof, args.output, args.trace_min_us):
             print(f"gpuprof: wrote {path}", file=out)
 
 
@@ -399,6 +397,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--delay", type=float, help="seconds before recording starts")
     r.add_argument("--duration", type=float, help="seconds to record")
     r.add_argument("--output", "-o", help="directory for the trace, saved profile and stacks")
+    r.add_argument("--trace-min-us", type=float, default=0.0, metavar="US",
+                   help="leave Python and C calls shorter than US microseconds that launched "
+                        "no CUDA work out of the trace (counted in its header; default 0: "
+                        "every call)")
     r.add_argument("--sort", help="table sort key (default: self CUDA or self CPU time)")
     r.add_argument("--limit", type=int, default=20, help="table rows")
     r.add_argument("target", help="script path, or module name with -m")

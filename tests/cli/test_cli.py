@@ -97,6 +97,23 @@ def test_report_reads_an_exported_trace(tmp_path):
     assert rep.returncode == 2 and "not a Chrome trace" in rep.stderr
 
 
+def test_run_trace_min_us_thins_the_trace(tmp_path):
+    import gzip
+    import json
+
+    out = tmp_path / "out"
+    r = gpuprof("run", "--no-cuda", "--trace-min-us", "5", "--output", str(out),
+                os.path.join(SCRIPTS, "cpu_train.py"), "3")
+    assert r.returncode == 0, r.stderr
+    trace = [f for f in os.listdir(out) if f.endswith(".pt.trace.json.gz")][0]
+    with gzip.open(out / trace, "rt") as f:
+        doc = json.load(f)
+    assert doc["gpuprof_min_duration_us"] == 5.0 and doc["gpuprof_omitted_calls"] > 0
+    assert all(e["dur"] >= 5 for e in doc["traceEvents"] if e.get("cat") == "python_function")
+    bad = gpuprof("run", "--no-cuda", "--trace-min-us", "-1", os.path.join(SCRIPTS, "cpu_train.py"))
+    assert bad.returncode == 2 and "--trace-min-us must be >= 0" in bad.stderr
+
+
 def test_run_subprocesses_shows_the_pool_workers(tmp_path):
     """--subprocesses: the fork pool's workers are profiled; their rows are printed
     (one line per process, then the workers' ops summed) and kept in the outputs."""
