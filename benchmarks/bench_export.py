@@ -34,6 +34,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -156,7 +157,13 @@ def count_events(path):
             name_bytes[e.get("name", "")] += len(str(e.get("name", "")).encode())
     steps = sum(1 for e in events if e.get("cat") == "user_annotation"
                 and str(e.get("name", "")).startswith("ProfilerStep#"))
-    return {"events": len(events), "omitted_calls": doc.get("gpuprof_omitted_calls", 0)
+    # where each writer puts its step markers and which ranges it draws on the GPU rows
+    step_cats = collections.Counter(e.get("cat") for e in events
+                                    if str(e.get("name", "")).startswith("ProfilerStep#"))
+    gpu_ranges = collections.Counter(re.sub(r"#\d+$", "#<n>", str(e.get("name", "")))
+                                     for e in events if e.get("cat") == "gpu_user_annotation")
+    return {"step_marker_cats": dict(step_cats), "gpu_range_names": dict(gpu_ranges),
+            "events": len(events), "omitted_calls": doc.get("gpuprof_omitted_calls", 0)
             if isinstance(doc, dict) else 0,
             "events_by_cat": dict(by_cat.most_common()),
             "bytes_by_cat": {c: dict(zip(("compact", "name", "args"), size[c])) for c in by_cat},

@@ -568,14 +568,16 @@ typedef struct Frame {
     uint32_t ann;    /* its number in the Anns list, 0 none */
 } Frame;
 
-/* The user_annotation slices (record_function ranges and steps) in host
- * sweep order, so that a range comes after the range enclosing it: the GPU
- * side projects each one, with the ranges around it, onto the streams its
- * launches ran on (trace-format 6.7). Owned by write_all. */
+/* The record_function ranges in host sweep order, so that a range comes
+ * after the range enclosing it: the GPU side projects each one, with the
+ * ranges around it, onto the streams its launches ran on (trace-format 6.7).
+ * ProfilerStep#N is not projected: torch.profiler draws steps on the host
+ * only, and readers that take every ProfilerStep#N slice for a step (the
+ * TensorBoard plugin) would count each step once per stream. Owned by
+ * write_all. */
 typedef struct Ann {
     uint32_t span;   /* span row */
-    uint32_t parent; /* number (index + 1) of the enclosing annotation, 0 none */
-    int64_t step;    /* ProfilerStep number (steps only) */
+    uint32_t parent; /* number (index + 1) of the enclosing range, 0 none */
 } Ann;
 
 typedef struct Anns {
@@ -695,10 +697,17 @@ span_keys(const Ctx *c)
     return keys;
 }
 
-/* Write every span. Fills anns, and ann_of: for each API span, the number
- * of the innermost annotation around it (0 none). */
+/* What the GPU side needs of each CUDA API span: the innermost projected
+ * range around it, and the External id it carries (its innermost
+ * user_annotation, steps included), which its GPU work carries too. */
+typedef struct ApiUp {
+    uint32_t ann; /* number of the range in Anns, 0 none */
+    uint32_t ext; /* External id, 0 none */
+} ApiUp;
+
+/* Write every span. Fills anns, and api_up for each API span. */
 static int
-write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
+write_host(const Ctx *c, Out *o, ApiUp *api_up, Anns *anns)
 {
     size_t n = c->n_spans;
     Key *keys = span_keys(c);
@@ -751,12 +760,11 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
         switch (s->kind) {
         case GP_OP_USER:
         case GP_OP_STEP: {
-            Ann *a = &anns->v[anns->n++];
-            a->span = key->idx;
-            a->parent = up.ann;
-            a->step = 0;
             f->ext = id;
-            f->ann = anns->n;
+            if (s->kind == GP_OP_USER) {
+                anns->v[anns->n++] = (Ann){key->idx, up.ann};
+                f->ann = anns->n;
+            }
             if (s->kind == GP_OP_STEP) {
                 StepKey want = {s->thread, s->start_ns, 0};
                 StepKey *hit = c->n_steps
@@ -764,7 +772,6 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
                                    : NULL;
                 int64_t step = hit ? hit->step : next_step;
                 next_step = step + 1;
-                a->step = step;
                 char buf[48];
                 Str sn = step_name(buf, step);
                 put_slice_head(o, CAT("user_annotation"), &sn, c->pid, tid, key->start, dur);
@@ -795,7 +802,7 @@ write_host(const Ctx *c, Out *o, uint32_t *ann_of, Anns *anns)
             PUT(o, ",\"correlation\":");
             put_i64(o, s->correlation);
             PUT(o, "}}");
-            ann_of[key->idx] = up.ann;
+            api_up[key->idx] = (ApiUp){up.ann, up.ext};
             break;
         }
         default: { /* Python and C calls */
@@ -1109,7 +1116,7 @@ sort_slices(Proj *p, int (*cmp)(const void *, const void *))
  * their first op, outer ones first, which is both their numbering and the lane
  * order. */
 static void
-project_lane(Proj *p, const Anns *anns, const uint32_t *ann_of, const GpGpuEventRow *gpu,
+project_lane(Proj *p, const Anns *anns, const ApiUp *api_up, const GpGpuEventRow *gpu,
              const Key *keys, size_t kb, size_t ke)
 {
     uint32_t lane = ++p->lane_no;
@@ -1117,7 +1124,7 @@ project_lane(Proj *p, const Anns *anns, const uint32_t *ann_of, const GpGpuEvent
     for (size_t k = kb; k < ke; k++) {
         if (keys[k].api == 0 || gpu[keys[k].idx].kind == GP_GPU_SYNC)
             continue;
-        uint32_t a = ann_of[keys[k].api - 1];
+        uint32_t a = api_up[keys[k].api - 1].ann;
         if (a == 0)
             continue;
         if (p->stamp[a] == lane) {
@@ -1172,14 +1179,8 @@ write_ann_slice(const Ctx *c, Out *o, const Anns *anns, const AnnSlice *a, uint6
     const Ann *ann = &anns->v[a->ann - 1];
     int64_t pid = (int64_t)(lane >> 40);
     int64_t tid = (int64_t)(lane & (((uint64_t)1 << 40) - 1));
-    if (c->spans[ann->span].kind == GP_OP_STEP) {
-        char buf[48];
-        Str sn = step_name(buf, ann->step);
-        put_slice_head(o, CAT("gpu_user_annotation"), &sn, pid, tid, a->start, a->end - a->start);
-    } else {
-        put_slice_head(o, CAT("gpu_user_annotation"), name_of(c, c->spans[ann->span].op_row), pid,
-                       tid, a->start, a->end - a->start);
-    }
+    put_slice_head(o, CAT("gpu_user_annotation"), name_of(c, c->spans[ann->span].op_row), pid, tid,
+                   a->start, a->end - a->start);
     PUT(o, ",\"args\":{\"External id\":");
     put_i64(o, (int64_t)c->id_base + ann->span + 1);
     PUT(o, "}}");
@@ -1187,8 +1188,8 @@ write_ann_slice(const Ctx *c, Out *o, const Anns *anns, const AnnSlice *a, uint6
 
 /* One kernel, copy, set or sync, with its ac2g flow. */
 static void
-write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const uint32_t *ann_of,
-             const Anns *anns, uint8_t *flowed)
+write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const ApiUp *api_up,
+             uint8_t *flowed)
 {
     const GpGpuEventRow *g = &c->gpu[key->idx];
     DevLane *dl = dev_find(devs, dev_pid(g->device));
@@ -1197,7 +1198,7 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const ui
     int64_t dur = key->end - key->start;
     const Str *name = g->kernel_row < c->n_kernel_names ? &c->kernel_names[g->kernel_row]
                                                         : &gpu_activity_name;
-    uint32_t ann = key->api ? ann_of[key->api - 1] : 0;
+    uint32_t ext = key->api ? api_up[key->api - 1].ext : 0;
     switch (g->kind) {
     case GP_GPU_KERNEL:
         put_slice_head(o, CAT("kernel"), name, pid, tid, key->start, dur);
@@ -1213,9 +1214,9 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const ui
         break;
     }
     PUT(o, ",\"args\":{");
-    if (ann) {
+    if (ext) {
         PUT(o, "\"External id\":");
-        put_i64(o, (int64_t)c->id_base + anns->v[ann - 1].span + 1);
+        put_i64(o, ext);
         PUT(o, ",");
     }
     if (g->kind == GP_GPU_SYNC) {
@@ -1283,7 +1284,7 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const ui
 }
 
 static int
-write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ann_of, const Anns *anns,
+write_gpu(const Ctx *c, Out *o, Devices *devs, const ApiUp *api_up, const Anns *anns,
           int64_t *max_end)
 {
     size_t n = c->n_gpu;
@@ -1392,7 +1393,7 @@ write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ann_of, const Ann
             ;
         proj.n = 0;
         if (proj.stamp != NULL)
-            project_lane(&proj, anns, ann_of, c->gpu, keys, kb, ke);
+            project_lane(&proj, anns, api_up, c->gpu, keys, kb, ke);
         /* Ops and annotation slices, merged in lane order, nested. */
         size_t depth = 0, i = 0, k = kb;
         while (k < ke || i < proj.n) {
@@ -1409,7 +1410,7 @@ write_gpu(const Ctx *c, Out *o, Devices *devs, const uint32_t *ann_of, const Ann
             if (is_ann)
                 write_ann_slice(c, o, anns, &proj.items[i++], lane);
             else
-                write_gpu_op(c, o, devs, &keys[k++], ann_of, anns, flowed);
+                write_gpu_op(c, o, devs, &keys[k++], api_up, flowed);
         }
     }
     rc = 0;
@@ -1576,12 +1577,12 @@ static int
 write_all(const Ctx *c, Out *o)
 {
     Devices devs = {NULL, 0};
-    uint32_t *ann_of = calloc(c->n_spans + 1, sizeof(uint32_t));
+    ApiUp *api_up = calloc(c->n_spans + 1, sizeof(ApiUp));
     Anns anns = {malloc((c->n_spans + 1) * sizeof(Ann)), 0};
     int rc = -1;
     int opens = c->part == PART_WHOLE || c->part == PART_OPEN;
     int closes = c->part == PART_WHOLE || c->part == PART_CLOSE;
-    if (ann_of == NULL || anns.v == NULL || build_devices(c, &devs) < 0)
+    if (api_up == NULL || anns.v == NULL || build_devices(c, &devs) < 0)
         goto done;
     if (opens)
         write_open(c, o);
@@ -1597,16 +1598,16 @@ write_all(const Ctx *c, Out *o)
         end = 0;
     if (closes)
         write_markers(c, o, end);
-    if (write_host(c, o, ann_of, &anns) < 0)
+    if (write_host(c, o, api_up, &anns) < 0)
         goto done;
-    if (write_gpu(c, o, &devs, ann_of, &anns, &end) < 0)
+    if (write_gpu(c, o, &devs, api_up, &anns, &end) < 0)
         goto done;
     if (closes)
         write_close(c, o, end);
     out_flush(o);
     rc = 0;
 done:
-    free(ann_of);
+    free(api_up);
     free(anns.v);
     free(devs.v);
     return rc;

@@ -645,17 +645,21 @@ def test_gpu_user_annotations_project_nested_ranges(tmp_path):
             ns(e["ts"] + e["dur"])) for e in gpu_ranges(trace)}
     assert got == {
         # stream 7: 1 ns around the ops, except where a neighbour starts or ends right there
-        ("ProfilerStep#0", ext["step0"], 0, 7, 1999, 3300),   # step 1's kernel starts at 3300
         ("forward", ext["fwd0"], 0, 7, 1999, 3101),           # kernels 1, 2 and 5
         ("attn", ext["attn"], 0, 7, 2200, 2401),              # kernel 1 ends at 2200
         ("mlp", ext["mlp"], 0, 7, 2999, 3101),
-        ("ProfilerStep#1", ext["step1"], 0, 7, 3300, 3401),
-        ("forward", ext["fwd1"], 0, 7, 3300, 3401),
-        # stream 20: the kernel and the copy of attn, in forward, in step 0
-        ("ProfilerStep#0", ext["step0"], 0, 20, 2299, 2701),
+        ("forward", ext["fwd1"], 0, 7, 3300, 3401),           # kernel 7 ends at 3300
+        # stream 20: the kernel and the copy of attn, in forward
         ("forward", ext["fwd0"], 0, 20, 2299, 2701),
         ("attn", ext["attn"], 0, 20, 2299, 2701),
     }
+    # steps stay on the host, as torch.profiler draws them: a reader that takes every
+    # ProfilerStep#N slice for a step (the TensorBoard plugin) sees each step once
+    assert not any(e["name"].startswith("ProfilerStep#") for e in gpu_ranges(trace))
+    # a kernel launched in a step outside any range carries the step's External id, as
+    # its launch does
+    k7 = [e for e in slices(trace) if e["cat"] == "kernel" and e["args"]["correlation"] == 7]
+    assert k7[0]["args"]["External id"] == ext["step0"]
     # no stream arg, and nothing for the range that launched nothing (its sync has a lane
     # of its own and is no GPU op)
     assert all(list(e["args"]) == ["External id"] for e in gpu_ranges(trace))
@@ -666,8 +670,8 @@ def test_gpu_user_annotations_project_nested_ranges(tmp_path):
     assert ops == {1: (2000, 2200), 2: (2200, 2400), 3: (2300, 2600), 4: (2650, 2700),
                    5: (3000, 3100), 7: (3200, 3300), 8: (3300, 3400)}
     lane7 = [e["name"] for e in slices(trace) if (e["pid"], e["tid"]) == (0, 7)]
-    assert lane7[:4] == ["ProfilerStep#0", "forward", "kernel()", "attn"]
-    assert lane7[-3:] == ["ProfilerStep#1", "forward", "gemm(float*, float*)"]
+    assert lane7[:3] == ["forward", "kernel()", "attn"]
+    assert lane7[-2:] == ["forward", "gemm(float*, float*)"]
 
 
 def test_gpu_user_annotations_keep_external_ids_unique_with_id_base(tmp_path):
@@ -682,7 +686,7 @@ def test_gpu_user_annotations_keep_external_ids_unique_with_id_base(tmp_path):
     host = {e["args"]["External id"]: e["name"] for e in ev
             if e.get("cat") == "user_annotation"}
     gpu = [e for e in ev if e.get("cat") == "gpu_user_annotation"]
-    assert len(gpu) == 9 and min(host) > 1000
+    assert len(gpu) == 6 and min(host) > 1000
     assert all(host[e["args"]["External id"]] == e["name"] for e in gpu)
 
 
@@ -743,7 +747,9 @@ def test_gpu_user_annotations_nest_on_every_lane(tmp_path, data, n_threads):
         assert (ns(k["ts"]), ns(k["ts"] + k["dur"])) == (g["start_ns"], g["end_ns"])
     # each (range, lane) with ops launched inside the range gets one slice, from 1 ns before
     # the first op to 1 ns after the last, less where a neighbour needs the room
-    host = {e["args"]["External id"]: e for e in xs if e["cat"] == "user_annotation"}
+    # (steps stay on the host: only record_function ranges are projected)
+    host = {e["args"]["External id"]: e for e in xs if e["cat"] == "user_annotation"
+            and not e["name"].startswith("ProfilerStep#")}
     runtime = {e["args"]["correlation"]: e for e in xs if e["cat"] == "cuda_runtime"}
     want = collections.defaultdict(list)
     for corr, k in kernels.items():
@@ -888,6 +894,38 @@ def test_tensorboard_handler(tmp_path, use_gzip):
         trace, keys, text = read_trace(logdir / name)
         check_schema(trace, keys, text)
         assert any(e["name"].startswith("ProfilerStep#") for e in slices(trace))
+
+
+def test_tensorboard_plugin_reads_the_handler_output(tmp_path):
+    """The TensorBoard profiler plugin (torch-tb-profiler) lists the handler's file as a
+    worker and builds its views from it: three steps, each with its own GPU time."""
+    data = pytest.importorskip("torch_tb_profiler.profiler.data",
+                               reason="the TensorBoard profiler plugin is not installed "
+                                      "(pip install torch-tb-profiler)")
+    from torch_tb_profiler import consts
+    from torch_tb_profiler.profiler.event_parser import ProfileRole
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    res = synthetic_gpu_results(real_api_names=True)
+    prof = type("P", (), {"export_chrome_trace": lambda self, p: export_chrome_trace(res, p)})()
+    path = gpuprof.tensorboard_trace_handler(tmp_path, worker_name="node_7")(prof)
+    match = consts.WORKER_PATTERN.match(os.path.basename(path))
+    assert match and match.group(1) == "node_7"
+    run = data.RunProfileData.parse("node_7", match.group(2), path, str(tmp_path))
+    # one step per ProfilerStep#N (none counted twice from the GPU rows), with the host
+    # step's length and the GPU work that ran inside it (synthetic_gpu_results' times)
+    assert run.steps_names == ["0", "1", "2"]
+    cost = lambda role: [c.costs[role] for c in run.steps_costs]  # noqa: E731
+    assert cost(ProfileRole.Total) == [500.0, 190.0, 40.0]
+    assert cost(ProfileRole.Kernel) == [100.0, 40.0, 13.0]
+    assert cost(ProfileRole.Memcpy) == [30.0, 0, 0] and cost(ProfileRole.Memset) == [5.0, 0, 0]
+    stats = run.kernel_stat
+    assert dict(zip(stats.index, stats["count"], strict=True)) == {"kernel()": 2,
+                                                                    "gemm(float*, float*)": 2}
+    assert run.used_devices == [0]
+    views = {v.display_name for v in RunGenerator("node_7", match.group(2), run)
+             .generate_run_profile().views}
+    assert {"Overview", "Kernel", "Trace"} <= views
 
 
 def test_tensorboard_handler_worker_name_and_arguments(tmp_path):

@@ -34,8 +34,16 @@ DEVICE_SORT_OFFSET = 5_000_000  # trace-format 5
 pytestmark = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
 
 
+def _both_started(barrier):
+    barrier.wait(timeout=60)
+
+
 def run_pool(n=N_ITEMS):
-    with mp.get_context("fork").Pool(2) as pool:
+    # Both workers are up before either takes an item: otherwise a slow start (under
+    # ASan) can leave one worker all 16 items and the other nothing to record.
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(2)
+    with ctx.Pool(2, initializer=_both_started, initargs=(barrier,)) as pool:
         assert pool.map(slow, range(n), chunksize=1) == [i * i for i in range(n)]
 
 
