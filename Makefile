@@ -49,7 +49,9 @@ ASAN_DIR := build/asan
 SAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:log_path=$(CURDIR)/$(ASAN_DIR)/reports/asan \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	PYTHONMALLOC=malloc PYTHONPATH=$(CURDIR)/$(ASAN_DIR)/lib GPUPROF_UNDER_SANITIZER=1
+	PYTHONMALLOC=malloc PYTHONPATH=$(CURDIR)/$(ASAN_DIR)/lib GPUPROF_UNDER_SANITIZER=1 \
+	GPUPROF_SUBPROCESS_TIMEOUT_S=10
+# (children under the sanitizers take several times longer to answer the parent)
 # gcc 12's ASan runtime does not lock its allocator around fork(): a child forked
 # while another thread is inside malloc without the GIL (thread start or exit,
 # I/O) can deadlock. The run is time-limited so such a hang fails, and says so.

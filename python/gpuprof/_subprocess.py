@@ -62,7 +62,6 @@ from .schedule import Schedule
 __all__ = ["ParentSession", "load_piece", "POLL_S"]
 
 POLL_S = 0.01               # how often a child reads the parent's state
-TERMINATE_FLUSH_S = 1.0     # how long Process.terminate() waits for the child's last piece
 _RECORD, _RECORD_AND_SAVE = 2, 3
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,6 +79,12 @@ def ack_timeout_s() -> float:
     except ValueError:
         return 2.0
     return v if v > 0 else 2.0
+
+
+def terminate_flush_s() -> float:
+    """Seconds Process.terminate() waits for a child to answer the request for its last
+    piece before the child is killed (half the ack timeout: 1 s by default)."""
+    return ack_timeout_s() / 2
 
 
 def work_timeout_s() -> float:
@@ -778,7 +783,7 @@ class ParentSession:
         self.flush += 1
         v = self._write_state(rec=1)
         self.flush_v = v
-        self._wait_for_children(v, TERMINATE_FLUSH_S)
+        self._wait_for_children(v, terminate_flush_s())
 
     def _forget_gone_children(self) -> None:
         """Before a window starts: children that ended since are not this window's."""

@@ -275,13 +275,20 @@ def test_unresponsive_child_times_out(monkeypatch):
     assert workers(prof)["status"].tolist() == ["timeout"]
 
 
+def consume_and_ack(q, done):
+    while q.get() is not None:
+        slow(0)
+        done.put(1)
+
+
 def test_slow_saving_child_is_waited_for(monkeypatch):
     """A child that has answered is given time to finish saving (work_timeout_s)."""
-    monkeypatch.setenv("GPUPROF_SUBPROCESS_TIMEOUT_S", "0.2")
+    ack_s = 2.0 if os.environ.get("GPUPROF_UNDER_SANITIZER") else 0.2  # ASan: 5-10x slower
+    monkeypatch.setenv("GPUPROF_SUBPROCESS_TIMEOUT_S", str(ack_s))
     real_save = _subprocess._save_piece
 
     def slow_save(*args):
-        time.sleep(0.6)  # runs in the child: as if it had millions of events
+        time.sleep(3 * ack_s)  # runs in the child: as if it had millions of events
         real_save(*args)
 
     monkeypatch.setattr(_subprocess, "_save_piece", slow_save)
@@ -291,13 +298,14 @@ def test_slow_saving_child_is_waited_for(monkeypatch):
         prof = gpuprof.profile(activities=CPU, subprocesses=True)
         prof.start()
         try:
-            p = ctx.Process(target=consume, args=(ctx.Queue(),))
-            q = p._args[0]
+            q, done = ctx.Queue(), ctx.Queue()
+            p = ctx.Process(target=consume_and_ack, args=(q, done))
             p.start()
             for _ in range(3):
                 q.put(1)
+            for _ in range(3):
+                done.get(timeout=60)  # the child has registered and made its 3 calls
         finally:
-            time.sleep(0.2)
             prof.stop()
         q.put(None)
         p.join()
