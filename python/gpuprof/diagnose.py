@@ -10,11 +10,11 @@ against ``prof.ops()``, ``prof.steps()`` and ``prof.gpu_events()``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 import numpy as np
 
+from ._paths import source_location
 from ._results import Results
 from ._spans import python_caller, span_at
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
@@ -106,12 +106,6 @@ def _fmt(key: str, v) -> str:
     return str(v)
 
 
-def _loc(file: str, line: int) -> str:
-    if not file:
-        return ""
-    return f"{os.path.relpath(file) if os.path.isabs(file) else file}:{line}"
-
-
 class _View:
     """What the checks share: arrays of the last window, steps, spans."""
 
@@ -199,7 +193,7 @@ def _sync_points(v: _View):
             f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
             {"wait_ns": d["wait_ns"], "cost_ns": d["cost_ns"], "calls": d["calls"],
              "wait_per_step_ns": d["wait_ns"] // v.n_steps, "api": ", ".join(sorted(d["api"]))},
-            _loc(file, line), _sync_fix(d["via"])))
+            source_location(file, line), _sync_fix(d["via"])))
     return out
 
 
@@ -266,7 +260,7 @@ def _data_stall(v: _View):
         f"{format_time(wait // v.n_steps)} per step"
         + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
            f"{hot['workers_hottest']}" if hot else ""),
-        ev, _loc(str(ops["file"][row]), int(ops["line"][row])),
+        ev, source_location(str(ops["file"][row]), int(ops["line"][row])),
         "Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
         "workers or the GPU, and cache decoded samples.")]
@@ -291,7 +285,7 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
     row = max(self_ns, key=self_ns.get)
     name = str(v.ops["name"][row])
     if v.ops["kind"][row] == "python":
-        name += f" ({_loc(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
+        name += f" ({source_location(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
     return name
 
 
@@ -393,9 +387,9 @@ def _running_at(v: _View, ts: int) -> tuple[str, str]:
     row = int(v.spans["op_row"][i])
     name = str(v.ops["name"][row])
     file, line, _ = v.caller(i)
-    where = _loc(file, line) if file else ""
+    where = source_location(file, line) if file else ""
     if v.ops["kind"][row] == "python":
-        name += f" ({_loc(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
+        name += f" ({source_location(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
     return name, where
 
 

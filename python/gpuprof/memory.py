@@ -31,6 +31,7 @@ import numpy as np
 
 from ._allocators import ADAPTERS, active_adapters
 from ._host_sampler import HOST_DTYPE, HostSampler
+from ._paths import source_location
 from ._results import Results
 from ._spans import python_caller, span_at
 
@@ -241,13 +242,6 @@ def _as_cuda_curve(rows: np.ndarray) -> np.ndarray:
 
 
 # -- where an allocation was made -------------------------------------------------------------
-def _loc(file: str, line: int) -> str:
-    if not file:
-        return ""
-    shown = os.path.relpath(file) if os.path.isabs(file) else file
-    return f"{shown}:{line}" if line > 0 else shown
-
-
 def _op_label(ops: np.ndarray, row: int) -> str:
     if row < 0 or row >= len(ops):
         return ""
@@ -257,7 +251,7 @@ def _op_label(ops: np.ndarray, row: int) -> str:
 def _python_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> str:
     """file:line of the Python code under span i (see _spans.python_caller)."""
     file, line, _ = python_caller(spans, ops, i)
-    return _loc(file, line)
+    return source_location(file, line)
 
 
 def _allocation_site(results: Results, wi: int, i: int) -> tuple[str, str]:
@@ -280,7 +274,7 @@ def _allocation_site(results: Results, wi: int, i: int) -> tuple[str, str]:
     where = _python_caller(spans, ops, span) if span >= 0 else ""
     if not where and int(g["op_row"][i]) >= 0 and ops["kind"][int(g["op_row"][i])] == "python":
         row = int(g["op_row"][i])
-        where = _loc(str(ops["file"][row]), int(ops["line"][row]))
+        where = source_location(str(ops["file"][row]), int(ops["line"][row]))
     return op, where
 
 

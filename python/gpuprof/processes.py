@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+from ._paths import source_location
 from ._results import Results, _merge_rows
 from .tables import KeyAverages
 
@@ -318,16 +319,6 @@ def _worker_time(windows: list[dict]):
     return busy, waiting, wall
 
 
-def _short(file: str) -> str:
-    if file and os.path.isabs(file):
-        try:
-            rel = os.path.relpath(file)
-        except ValueError:
-            return file
-        return rel if not rel.startswith("..") else file
-    return file
-
-
 def worker_hotspot(results: Results) -> dict:
     """Where the child processes spent their recorded time, for the data-stall finding.
 
@@ -352,7 +343,7 @@ def worker_hotspot(results: Results) -> dict:
     if key == _IMPORT_KEY:
         label = "importing modules (importlib)"
     elif kind == "python":
-        label = f"{name} ({_short(file)}:{line})"
+        label = f"{name} ({source_location(file, line)})"
     else:
         label = name
     return {"workers": len(children), "workers_hottest": label,

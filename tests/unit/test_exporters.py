@@ -338,7 +338,7 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
 
 
 def test_files_are_named_relative_to_their_import_root(tmp_path):
-    from gpuprof.exporters.chrome import display_files, import_roots
+    from gpuprof._paths import display_files, import_roots
 
     sep = os.sep
     site = f"{sep}venv{sep}lib{sep}site-packages{sep}"
@@ -354,6 +354,23 @@ def test_files_are_named_relative_to_their_import_root(tmp_path):
     real = import_roots()
     assert real == sorted(set(real), key=len, reverse=True) and sep not in real
     assert all(r.endswith(sep) for r in real)
+
+
+def test_reports_show_files_under_the_working_directory_relative_to_it(tmp_path, monkeypatch):
+    from gpuprof._paths import source_location, source_path
+
+    work, lib = tmp_path / "work", tmp_path / "venv" / "site-packages"
+    (work / "pkg").mkdir(parents=True)
+    (lib / "torch").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", [str(lib)])
+    mine, theirs, other = str(work / "pkg" / "train.py"), str(lib / "torch" / "nn.py"), "/x/y.py"
+    assert source_path(mine) == os.path.join("pkg", "train.py")
+    assert source_path(theirs) == os.path.join("torch", "nn.py")  # not ../venv/site-packages/...
+    assert source_path(other) == other and source_path("<string>") == "<string>"
+    assert source_location(mine, 12) == os.path.join("pkg", "train.py") + ":12"
+    assert source_location(theirs, 0) == os.path.join("torch", "nn.py")  # line unknown
+    assert source_location("", 5) == ""
 
 
 def test_gzip_round_trip(cpu_prof, tmp_path):

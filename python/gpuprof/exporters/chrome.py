@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from .. import _gpuprof
+from .._paths import display_files
 
 __all__ = ["export_chrome_trace", "trace_names"]
 
@@ -84,39 +85,6 @@ def builtin_name(name: str) -> str:
     if not dot or owner in sys.modules:
         return f"<built-in function {name}>"
     return f"<built-in method {meth} of {owner} object>"
-
-
-def import_roots() -> list[str]:
-    """The folders Python imports from (sys.path, site-packages, the user's base and
-    site-packages), each ending in a separator, longest first. A trace names a file
-    under one of them relative to it, as torch.profiler names Python frames and
-    py-spy names files: ``torch/nn/modules/module.py``, not the full path."""
-    import site
-
-    roots = [r for r in sys.path if isinstance(r, str)]
-    for get in (site.getsitepackages, lambda: [site.getuserbase(), site.getusersitepackages()]):
-        with contextlib.suppress(Exception):  # some virtual environments lack these
-            roots += [r for r in get() if isinstance(r, str)]
-    out = {os.path.join(os.path.abspath(r or os.curdir), "") for r in roots}  # "" is the cwd
-    out.discard(os.sep)  # "/" would make every absolute path relative
-    return sorted(out, key=len, reverse=True)
-
-
-def display_files(files: list, roots: list[str] | None = None) -> list:
-    """``files`` with each path under an import root made relative to the longest such
-    root (see :func:`import_roots`); other names (``<string>``, relative paths) as they are."""
-    roots = import_roots() if roots is None else roots
-    seen: dict = {}
-    out = []
-    for f in files:
-        short = seen.get(f)
-        if short is None:
-            short = f
-            if isinstance(f, str) and f.startswith(os.sep):
-                short = next((f[len(r):] for r in roots if f.startswith(r)), f)
-            seen[f] = short
-        out.append(short)
-    return out
 
 
 def trace_names(window: dict) -> list[str]:
