@@ -562,11 +562,34 @@ rel(const Ctx *c, int64_t t)
 /* An open slice during the host sweep. */
 typedef struct Frame {
     int64_t end;
+    uint32_t span;   /* its span row */
     uint32_t py_id;  /* Python id of the innermost python_function at or above, 0 none */
     int32_t py_span; /* innermost Python-function span (CallFrom), -1 none */
     uint32_t ext;    /* External id of the innermost user_annotation, 0 none */
     uint32_t ann;    /* its number in the Anns list, 0 none */
 } Frame;
+
+/* One step of a host sweep (keys in lane order, depth reset to 0 at each new
+ * lane): closes the open slices that end at or before key starts, clamps key
+ * into the slice still open (snapshot frames and ranges left open by a
+ * returning function can otherwise overlap) and makes room on the stack for
+ * key. Returns the depth under key, or -1 when the stack cannot grow. */
+static ptrdiff_t
+open_slice(Frame **stack, size_t *cap, size_t depth, Key *key)
+{
+    while (depth > 0 && (*stack)[depth - 1].end <= key->start)
+        depth--;
+    if (depth > 0 && key->end > (*stack)[depth - 1].end)
+        key->end = (*stack)[depth - 1].end;
+    if (depth == *cap) {
+        Frame *grown = realloc(*stack, 2 * *cap * sizeof(Frame));
+        if (grown == NULL)
+            return -1;
+        *stack = grown;
+        *cap *= 2;
+    }
+    return (ptrdiff_t)depth;
+}
 
 /* The record_function ranges in host sweep order, so that a range comes
  * after the range enclosing it: the GPU side projects each one, with the
@@ -736,24 +759,15 @@ write_host(const Ctx *c, Out *o, ApiUp *api_up, Anns *anns)
             depth = 0;
             next_step = 0;
         }
-        /* Nest: close slices that end at or before this start; clamp this
-         * one into the slice still open (snapshot frames and ranges left
-         * open by a returning function can otherwise overlap). */
-        while (depth > 0 && stack[depth - 1].end <= key->start)
-            depth--;
-        Frame up = depth > 0 ? stack[depth - 1] : (Frame){0, 0, -1, 0, 0};
-        if (depth > 0 && key->end > up.end)
-            key->end = up.end;
-        if (depth == cap) {
-            Frame *grown = realloc(stack, 2 * cap * sizeof(Frame));
-            if (grown == NULL)
-                goto done;
-            stack = grown;
-            cap *= 2;
-        }
+        ptrdiff_t under = open_slice(&stack, &cap, depth, key);
+        if (under < 0)
+            goto done;
+        depth = (size_t)under;
+        Frame up = depth > 0 ? stack[depth - 1] : (Frame){.py_span = -1};
         Frame *f = &stack[depth++];
         *f = up;
         f->end = key->end;
+        f->span = key->idx;
         uint32_t id = c->id_base + key->idx + 1;
         const Str *name = name_of(c, s->op_row);
         int64_t dur = key->end - key->start;
@@ -1836,7 +1850,7 @@ keep_spans(const Ctx *c, int64_t min_ns, unsigned char *keep)
 {
     size_t n = c->n_spans, cap = 64, depth = 0;
     Key *keys = span_keys(c);
-    Key **stack = malloc(cap * sizeof(Key *));
+    Frame *stack = malloc(cap * sizeof(Frame));
     int64_t omitted = -1;
     if (keys == NULL || stack == NULL)
         goto done;
@@ -1849,25 +1863,18 @@ keep_spans(const Ctx *c, int64_t min_ns, unsigned char *keep)
             lane = key->lane;
             depth = 0;
         }
-        while (depth > 0 && stack[depth - 1]->end <= key->start)
-            depth--;
-        if (depth > 0 && key->end > stack[depth - 1]->end)
-            key->end = stack[depth - 1]->end;
+        ptrdiff_t under = open_slice(&stack, &cap, depth, key);
+        if (under < 0)
+            goto done;
+        depth = (size_t)under;
         if (s->kind == GP_OP_CUDA_API) {
             /* the frames above an already marked one are marked too */
-            for (size_t j = depth; j-- > 0 && !(keep[stack[j]->idx] & LAUNCHES);)
-                keep[stack[j]->idx] |= KEEP | LAUNCHES;
+            for (size_t j = depth; j-- > 0 && !(keep[stack[j].span] & LAUNCHES);)
+                keep[stack[j].span] |= KEEP | LAUNCHES;
         }
         if ((s->kind != GP_OP_PYTHON && s->kind != GP_OP_CFUNC) || key->end - key->start >= min_ns)
             keep[key->idx] |= KEEP;
-        if (depth == cap) {
-            Key **grown = realloc(stack, 2 * cap * sizeof(Key *));
-            if (grown == NULL)
-                goto done;
-            stack = grown;
-            cap *= 2;
-        }
-        stack[depth++] = key;
+        stack[depth++] = (Frame){.end = key->end, .span = key->idx};
     }
     omitted = 0;
     for (size_t i = 0; i < n; i++) {
