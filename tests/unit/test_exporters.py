@@ -157,6 +157,22 @@ def slices(trace):
     return [e for e in trace["traceEvents"] if e["ph"] == "X"]
 
 
+def assert_nested_per_lane(trace):
+    """No two slices on a lane (pid, tid) overlap partially. Returns each lane's
+    (start, end) in ns, in file order."""
+    lanes = collections.defaultdict(list)
+    for e in slices(trace):
+        lanes[(e["pid"], e["tid"])].append((ns(e["ts"]), ns(e["ts"] + e["dur"])))
+    for lane, sl in lanes.items():
+        stack = []
+        for s, e in sorted(sl, key=lambda x: (x[0], -x[1])):
+            while stack and stack[-1] <= s:
+                stack.pop()
+            assert not stack or e <= stack[-1], f"partial overlap on {lane} at {s}"
+            stack.append(e)
+    return lanes
+
+
 def check_schema(trace, keys, text):
     """Every checkable rule of trace-format.md section 11 (and sections 2-7)."""
     events = trace["traceEvents"]
@@ -208,19 +224,10 @@ def check_schema(trace, keys, text):
         else:
             assert e["cat"] == "Trace"
     # 4. slices nest per lane; equal starts: longest first in file order
-    lanes = collections.defaultdict(list)
-    for e in slices(trace):
-        lanes[(e["pid"], e["tid"])].append((ns(e["ts"]), ns(e["ts"] + e["dur"])))
-    for lane, sl in lanes.items():
+    for lane, sl in assert_nested_per_lane(trace).items():
         for (s0, e0), (s1, e1) in zip(sl, sl[1:], strict=False):
             if s0 == s1:
                 assert e0 >= e1, (lane, s0)
-        stack = []
-        for s, e in sorted(sl, key=lambda x: (x[0], -x[1])):
-            while stack and stack[-1] <= s:
-                stack.pop()
-            assert not stack or e <= stack[-1], f"partial overlap on {lane} at {s}"
-            stack.append(e)
     # 5. flows: pairs, bound exactly to an API slice and the GPU slice it produced
     by_pos = collections.defaultdict(list)
     for e in slices(trace):

@@ -5,7 +5,6 @@ children). See docs/subprocesses.md and docs/traces.md.
 The children are real fork-pool workers; the trace writer's multi-call mode is
 also driven directly with a window recorded in this process."""
 
-import collections
 import gzip
 import io
 import json
@@ -22,6 +21,9 @@ from gpuprof.exporters import export_chrome_trace, load, save
 from gpuprof.exporters.chrome import trace_meta
 from gpuprof.exporters.saved import FORMAT_VERSION
 from gpuprof.processes import ProcessData
+
+# the trace and table checks of the exporter tests
+from test_exporters import assert_nested_per_lane, assert_tables_equal, ns
 
 # the workloads of the subprocess tests (module level there: the workers call them by name)
 from test_subprocesses import main_side, slow
@@ -57,10 +59,6 @@ def read_trace(path):
     return json.loads(text), keys
 
 
-def ns(x):
-    return round(x * 1000)
-
-
 def slices(trace, pid=None):
     return [e for e in trace["traceEvents"]
             if e["ph"] == "X" and (pid is None or e["pid"] == pid)]
@@ -78,28 +76,6 @@ def is_call_of(event, func):
 
 def calls(ops, name):
     return int(ops["calls"][ops["name"] == name].sum())
-
-
-def assert_nested_per_lane(trace):
-    lanes = collections.defaultdict(list)
-    for e in slices(trace):
-        lanes[(e["pid"], e["tid"])].append((ns(e["ts"]), ns(e["ts"] + e["dur"])))
-    for lane, sl in lanes.items():
-        stack = []
-        for s, e in sorted(sl, key=lambda x: (x[0], -x[1])):
-            while stack and stack[-1] <= s:
-                stack.pop()
-            assert not stack or e <= stack[-1], f"partial overlap on {lane} at {s}"
-            stack.append(e)
-
-
-def assert_tables_equal(a, b):
-    assert a.dtype == b.dtype and len(a) == len(b)
-    for f in a.dtype.names:
-        if a.dtype[f].kind == "O":
-            assert list(a[f]) == list(b[f]), f
-        else:
-            assert np.array_equal(a[f], b[f], equal_nan=a.dtype[f].kind == "f"), f
 
 
 @pytest.fixture(scope="module")
