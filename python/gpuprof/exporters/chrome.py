@@ -87,14 +87,15 @@ def builtin_name(name: str) -> str:
     return f"<built-in method {meth} of {owner} object>"
 
 
-def trace_names(window: dict) -> list[str]:
+def trace_names(window: dict, files: list | None = None) -> list[str]:
     """Display name per op row: ``file(line): qualname`` for Python functions (the file
-    relative to its import root, see :func:`display_files`), the builtin form for C
-    functions, the label or API name otherwise."""
+    relative to its import root: ``files``, default ``display_files(window["op_files"])``),
+    the builtin form for C functions, the label or API name otherwise."""
     out = []
     kinds = window["ops"]["kind"].tolist()
-    for kind, name, file, line in zip(kinds, window["op_names"], display_files(window["op_files"]),
-                                      window["op_lines"], strict=True):
+    files = display_files(window["op_files"]) if files is None else files
+    for kind, name, file, line in zip(kinds, window["op_names"], files, window["op_lines"],
+                                      strict=True):
         if kind == _OP_PYTHON:
             out.append(f"{file}({line}): {name}")
         elif kind == _OP_CFUNC:
@@ -172,13 +173,14 @@ def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = No
         sm_counts[d] = int(p.get("numSms", 0))
         warp_sizes[d] = int(p.get("warpSize", 0))
     kernel_names = window["kernel_names"]
+    files = display_files(window["op_files"])
     return {
         "header": _header(results, window, props, thinned),
         "trace_name": trace_name,
         "pid": int(results.meta.get("pid") or os.getpid()),
         "process_name": results.meta.get("process_name") or program_name(),
-        "names": trace_names(window),
-        "files": display_files(window["op_files"]),
+        "names": trace_names(window, files),
+        "files": files,
         "kernel_names": [kernel_names[i] for i in window["kernels"]["name"].tolist()],
         "thread_names": _thread_names(results, window),
         "sm_counts": sm_counts,
@@ -236,12 +238,12 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
             part = _clip_to(raw, lo, hi)
             if part is None:
                 continue
+            files = display_files(part["op_files"])
             calls.append((part, {
                 "header": "", "trace_name": trace_name, "part": "append",
                 "pid": int(child.pid), "process_name": _child_process_name(child),
                 "sort_index": main_pid + 1 + i, "base_ns": lo, "id_base": id_base,
-                "names": trace_names(part), "files": display_files(part["op_files"]),
-                "kernel_names": [],
+                "names": trace_names(part, files), "files": files, "kernel_names": [],
                 "thread_names": _child_thread_names(int(child.pid), part),
             }))
             id_base += len(part["spans"])
