@@ -106,6 +106,14 @@ def _fmt(key: str, v) -> str:
     return str(v)
 
 
+def _op_label(ops: np.ndarray, row: int) -> str:
+    """An op's name, with its file:line for a Python function."""
+    name = str(ops["name"][row])
+    if ops["kind"][row] == "python":
+        name += f" ({source_location(str(ops['file'][row]), int(ops['line'][row]))})"
+    return name
+
+
 class _View:
     """What the checks share: arrays of the last window, steps, spans."""
 
@@ -282,11 +290,7 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
         self_ns[row] = self_ns.get(row, 0) + int(sp["end_ns"][i] - sp["start_ns"][i])
     if not self_ns:
         return ""
-    row = max(self_ns, key=self_ns.get)
-    name = str(v.ops["name"][row])
-    if v.ops["kind"][row] == "python":
-        name += f" ({source_location(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
-    return name
+    return _op_label(v.ops, max(self_ns, key=self_ns.get))
 
 
 def _merged(gpu, kinds):
@@ -384,13 +388,8 @@ def _running_at(v: _View, ts: int) -> tuple[str, str]:
     i = span_at(v.spans, v.step_thread, ts)
     if i < 0:
         return "nothing recorded", ""
-    row = int(v.spans["op_row"][i])
-    name = str(v.ops["name"][row])
     file, line, _ = v.caller(i)
-    where = source_location(file, line) if file else ""
-    if v.ops["kind"][row] == "python":
-        name += f" ({source_location(str(v.ops['file'][row]), int(v.ops['line'][row]))})"
-    return name, where
+    return _op_label(v.ops, int(v.spans["op_row"][i])), source_location(file, line)
 
 
 def _mixed_precision(v: _View):
