@@ -1,17 +1,40 @@
-"""GPU overhead benchmark: gpuprof vs torch.profiler on the same training steps.
+"""What profiling costs a training step on the GPU: gpuprof beside torch.profiler and
+the CUPTI floor, as ratios to the same step unprofiled.
 
-Each (workload, mode) runs in its own subprocess, so one profiler's leftovers
-(CUPTI stays attached after torch.profiler) cannot slow another mode down.
+    python benchmarks/bench_gpu.py [--reps 5] [--workloads mlp,gpt2,cupy,compute]
+                                   [--modes none,floor,gpuprof_cpu,gpuprof,gpuprof_mem,torch]
 
-  python benchmarks/bench_gpu.py [--steps 200] [--json out.json] [--workloads a,b,c]
+Every (workload, mode) runs in its own process (one profiler's leftovers, such as
+CUPTI staying attached after torch.profiler, never slow another mode down), and
+the processes are interleaved: each of --reps rounds runs every mode once per
+workload, in an order that rotates from round to round, so that the machine's
+drift (about +-15% between processes on the H200 machine) spreads over all modes.
+A process times each step (host clock around step + synchronize + prof.step()),
+keeps the median, and the report gives, per mode, the median and the min of those
+per-process medians as ratios to `none`'s.
 
-Workloads: a) launch-bound MLP, 16 x Linear(256)+ReLU, batch 64, SGD;
-b) compute-bound MLP, 4 x Linear(4096)+GELU, batch 8192; c) CuPy elementwise loop.
-Modes: none, gpuprof_cpu, gpuprof (CPU+CUDA), gpuprof_mem (+profile_memory),
-torch (CPU+CUDA), torch_full (with_stack + profile_memory).
-Per mode it reports the median step time, the step time after the profiler
-stopped (lingering cost), and the time from the end of the window to a
-printed table.
+Workloads:
+  mlp      launch-bound: 16 x Linear(256)+ReLU, batch 64, SGD (133 kernels a step)
+  gpt2     a transformer training step: Hugging Face GPT-2 (4 layers, n_embd 512,
+           batch 8 x 256 tokens, bf16 autocast, AdamW) when `transformers` imports,
+           else a hand-built block of the same shape
+  cupy     CuPy elementwise loop: 20 x tanh(y * a + b) over 65,536 floats
+  compute  compute-bound: 4 x Linear(4096)+GELU, batch 8192, fp32, SGD
+Modes:
+  none         no profiler
+  floor        CUPTI with do-nothing handlers (benchmarks/cupti_floor.c) switching on
+               the parts gpuprof's default switches on (gpuprof.cuda_status()["parts"])
+  floor:BITS   the floor with other parts (bits in cupti_floor.c)
+  gpuprof_cpu  gpuprof, Python calls only
+  gpuprof      gpuprof, CPU + CUDA (the default)
+  gpuprof_mem  gpuprof, CPU + CUDA + profile_memory=True
+  gp:PARTS     gpuprof with GPUPROF_CUPTI_PARTS=PARTS ('.'-separated), for the decision table
+  gpraw:PARTS  the same with CUPTI clearing its buffers itself (GPUPROF_CUPTI_RAWBUF=1)
+  torch        torch.profiler, CPU + CUDA
+Besides the step ratio it reports the step after the profiler stopped (lingering
+cost), the time from the window's end to a printed table (first round only for
+torch.profiler, whose post-processing takes seconds), kernels per step and the
+share of kernel time attributed to a Python op.
 """
 
 from __future__ import annotations
@@ -24,33 +47,84 @@ import subprocess
 import sys
 import time
 
-CHILD = r'''
-import io, json, statistics, sys, time, contextlib
-wl, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-import torch
-torch.backends.cuda.matmul.allow_tf32 = False
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _gpu_common import build_floor, floor_bits  # noqa: E402
 
-def make():
-    if wl == "a":
-        layers = []
-        for _ in range(16):
-            layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-        model = torch.nn.Sequential(*layers).cuda()
-        x = torch.randn(64, 256, device="cuda")
-    else:
-        layers = []
-        for _ in range(4):
-            layers += [torch.nn.Linear(4096, 4096), torch.nn.GELU()]
-        model = torch.nn.Sequential(*layers).cuda()
-        x = torch.randn(8192, 4096, device="cuda")
+CHILD = r'''
+import json, os, statistics, sys, time
+wl, mode, steps, want_table, floor_lib = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                          sys.argv[4] == "1", sys.argv[5])
+if mode.startswith(("gp:", "gpraw:")):
+    os.environ["GPUPROF_CUPTI_PARTS"] = mode.split(":", 1)[1].replace(".", ",")
+    if mode.startswith("gpraw:"):
+        os.environ["GPUPROF_CUPTI_RAWBUF"] = "1"
+
+def torch_setup():
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+def mlp(torch, width, depth, batch, act):
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), act()]
+    model = torch.nn.Sequential(*layers).cuda()
+    x = torch.randn(batch, width, device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     def step():
         opt.zero_grad(set_to_none=True)
         model(x).square().mean().backward()
         opt.step()
-    return step
+    return step, torch.cuda.synchronize, "torch.nn.Sequential MLP"
 
-if wl == "c":
+def gpt2(torch):
+    vocab, seq, batch = 50257, 256, 8
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(n_layer=4, n_embd=512, n_head=8, n_positions=seq, vocab_size=vocab)
+        model = GPT2LMHeadModel(cfg).cuda()
+        what = "transformers GPT2LMHeadModel"
+        def loss_of(ids):
+            return model(input_ids=ids, labels=ids).loss
+    except ImportError:
+        nn = torch.nn
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1, self.ln2 = nn.LayerNorm(512), nn.LayerNorm(512)
+                self.attn = nn.MultiheadAttention(512, 8, batch_first=True)
+                self.mlp = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+            def forward(self, x, mask):
+                h = self.ln1(x)
+                x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+                return x + self.mlp(self.ln2(x))
+        emb, pos = nn.Embedding(vocab, 512).cuda(), nn.Embedding(seq, 512).cuda()
+        blocks = nn.ModuleList(Block() for _ in range(4)).cuda()
+        head = nn.Linear(512, vocab, bias=False).cuda()
+        model = nn.ModuleList([emb, pos, blocks, head])
+        mask = torch.triu(torch.full((seq, seq), float("-inf"), device="cuda"), 1)
+        what = "hand-built GPT-2-shaped block (transformers not installed)"
+        def loss_of(ids):
+            x = emb(ids) + pos(torch.arange(seq, device="cuda"))
+            for b in blocks:
+                x = b(x, mask)
+            logits = head(x)
+            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                     ids[:, 1:].flatten())
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(ids)
+        loss.backward()
+        opt.step()
+    return step, torch.cuda.synchronize, what
+
+if wl == "cupy":
     import cupy as cp
     xs = cp.random.rand(1 << 16, dtype=cp.float32)
     def step():
@@ -58,10 +132,15 @@ if wl == "c":
         for _ in range(20):
             y = cp.tanh(y * 1.0001 + 0.5)
         return y
-    sync = cp.cuda.Device().synchronize
+    sync, what = cp.cuda.Device().synchronize, "cupy elementwise"
 else:
-    step = make()
-    sync = torch.cuda.synchronize
+    torch = torch_setup()
+    if wl == "mlp":
+        step, sync, what = mlp(torch, 256, 16, 64, torch.nn.ReLU)
+    elif wl == "compute":
+        step, sync, what = mlp(torch, 4096, 4, 8192, torch.nn.GELU)
+    else:
+        step, sync, what = gpt2(torch)
 
 for _ in range(20):
     step()
@@ -73,133 +152,182 @@ def run(n, prof=None):
         t0 = time.perf_counter_ns()
         step()
         sync()
-        if prof is not None and hasattr(prof, "step"):
+        if prof is not None:
             prof.step()
         times.append(time.perf_counter_ns() - t0)
     return times
 
-out = {"workload": wl, "mode": mode, "steps": steps}
+out = {"workload": wl, "mode": mode, "steps": steps, "what": what}
 if mode == "none":
     out["step_ns"] = run(steps)
     out["after_ns"] = run(steps)
-else:
-    if mode.startswith("gpuprof"):
-        import gpuprof
-        acts = [gpuprof.ProfilerActivity.CPU]
-        if mode != "gpuprof_cpu":
-            acts.append(gpuprof.ProfilerActivity.CUDA)
-        prof = gpuprof.profile(activities=acts, profile_memory=(mode == "gpuprof_mem"),
-                               max_events=50_000_000)
-        sort = "self_cuda_time_total" if mode != "gpuprof_cpu" else "self_cpu_time_total"
-    else:
-        from torch.profiler import profile, ProfilerActivity
-        full = mode == "torch_full"
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                       with_stack=full, profile_memory=full)
-        sort = "self_cuda_time_total"
+elif mode.startswith("floor:"):
+    import ctypes
+    floor = ctypes.CDLL(floor_lib)
+    if floor.floor_start(int(mode[6:])) != 0:
+        raise SystemExit("floor_start failed")
+    out["step_ns"] = run(steps)
+    floor.floor_stop()
+elif mode == "torch":
+    from torch.profiler import profile, ProfilerActivity
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     prof.__enter__()
     out["step_ns"] = run(steps, prof)
+    if not want_table:  # torch.profiler's post-processing takes seconds: skip it
+        print("RESULT " + json.dumps(out), flush=True)
+        os._exit(0)
     t0 = time.perf_counter()
     prof.__exit__(None, None, None)
-    t1 = time.perf_counter()
-    table = prof.key_averages().table(sort_by=sort, row_limit=10)
-    t2 = time.perf_counter()
-    out["stop_s"] = t1 - t0
-    out["table_s"] = t2 - t1
-    out["window_to_table_s"] = t2 - t0
-    if mode.startswith("gpuprof"):
-        res = prof.results
-        out["cuda"] = res.cuda
-        out["attributed_gpu_fraction"] = res.attributed_gpu_fraction
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10)
+    out["window_to_table_s"] = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    out["kernels"] = len(kernels)
+    out["after_ns"] = run(steps)
+else:
+    import gpuprof
+    acts = [gpuprof.ProfilerActivity.CPU]
+    if mode != "gpuprof_cpu":
+        acts.append(gpuprof.ProfilerActivity.CUDA)
+    prof = gpuprof.profile(activities=acts, profile_memory=(mode == "gpuprof_mem"),
+                           max_events=50_000_000)
+    prof.start()
+    out["step_ns"] = run(steps, prof)
+    t0 = time.perf_counter()
+    prof.stop()
+    table = prof.key_averages().table(
+        sort_by="self_cuda_time_total" if mode != "gpuprof_cpu" else "self_cpu_time_total",
+        row_limit=10)
+    out["window_to_table_s"] = time.perf_counter() - t0
+    res = prof.results
+    out["cuda"] = res.cuda
+    if mode != "gpuprof_cpu":
         ev = prof.gpu_events()
         out["kernels"] = int((ev["kind"] == "kernel").sum())
-        out["dropped_events"] = res.dropped_events
+        out["attributed"] = res.attributed_gpu_fraction
         out["dropped_gpu"] = res.dropped_gpu_records
+    out["dropped_events"] = res.dropped_events
+    if want_table:
+        out["table"] = table
         out["diagnosis"] = str(prof.diagnose())
-    out["table"] = table
     out["after_ns"] = run(steps)
 print("RESULT " + json.dumps(out))
 '''
 
-MODES = ["none", "gpuprof_cpu", "gpuprof", "gpuprof_mem", "torch", "torch_full"]
+STEPS = {"mlp": 150, "gpt2": 30, "cupy": 150, "compute": 12}
+MODES = ["none", "floor", "gpuprof_cpu", "gpuprof", "gpuprof_mem", "torch"]
 
 
-def run_child(wl, mode, steps):
-    """Run one mode in a subprocess. Besides MODES, "gp:a.b.c" runs gpuprof with
-    only the CUPTI parts a, b, c switched on (GPUPROF_CUPTI_PARTS: callbacks, kernels,
-    copies, sync, events, nodrvcb, nortcb), and "gpact:a.b" the same in activity-only
-    mode (GPUPROF_CUPTI_MODE=activity), to measure what each part costs."""
-    env = dict(os.environ)
-    mode_arg = mode
-    if mode.startswith(("gp:", "gpact:")):
-        kind, parts = mode.split(":", 1)
-        env["GPUPROF_CUPTI_PARTS"] = parts.replace(".", ",")
-        if kind == "gpact":
-            env["GPUPROF_CUPTI_MODE"] = "activity"
-        mode_arg = "gpuprof"
-    r = subprocess.run([sys.executable, "-c", CHILD, wl, mode_arg, str(steps)],
-                       capture_output=True, text=True, timeout=600, env=env)
+def run_child(wl, mode, steps, want_table, floor_lib):
+    r = subprocess.run([sys.executable, "-c", CHILD, wl, mode, str(steps), "1" if want_table
+                        else "0", floor_lib or ""], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     return {"workload": wl, "mode": mode, "error": (r.stderr or r.stdout)[-2000:]}
 
 
+def summarize(results, workloads, modes):
+    """Per workload and mode: the median and min of per-process median step times,
+    as ratios to none's."""
+    rows = []
+    for wl in workloads:
+        per = {m: [r for r in results if r["workload"] == wl and r["mode"] == m
+                   and "step_ns" in r] for m in modes}
+        meds = {m: [statistics.median(r["step_ns"]) for r in rs] for m, rs in per.items() if rs}
+        if "none" not in meds:
+            continue
+        base_med = statistics.median(meds["none"])
+        base_min = min(meds["none"])
+        after_base = statistics.median(statistics.median(r["after_ns"]) for r in per["none"])
+        for m, ms in meds.items():
+            afters = [statistics.median(r["after_ns"]) for r in per[m] if r.get("after_ns")]
+            first = next((r for r in per[m] if "window_to_table_s" in r), {})
+            k = [r["kernels"] for r in per[m] if "kernels" in r]
+            att = [r["attributed"] for r in per[m] if "attributed" in r]
+            rows.append({
+                "workload": wl, "mode": m, "n": len(ms),
+                "step_ms": statistics.median(ms) / 1e6,
+                "ratio_median": statistics.median(ms) / base_med,
+                "ratio_min": min(ms) / base_min,
+                "after_ratio": statistics.median(afters) / after_base if afters else None,
+                "to_table_s": first.get("window_to_table_s"),
+                "kernels_per_step": (statistics.median(k) / per[m][0]["steps"]) if k else None,
+                "attributed": min(att) if att else None,
+                "what": per[m][0].get("what", ""),
+            })
+    return rows
+
+
+def print_rows(rows):
+    print(f"\n{'workload':9s} {'mode':26s} {'n':>2s} {'step ms':>8s} {'median':>7s} {'min':>7s}"
+          f" {'after':>6s} {'table s':>8s} {'k/step':>7s} {'attrib':>7s}")
+    for r in rows:
+        after = f"{r['after_ratio']:.3f}" if r["after_ratio"] else "-"
+        tt = f"{r['to_table_s']:.3f}" if r["to_table_s"] is not None else "-"
+        ks = f"{r['kernels_per_step']:.1f}" if r["kernels_per_step"] else "-"
+        att = f"{100 * r['attributed']:.2f}%" if r["attributed"] is not None else "-"
+        print(f"{r['workload']:9s} {r['mode']:26s} {r['n']:2d} {r['step_ms']:8.3f}"
+              f" {r['ratio_median']:6.3f}x {r['ratio_min']:6.3f}x {after:>6s} {tt:>8s}"
+              f" {ks:>7s} {att:>7s}")
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--workloads", default="a,b,c")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--workloads", default="mlp,gpt2,cupy,compute")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--json", default="benchmarks/results/bench_gpu.json")
+    ap.add_argument("--steps-scale", type=float, default=1.0,
+                    help="multiply each workload's step count (default 1)")
+    ap.add_argument("--json", default=os.path.join(HERE, "results", "bench_gpu.json"))
     args = ap.parse_args()
+    workloads = args.workloads.split(",")
+    floor_lib = build_floor()
+    modes = []
+    for m in args.modes.split(","):
+        if m == "floor":
+            m = f"floor:{floor_bits()}"
+        if m.startswith("floor:") and floor_lib is None:
+            continue
+        modes.append(m)
     results = []
-    for wl in args.workloads.split(","):
-        steps = args.steps if wl != "b" else max(20, args.steps // 4)
-        base = None
-        print(f"\n== workload {wl} ({steps} steps) ==")
-        print(f"{'mode':12s} {'step ms':>9s} {'ratio':>7s} {'after':>7s} {'to table s':>10s}"
-              "  notes")
-        for mode in args.modes.split(","):
-            r = run_child(wl, mode, steps)
-            r["mode"] = mode
-            results.append(r)
-            if "error" in r:
-                print(f"{mode:12s} ERROR {r['error'][-400:]}")
-                continue
-            med = statistics.median(r["step_ns"]) / 1e6
-            after = statistics.median(r["after_ns"]) / 1e6
-            if mode == "none":
-                base = (med, after)
-            ratio = med / base[0] if base else float("nan")
-            after_ratio = after / base[1] if base else float("nan")
-            r["ratio"] = ratio
-            r["after_ratio"] = after_ratio
-            notes = ""
-            if "attributed_gpu_fraction" in r:
-                notes = (f"attributed {100 * r['attributed_gpu_fraction']:.2f}%, "
-                         f"{r['kernels']} kernels, mode {r['cuda'].get('mode')}, "
-                         f"dropped {r['dropped_events']}/{r['dropped_gpu']}")
-            tt = r.get("window_to_table_s", float("nan"))
-            print(f"{mode:12s} {med:9.3f} {ratio:7.3f} {after_ratio:7.3f} {tt:10.3f}  {notes}")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    meta = {"python": sys.version, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    t_start = time.time()
+    for rep in range(args.reps):
+        for wl in workloads:
+            order = modes[rep % len(modes):] + modes[:rep % len(modes)]
+            for mode in order:
+                steps = max(4, int(STEPS[wl] * args.steps_scale))
+                r = run_child(wl, mode, steps, rep == 0, floor_lib)
+                r["rep"] = rep
+                results.append(r)
+                if "error" in r:
+                    print(f"{wl} {mode}: ERROR {r['error'][-600:]}", flush=True)
+        print(f"round {rep + 1}/{args.reps} done at {time.time() - t_start:.0f} s", flush=True)
+    rows = summarize(results, workloads, modes)
+    meta = {"python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "reps": args.reps, "floor_default_bits": floor_bits() if floor_lib else None}
     try:
         import torch
+
         meta["torch"] = torch.__version__
         meta["gpu"] = torch.cuda.get_device_name(0)
     except Exception as e:  # noqa: BLE001
         meta["torch_error"] = repr(e)
-    try:
-        meta["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                        text=True).stdout.strip()
-    except OSError:
-        pass
+    meta["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=ROOT).stdout.strip()
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
+        json.dump({"meta": meta, "summary": rows, "results": results}, f, indent=1)
     for r in results:
-        if r.get("mode") == "gpuprof" and r.get("workload") == "a":
+        if r.get("mode") == "gpuprof" and r.get("workload") == workloads[0] and "table" in r:
             print("\n" + r["table"])
             print(r["diagnosis"])
+    print(f"\n{meta}")
+    for wl in workloads:
+        what = next((r["what"] for r in rows if r["workload"] == wl), "")
+        print(f"{wl}: {what}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,21 @@ static PyObject *
 mod_cuda_info(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
-    return Py_BuildValue("{sOsOsIssss}", "compiled", gp_cuda_compiled() ? Py_True : Py_False,
+    return Py_BuildValue("{sOsOsIssssss}", "compiled", gp_cuda_compiled() ? Py_True : Py_False,
                          "loaded", gp_cuda_loaded() ? Py_True : Py_False, "version",
                          (unsigned int)gp_cuda_version(), "reason", gp_cuda_reason(), "mode",
-                         gp_cuda_mode());
+                         gp_cuda_mode(), "parts", gp_cuda_parts());
+}
+
+static PyObject *
+mod_cuda_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    GpCudaStats st;
+    gp_cuda_stats(&st);
+    return Py_BuildValue("{sKsKsK}", "decode_ns", (unsigned long long)st.decode_ns,
+                         "decoded_records", (unsigned long long)st.decoded_records,
+                         "completed_buffers", (unsigned long long)st.completed_buffers);
 }
 
 static PyObject *
@@ -146,7 +157,9 @@ static PyMethodDef module_methods[] = {
      "(prefix, shown=None): code under prefix is gpuprof's own and is not shown, except "
      "under shown."},
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
-    {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode of CUDA capture."},
+    {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode/parts of CUDA capture."},
+    {"_cuda_stats", mod_cuda_stats, METH_NOARGS,
+     "Cumulative cost of decoding CUPTI buffers: decode_ns, decoded_records, completed_buffers."},
     {"device_props", mod_device_props, METH_NOARGS, "Properties of each visible CUDA device."},
 #if PY_VERSION_HEX >= 0x030C0000
     {"_mon_start", (PyCFunction)(void (*)(void))gp_hook_mon_start, METH_FASTCALL, "PY_START"},

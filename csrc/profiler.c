@@ -848,9 +848,10 @@ Profiler_get_running(GpProfilerObject *self, void *Py_UNUSED(closure))
 static PyObject *
 Profiler_get_cuda(GpProfilerObject *self, void *Py_UNUSED(closure))
 {
-    return Py_BuildValue("{sOsOss}", "active", self->cuda_on ? Py_True : Py_False, "error",
+    return Py_BuildValue("{sOsOssss}", "active", self->cuda_on ? Py_True : Py_False, "error",
                          self->cuda_error ? self->cuda_error : Py_None, "mode",
-                         self->cuda_on ? gp_cuda_mode() : "off");
+                         self->cuda_on ? gp_cuda_mode() : "off", "parts",
+                         self->cuda_on ? gp_cuda_parts() : "");
 }
 
 static PyObject *

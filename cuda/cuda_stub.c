@@ -100,6 +100,18 @@ gp_cuda_dropped(void)
 }
 
 const char *
+gp_cuda_parts(void)
+{
+    return "";
+}
+
+void
+gp_cuda_stats(GpCudaStats *out)
+{
+    out->decode_ns = out->decoded_records = out->completed_buffers = 0;
+}
+
+const char *
 gp_cuda_api_name(uint32_t api_key)
 {
     (void)api_key;

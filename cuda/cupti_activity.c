@@ -19,12 +19,14 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "../csrc/clock.h"
 #include "../csrc/strtab.h"
 
 /* CUPTI fills whole buffers; 8 MiB holds ~30k kernel records, so a buffer
  * completes every few thousand launches at most, not per launch. */
 #define BUFFER_BYTES ((size_t)8 << 20)
 #define FREE_BUFFERS_MAX 4        /* cached empty buffers; more are freed */
+#define PREFAULTED_BUFFERS 2      /* mapped and faulted in at session begin */
 #define STAGE_RECORDS 64          /* records decoded per lock acquisition */
 #define MAX_RECORDS ((size_t)1 << 23) /* ~1 GiB of records between takes; beyond: dropped */
 #define MAX_STRINGS ((uint32_t)1 << 20)
@@ -76,6 +78,16 @@ static int n_free_buffers;
 /* Records lost this session: CUPTI's dropped counts plus records we could
  * not decode or store. Atomic: added on CUPTI threads, read anywhere. */
 static atomic_uint_fast64_t dropped;
+
+/* Decoding cost, for the benchmarks' per-record figure (gp_cuda_stats).
+ * Atomic: added on CUPTI threads. */
+static atomic_uint_fast64_t decode_ns, decoded_records, completed_buffers;
+
+/* GPUPROF_CUPTI_RAWBUF=1 (benchmarks only): buffers as before the zeroed
+ * pool (neither cleared by us nor faulted in ahead), to measure what the
+ * pool saves. Read at session begin, on the control thread, before CUPTI
+ * can complete a buffer of the session. */
+static int raw_buffers;
 
 /* 1 between session begin and end. A buffer completed outside a session (in
  * activity-only mode CUPTI keeps our callbacks after we leave) is discarded. */
@@ -606,11 +618,19 @@ decode(Stage *s, const CUpti_Activity *a)
  * once an 8 MiB block has been freed, serves blocks of that size from
  * per-thread arenas that it seldom returns to the system. With malloc, RSS
  * rose by ~0.4 MiB for every profile started and stopped on an H200 while
- * malloc's live bytes fell. A mapping goes back when it is unmapped. */
+ * malloc's live bytes fell. A mapping goes back when it is unmapped.
+ *
+ * Every buffer handed to CUPTI is all zeros (CUPTI_ACTIVITY_ATTR_ZEROED_OUT_
+ * ACTIVITY_BUFFER is set): a fresh mapping is, and a used one is cleared on
+ * completion, on the thread that completes it (CUPTI's worker, or the flush
+ * at window end), so that CUPTI never clears 8 MiB on the thread that asked
+ * for a buffer, which may be the training thread inside a launch.
+ * `populate` faults the pages in now rather than when CUPTI first writes. */
 static uint8_t *
-buffer_alloc(void)
+buffer_alloc(int populate)
 {
-    void *b = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *b = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
     return b == MAP_FAILED ? NULL : b;
 }
 
@@ -619,6 +639,16 @@ buffer_free(uint8_t *b)
 {
     if (b != NULL)
         munmap(b, BUFFER_BYTES);
+}
+
+/* Clear what CUPTI wrote: the valid records, plus the page after them in
+ * case a record was cut off at a forced flush. */
+static void
+buffer_clear(uint8_t *b, size_t valid_bytes)
+{
+    size_t page = 4096;
+    size_t n = (valid_bytes + 2 * page - 1) / page * page;
+    memset(b, 0, n < BUFFER_BYTES ? n : BUFFER_BYTES);
 }
 
 static void CUPTIAPI
@@ -630,7 +660,7 @@ buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
         b = free_buffers[--n_free_buffers];
     pthread_mutex_unlock(&cuda_lock);
     if (b == NULL)
-        b = buffer_alloc();
+        b = buffer_alloc(0);
     /* NULL declines the request; CUPTI then drops records and counts them,
      * and bufferCompleted adds that count to `dropped`. */
     *buffer = b;
@@ -644,13 +674,16 @@ buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size
 {
     (void)size;
     if (buffer != NULL && valid_bytes > 0 && atomic_load(&accepting)) {
+        uint64_t t0 = gp_clock_now();
         Stage stage;
         stage.n = stage.n_ev = 0;
+        uint64_t count = 0;
         CUpti_Activity *rec = NULL;
         for (;;) {
             CUptiResult r = gp_cupti.cuptiActivityGetNextRecord(buffer, valid_bytes, &rec);
             if (r == CUPTI_SUCCESS) {
                 decode(&stage, rec);
+                count++;
                 continue;
             }
             /* MAX_LIMIT_REACHED is the normal end. Anything else (an
@@ -661,6 +694,9 @@ buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size
             break;
         }
         stage_flush(&stage);
+        atomic_fetch_add(&decode_ns, gp_clock_now() - t0);
+        atomic_fetch_add(&decoded_records, count);
+        atomic_fetch_add(&completed_buffers, 1);
     }
 
     size_t lost = 0;
@@ -670,9 +706,12 @@ buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size
 
     if (buffer == NULL)
         return;
+    int keep = atomic_load(&accepting);
+    if (keep && !raw_buffers)
+        buffer_clear(buffer, valid_bytes);
     int kept = 0;
     pthread_mutex_lock(&cuda_lock);
-    if (atomic_load(&accepting) && n_free_buffers < FREE_BUFFERS_MAX) {
+    if (keep && n_free_buffers < FREE_BUFFERS_MAX) {
         free_buffers[n_free_buffers++] = buffer;
         kept = 1;
     }
@@ -684,7 +723,38 @@ buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size
 CUptiResult
 gp_cupti_activity_register(void)
 {
+    const char *raw = getenv("GPUPROF_CUPTI_RAWBUF");
+    raw_buffers = raw != NULL && strcmp(raw, "1") == 0;
+    if (raw_buffers)
+        return gp_cupti.cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    /* Before the callbacks, as CUPTI asks; a CUPTI that refuses it clears
+     * buffers itself, which costs time but loses nothing. */
+    uint8_t zeroed = 1;
+    size_t len = sizeof zeroed;
+    gp_cupti.cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &len,
+                                       &zeroed);
+    /* The first buffers are faulted in here, on the thread starting the
+     * profile, instead of page by page inside the first launches. */
+    uint8_t *fresh[PREFAULTED_BUFFERS];
+    int n = 0;
+    while (n < PREFAULTED_BUFFERS && (fresh[n] = buffer_alloc(1)) != NULL)
+        n++;
+    pthread_mutex_lock(&cuda_lock);
+    int i = 0;
+    while (i < n && n_free_buffers < FREE_BUFFERS_MAX)
+        free_buffers[n_free_buffers++] = fresh[i++];
+    pthread_mutex_unlock(&cuda_lock);
+    while (i < n)
+        buffer_free(fresh[i++]);
     return gp_cupti.cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+}
+
+void
+gp_cuda_stats(GpCudaStats *out)
+{
+    out->decode_ns = atomic_load(&decode_ns);
+    out->decoded_records = atomic_load(&decoded_records);
+    out->completed_buffers = atomic_load(&completed_buffers);
 }
 
 /* ---- Session and hand-over ---------------------------------------------- */

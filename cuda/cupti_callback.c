@@ -17,6 +17,7 @@
 #include "cupti_internal.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,66 @@ static atomic_int cupti_attached;
  * another subscriber: we are CUPTI's only client and may detach it.
  * Interpreter thread (session begin/end). */
 static int forced_activity;
+
+/* The CUPTI parts a window switches on, fixed at session begin: the default
+ * (GP_PARTS_DEFAULT) is what the default results need, the decision table in
+ * docs/benchmarks.md says what each part costs; GPUPROF_CUPTI_PARTS
+ * (benchmarks only) names other sets. Session owner's thread. */
+enum {
+    PART_RT_CALLBACKS = 1u << 0,  /* runtime-API callbacks on the traced ids */
+    PART_DRV_CALLBACKS = 1u << 1, /* driver-API callbacks on the traced ids */
+    PART_KERNELS = 1u << 2,       /* CONCURRENT_KERNEL records */
+    PART_SERIAL = 1u << 3,        /* KERNEL records instead (serializes kernels) */
+    PART_MEMCPY = 1u << 4,        /* MEMCPY and MEMCPY2 (peer) records */
+    PART_MEMSET = 1u << 5,        /* MEMSET records */
+    PART_SYNC = 1u << 6,          /* SYNCHRONIZATION records */
+    PART_EVENTS = 1u << 7,        /* CUDA_EVENT records (stream-wait-event sources) */
+};
+#define GP_PARTS_CALLBACKS (PART_RT_CALLBACKS | PART_DRV_CALLBACKS)
+#define GP_PARTS_DEFAULT (GP_PARTS_CALLBACKS | PART_KERNELS | PART_MEMCPY | PART_MEMSET | PART_SYNC)
+static unsigned parts;
+
+/* GPUPROF_CUPTI_PARTS: parts separated by ',' or '.', each switched on, or
+ * off with a "no" prefix (applied last): callbacks (= rtcb + drvcb), rtcb,
+ * drvcb, kernels, serial, copies (= memcpy + memset), memcpy, memset, sync,
+ * events, default. Unknown names are ignored: benchmarks only. */
+static unsigned
+parse_parts(const char *spec)
+{
+    static const struct {
+        const char *name;
+        unsigned bits;
+    } names[] = {
+        {"callbacks", GP_PARTS_CALLBACKS},
+        {"rtcb", PART_RT_CALLBACKS},
+        {"drvcb", PART_DRV_CALLBACKS},
+        {"kernels", PART_KERNELS},
+        {"serial", PART_SERIAL},
+        {"copies", PART_MEMCPY | PART_MEMSET},
+        {"memcpy", PART_MEMCPY},
+        {"memset", PART_MEMSET},
+        {"sync", PART_SYNC},
+        {"events", PART_EVENTS},
+        {"default", GP_PARTS_DEFAULT},
+    };
+    if (spec == NULL || spec[0] == '\0')
+        return GP_PARTS_DEFAULT;
+    unsigned on = 0, off = 0;
+    while (*spec) {
+        size_t len = strcspn(spec, ",.");
+        int neg = len > 2 && strncmp(spec, "no", 2) == 0;
+        const char *word = neg ? spec + 2 : spec;
+        size_t wlen = neg ? len - 2 : len;
+        for (size_t i = 0; i < GP_ARRAY_LEN(names); i++) {
+            if (strlen(names[i].name) == wlen && strncmp(names[i].name, word, wlen) == 0)
+                *(neg ? &off : &on) |= names[i].bits;
+        }
+        spec += len + (spec[len] != '\0');
+    }
+    if (on == 0)
+        on = GP_PARTS_DEFAULT; /* only "no..." words: remove from the default */
+    return on & ~off;
+}
 
 /* ---- Callback state ---------------------------------------------------- */
 
@@ -140,26 +201,42 @@ cupti_fail(GpStatus st, const char *call, CUptiResult r)
                                 (int)r);
 }
 
-/* Switch the traced callbacks on or off. Ids that this libcupti does not
- * know (INVALID_PARAMETER) are skipped: they cannot fire either. */
+const char *
+gp_cuda_parts(void)
+{
+    static const char *names[] = {"rtcb", "drvcb", "kernels", "serial",
+                                  "memcpy", "memset", "sync", "events"};
+    static char text[96];
+    unsigned p = atomic_load(&session_open) ? parts : parse_parts(getenv("GPUPROF_CUPTI_PARTS"));
+    size_t len = 0;
+    text[0] = '\0';
+    for (unsigned i = 0; i < GP_ARRAY_LEN(names); i++) {
+        if (p & (1u << i))
+            len += (size_t)snprintf(text + len, sizeof text - len, "%s%s", len ? "," : "",
+                                    names[i]);
+    }
+    return text;
+}
+
+/* Switch the traced callbacks of the domains in `which` on or off. Ids that
+ * this libcupti does not know (INVALID_PARAMETER) are skipped: they cannot
+ * fire either. */
 static GpStatus
-set_callbacks(uint32_t enable)
+set_callbacks(uint32_t enable, unsigned which)
 {
     static const struct {
         CUpti_CallbackDomain domain;
+        unsigned part;
         const uint32_t *ids;
         size_t n;
     } lists[] = {
-        {CUPTI_CB_DOMAIN_RUNTIME_API, runtime_cbids, GP_ARRAY_LEN(runtime_cbids)},
-        {CUPTI_CB_DOMAIN_DRIVER_API, driver_cbids, GP_ARRAY_LEN(driver_cbids)},
+        {CUPTI_CB_DOMAIN_RUNTIME_API, PART_RT_CALLBACKS, runtime_cbids,
+         GP_ARRAY_LEN(runtime_cbids)},
+        {CUPTI_CB_DOMAIN_DRIVER_API, PART_DRV_CALLBACKS, driver_cbids, GP_ARRAY_LEN(driver_cbids)},
     };
-    /* Benchmarks only (GPUPROF_CUPTI_PARTS, see window_begin): "nodrvcb" or
-     * "nortcb" leave one domain's callbacks off to measure what it costs. */
-    const char *parts = getenv("GPUPROF_CUPTI_PARTS");
     GpStatus st = GP_OK;
     for (size_t l = 0; l < GP_ARRAY_LEN(lists); l++) {
-        if (enable && parts != NULL &&
-            strstr(parts, lists[l].domain == CUPTI_CB_DOMAIN_DRIVER_API ? "nodrvcb" : "nortcb"))
+        if (!(which & lists[l].part))
             continue;
         for (size_t i = 0; i < lists[l].n; i++) {
             CUptiResult r =
@@ -172,6 +249,30 @@ set_callbacks(uint32_t enable)
                 return st; /* the caller switches off what was switched on */
         }
     }
+    return st;
+}
+
+/* Activity-only mode: API records for the traced ids only (CUPTI 12.x and
+ * later), not whole RUNTIME/DRIVER kinds, which record every API a framework
+ * calls (cudaGetDevice, cudaEventQuery...) and cost most of a launch-bound
+ * step. `api_records_on`: session owner's thread. */
+static int api_records_on;
+
+static GpStatus
+set_api_records(uint8_t enable)
+{
+    GpStatus st = GP_OK;
+    for (size_t i = 0; i < GP_ARRAY_LEN(runtime_cbids); i++) {
+        CUptiResult r = gp_cupti.cuptiActivityEnableRuntimeApi(runtime_cbids[i], enable);
+        if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && st == GP_OK)
+            st = cupti_fail(GP_ERR_CUPTI, "cuptiActivityEnableRuntimeApi", r);
+    }
+    for (size_t i = 0; i < GP_ARRAY_LEN(driver_cbids); i++) {
+        CUptiResult r = gp_cupti.cuptiActivityEnableDriverApi(driver_cbids[i], enable);
+        if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && st == GP_OK)
+            st = cupti_fail(GP_ERR_CUPTI, "cuptiActivityEnableDriverApi", r);
+    }
+    api_records_on = enable && st == GP_OK;
     return st;
 }
 
@@ -365,8 +466,10 @@ gp_cuda_session_begin(void)
         }
     }
     gp_cupti_loader_set_mode(mode);
+    parts = parse_parts(getenv("GPUPROF_CUPTI_PARTS"));
     window_open = 0;
     n_kinds_on = 0;
+    api_records_on = 0;
     return GP_OK;
 
 fail:
@@ -390,56 +493,54 @@ gp_cuda_window_begin(int memory)
     atomic_fetch_add(&window_gen, 1);
     n_kinds_on = 0;
 
-    /* GPUPROF_CUPTI_PARTS (benchmarks only: measuring what each part of
-     * the capture costs) lists the parts to switch on; default: all. */
-    const char *parts = getenv("GPUPROF_CUPTI_PARTS");
-#define GP_PART(name) (parts == NULL || strstr(parts, name) != NULL)
     GpStatus st = GP_OK;
-    if (subscriber != NULL && GP_PART("callbacks") && (st = set_callbacks(1)) != GP_OK)
+    if (subscriber != NULL && (st = set_callbacks(1, parts)) != GP_OK)
         goto fail;
 
 #define GP_ENABLE(kind)                                                                            \
     if ((st = enable_kind(kind, #kind)) != GP_OK)                                                  \
         goto fail;
-    if (GP_PART("kernels")) {
+    if (parts & PART_SERIAL) {
+        GP_ENABLE(CUPTI_ACTIVITY_KIND_KERNEL)
+    } else if (parts & PART_KERNELS) {
         GP_ENABLE(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
     }
-    if (GP_PART("copies")) {
+    if (parts & PART_MEMCPY) {
         GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY)
         GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMCPY2)
+    }
+    if (parts & PART_MEMSET) {
         GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMSET)
     }
-    if (GP_PART("sync")) {
+    if (parts & PART_SYNC) {
         GP_ENABLE(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION)
     }
     if (memory) {
         GP_ENABLE(CUPTI_ACTIVITY_KIND_MEMORY2)
     }
-    if (subscriber == NULL) {
-        /* Activity-only: API calls come as records (every API; decoding
-         * keeps the traced ones). Never in callback mode: far too many. */
-        GP_ENABLE(CUPTI_ACTIVITY_KIND_RUNTIME)
-        GP_ENABLE(CUPTI_ACTIVITY_KIND_DRIVER)
-    }
 #undef GP_ENABLE
+    /* Activity-only: the traced API calls come as records. Never in
+     * callback mode, where the callbacks already see them. */
+    if (subscriber == NULL && (st = set_api_records(1)) != GP_OK)
+        goto fail;
     /* Event records only name the stream a stream-wait-event waits for
      * (wait_stream); the window works without them, so a refusal is not
-     * an error. */
-    /* Measured on an H200 (PyTorch, launch-bound MLP): CUDA_EVENT records
-     * add ~20% to each step, as much as the kernel records themselves, so
-     * they are opt-in (GPUPROF_CUPTI_PARTS=...,events). */
-    if (parts != NULL && strstr(parts, "events") != NULL &&
+     * an error. Measured on an H200 (PyTorch, launch-bound MLP): they add
+     * ~20% to each step, as much as the kernel records themselves, so they
+     * are opt-in (GPUPROF_CUPTI_PARTS=default,events). */
+    if ((parts & PART_EVENTS) &&
         gp_cupti.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CUDA_EVENT) == CUPTI_SUCCESS)
         kinds_on[n_kinds_on++] = CUPTI_ACTIVITY_KIND_CUDA_EVENT;
-#undef GP_PART
 
     window_open = 1;
     return GP_OK;
 
 fail:
+    if (api_records_on)
+        set_api_records(0);
     disable_kinds(NULL);
     if (subscriber != NULL)
-        set_callbacks(0);
+        set_callbacks(0, GP_PARTS_CALLBACKS);
     return st;
 }
 
@@ -454,7 +555,12 @@ gp_cuda_window_end(void)
      * then the forced flush that delivers every buffer before we return. */
     GpStatus st = GP_OK;
     if (subscriber != NULL)
-        st = set_callbacks(0);
+        st = set_callbacks(0, GP_PARTS_CALLBACKS);
+    if (api_records_on) {
+        GpStatus s1 = set_api_records(0);
+        if (st == GP_OK)
+            st = s1;
+    }
     GpStatus s2 = disable_kinds(is_host_kind);
     if (st == GP_OK)
         st = s2;

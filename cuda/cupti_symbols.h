@@ -48,6 +48,10 @@
     X(cuptiActivityGetNumDroppedRecords, CUptiResult,                                              \
       (CUcontext context, uint32_t stream_id, size_t * dropped))                                   \
     X(cuptiActivityFlushAll, CUptiResult, (uint32_t flag))                                         \
+    X(cuptiActivitySetAttribute, CUptiResult,                                                      \
+      (CUpti_ActivityAttribute attr, size_t * value_size, void *value))                            \
+    X(cuptiActivityEnableRuntimeApi, CUptiResult, (CUpti_CallbackId cbid, uint8_t enable))         \
+    X(cuptiActivityEnableDriverApi, CUptiResult, (CUpti_CallbackId cbid, uint8_t enable))          \
     X(cuptiSetThreadIdType, CUptiResult, (CUpti_ActivityThreadIdType type))                        \
     X(cuptiFinalize, CUptiResult, (void))
 

@@ -115,6 +115,12 @@ const char *gp_cuda_reason(void);
  * calls come as GP_GPU_API records and are joined to threads by time). */
 const char *gp_cuda_mode(void);
 
+/* The CUPTI parts a session switches on (the open session's, else the next
+ * one's), comma-separated: rtcb, drvcb (API callbacks), kernels, serial,
+ * memcpy, memset, sync, events (activity records). "" without CUPTI.
+ * Static storage, interpreter thread. */
+const char *gp_cuda_parts(void);
+
 /* CUPTI's version (cuptiGetVersion) once loaded, else 0. */
 uint32_t gp_cuda_version(void);
 
@@ -153,6 +159,15 @@ void gp_cuda_clear_strings(void);
 /* CUPTI records lost: CUPTI's own dropped count plus records we could not
  * store. Cumulative for the session. */
 uint64_t gp_cuda_dropped(void);
+
+/* What decoding CUPTI's buffers has cost since the extension was loaded,
+ * for the benchmarks (cumulative; any thread). */
+typedef struct GpCudaStats {
+    uint64_t decode_ns;         /* inside the buffer-completed callback, decoding */
+    uint64_t decoded_records;   /* CUPTI records walked */
+    uint64_t completed_buffers; /* buffers CUPTI handed back */
+} GpCudaStats;
+void gp_cuda_stats(GpCudaStats *out);
 
 /* Name of a CUDA API for an api key (GP_API_KEY), e.g. "cudaLaunchKernel";
  * static storage; "cuda_api" when unknown. */

@@ -3,7 +3,8 @@
 # (space-separated; default "gputests bench"). Logs and JSON go to ${OUT:-out}/.
 #
 #   gputests   the gpu-marked tests (GPU_TESTS, default tests; GPU_T seconds)
-#   bench      benchmarks/bench_gpu.py (BENCH_STEPS, BENCH_ARGS)
+#   bench      benchmarks/bench_gpu.py (BENCH_REPS, BENCH_ARGS: --workloads, --modes...)
+#   launch     benchmarks/bench_launch.py, ns per launch (LAUNCH_REPS, LAUNCH_ARGS)
 #   export     benchmarks/bench_export.py, gpuprof's trace export beside torch.profiler's
 #   soak       benchmarks/soak_gpu.py for SOAK_S seconds, sessions cycled (SOAK_ARGS)
 #   soak1      the same in one session
@@ -28,8 +29,13 @@ for s in ${STAGES:-gputests bench}; do
         -p no:cacheprovider ${GPU_TESTS:-tests} > "$OUT/gpu_tests.log" 2>&1
       echo "rc=$?"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -60 ;;
     bench)
-      timeout "${BENCH_T:-300}" python3 benchmarks/bench_gpu.py --steps "${BENCH_STEPS:-200}" \
-        --json "$OUT/bench_gpu.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpu.log" ;;
+      timeout "${BENCH_T:-560}" python3 benchmarks/bench_gpu.py --reps "${BENCH_REPS:-5}" \
+        --json "$OUT/bench_gpu.json" ${BENCH_ARGS:-} > "$OUT/bench_gpu.log" 2>&1
+      tail -n "${BENCH_TAIL:-40}" "$OUT/bench_gpu.log" ;;
+    launch)
+      timeout "${LAUNCH_T:-240}" python3 benchmarks/bench_launch.py --reps "${LAUNCH_REPS:-7}" \
+        --json "$OUT/bench_launch.json" ${LAUNCH_ARGS:-} > "$OUT/bench_launch.log" 2>&1
+      tail -n 25 "$OUT/bench_launch.log" ;;
     export)
       timeout 240 python3 benchmarks/bench_export.py --steps 200 --json "$OUT/bench_export.json" \
         2>&1 | tee "$OUT/bench_export.log" ;;

@@ -82,7 +82,10 @@ def cuda_status() -> dict:
     (libcupti opened), ``library`` (its path), ``version`` (CUPTI API
     version), ``gpu`` (an NVIDIA driver is present), ``usable`` (compiled,
     loaded and a GPU present), ``mode`` ("callbacks", "activity-only" or
-    "off") and ``reason`` (why it is off or degraded; "" when all is well).
+    "off"), ``parts`` (the CUPTI parts a profile switches on, comma-separated:
+    API callbacks ``rtcb``/``drvcb``, records ``kernels``, ``memcpy``,
+    ``memset``, ``sync``...) and ``reason`` (why it is off or degraded; ""
+    when all is well).
     Loading libcupti here does not initialize CUDA.
     """
     info = _gpuprof.cuda_info()
@@ -99,5 +102,6 @@ def cuda_status() -> dict:
         "gpu": gpu,
         "usable": bool(ok and gpu),
         "mode": info["mode"] if ok else "off",
+        "parts": info["parts"] if ok else "",
         "reason": reason or info["reason"],
     }

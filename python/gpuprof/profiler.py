@@ -215,6 +215,7 @@ class profile(ResultAccessors):
                               f"{nvtx['reason']}", stacklevel=2)
         cuda = self._core.cuda
         self._cuda_state = {"active": cuda["active"], "mode": cuda["mode"],
+                            "parts": cuda["parts"],
                             "error": cuda["error"] or self._cuda_state.get("error")}
         if self._explicit_cuda and cuda["error"]:
             warnings.warn(f"gpuprof: GPU capture is off: {cuda['error']}", stacklevel=2)
