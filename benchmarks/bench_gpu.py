@@ -10,8 +10,10 @@ the processes are interleaved: each of --reps rounds runs every mode once per
 workload, in an order that rotates from round to round, so that the machine's
 drift (about +-15% between processes on the H200 machine) spreads over all modes.
 A process times each step (host clock around step + synchronize + prof.step()),
-keeps the median, and the report gives, per mode, the median and the min of those
-per-process medians as ratios to `none`'s.
+first unprofiled, then under its mode, and keeps the median of each. The report gives,
+per mode, the paired ratio (each process's profiled median over its own unprofiled
+one: drift between processes cancels), median and min over the processes, and the
+ratio across processes (the mode's per-process medians against the `none` processes').
 
 Workloads:
   mlp      launch-bound: 16 x Linear(256)+ReLU, batch 64, SGD (133 kernels a step)
@@ -158,6 +160,7 @@ def run(n, prof=None):
     return times
 
 out = {"workload": wl, "mode": mode, "steps": steps, "what": what}
+out["base_ns"] = run(steps)  # this process unprofiled: the paired baseline
 if mode == "none":
     out["step_ns"] = run(steps)
     out["after_ns"] = run(steps)
@@ -240,6 +243,8 @@ def summarize(results, workloads, modes):
             continue
         base_med = statistics.median(meds["none"])
         base_min = min(meds["none"])
+        paired = {m: [statistics.median(r["step_ns"]) / statistics.median(r["base_ns"])
+                      for r in rs] for m, rs in per.items() if rs}
         after_base = statistics.median(statistics.median(r["after_ns"]) for r in per["none"])
         for m, ms in meds.items():
             afters = [statistics.median(r["after_ns"]) for r in per[m] if r.get("after_ns")]
@@ -251,6 +256,8 @@ def summarize(results, workloads, modes):
                 "step_ms": statistics.median(ms) / 1e6,
                 "ratio_median": statistics.median(ms) / base_med,
                 "ratio_min": min(ms) / base_min,
+                "paired_median": statistics.median(paired[m]),
+                "paired_min": min(paired[m]),
                 "after_ratio": statistics.median(afters) / after_base if afters else None,
                 "to_table_s": first.get("window_to_table_s"),
                 "kernels_per_step": (statistics.median(k) / per[m][0]["steps"]) if k else None,
@@ -261,14 +268,18 @@ def summarize(results, workloads, modes):
 
 
 def print_rows(rows):
-    print(f"\n{'workload':9s} {'mode':26s} {'n':>2s} {'step ms':>8s} {'median':>7s} {'min':>7s}"
-          f" {'after':>6s} {'table s':>8s} {'k/step':>7s} {'attrib':>7s}")
+    print("\nratios to `none`: paired = each process's profiled steps over its own unprofiled"
+          " steps\n(median and min over processes); across = against the `none` processes")
+    print(f"\n{'workload':9s} {'mode':26s} {'n':>2s} {'step ms':>8s} {'paired':>7s} {'min':>7s}"
+          f" {'across':>7s} {'min':>7s} {'after':>6s} {'table s':>8s} {'k/step':>7s}"
+          f" {'attrib':>7s}")
     for r in rows:
         after = f"{r['after_ratio']:.3f}" if r["after_ratio"] else "-"
         tt = f"{r['to_table_s']:.3f}" if r["to_table_s"] is not None else "-"
         ks = f"{r['kernels_per_step']:.1f}" if r["kernels_per_step"] else "-"
         att = f"{100 * r['attributed']:.2f}%" if r["attributed"] is not None else "-"
         print(f"{r['workload']:9s} {r['mode']:26s} {r['n']:2d} {r['step_ms']:8.3f}"
+              f" {r['paired_median']:6.3f}x {r['paired_min']:6.3f}x"
               f" {r['ratio_median']:6.3f}x {r['ratio_min']:6.3f}x {after:>6s} {tt:>8s}"
               f" {ks:>7s} {att:>7s}")
 

@@ -12,8 +12,10 @@
  *  512  KERNEL records (serialized) instead of CONCURRENT_KERNEL
  * 1024  MEMORY2 records (profile_memory=True)
  * The callback counts its calls; the buffer handler walks the records and
- * counts them. Buffers are 8 MiB mappings, as gpuprof's. Linked against
- * libcupti (a benchmark tool, not the library, which never links it).
+ * counts them. Buffers are 8 MiB mappings, as gpuprof's. floor_stop detaches
+ * CUPTI (cuptiFinalize), as gpuprof's stop does, so that one process can
+ * measure several modes in turn. Linked against libcupti (a benchmark tool,
+ * not the library, which never links it).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -89,25 +91,35 @@ enable_ids(CUpti_CallbackDomain domain, const uint32_t *ids, size_t n)
     return 0;
 }
 
-int
-floor_start(int parts)
-{
-    static const struct {
-        int bit;
-        CUpti_ActivityKind kind;
-    } kinds[] = {
+static const struct {
+    int bit;
+    CUpti_ActivityKind kind;
+} floor_kinds[] = {
         {1, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL}, {512, CUPTI_ACTIVITY_KIND_KERNEL},
         {32, CUPTI_ACTIVITY_KIND_MEMCPY},           {32, CUPTI_ACTIVITY_KIND_MEMCPY2},
         {128, CUPTI_ACTIVITY_KIND_MEMSET},          {256, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION},
         {1024, CUPTI_ACTIVITY_KIND_MEMORY2},
-    };
+};
+static int floor_parts;
+
+static int
+kind_on(int parts, size_t i)
+{
+    /* serial KERNEL records replace CONCURRENT_KERNEL ones */
+    return (parts & floor_kinds[i].bit) && !((parts & 512) && floor_kinds[i].bit == 1);
+}
+
+int
+floor_start(int parts)
+{
+    floor_parts = parts;
     if ((parts & (1 | 32 | 128 | 256 | 512 | 1024)) &&
         check(cuptiActivityRegisterCallbacks(floor_requested, floor_completed),
               "cuptiActivityRegisterCallbacks"))
         return -1;
-    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
-        if ((parts & kinds[i].bit) && !((parts & 512) && kinds[i].bit == 1) &&
-            check(cuptiActivityEnable(kinds[i].kind), "cuptiActivityEnable"))
+    for (size_t i = 0; i < sizeof floor_kinds / sizeof *floor_kinds; i++) {
+        if (kind_on(parts, i) && check(cuptiActivityEnable(floor_kinds[i].kind),
+                                       "cuptiActivityEnable"))
             return -1;
     }
     if (parts & (2 | 4)) {
@@ -123,13 +135,20 @@ floor_start(int parts)
     return 0;
 }
 
-/* Flush and report what was seen; CUPTI stays attached (the floor never
- * detaches, so a floor process measures nothing after it). */
+/* Switch everything off, flush, report what was seen, and detach. */
 int
 floor_stop(void)
 {
+    if (floor_subscriber != NULL) {
+        cuptiUnsubscribe(floor_subscriber);
+        floor_subscriber = NULL;
+    }
+    for (size_t i = 0; i < sizeof floor_kinds / sizeof *floor_kinds; i++)
+        if (kind_on(floor_parts, i))
+            cuptiActivityDisable(floor_kinds[i].kind);
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     printf("FLOOR callbacks=%llu records=%llu dropped=%llu\n", n_callbacks, n_records, n_dropped);
     fflush(stdout);
-    return 0;
+    n_callbacks = n_records = n_dropped = 0;
+    return check(cuptiFinalize(), "cuptiFinalize");
 }

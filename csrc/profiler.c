@@ -28,6 +28,7 @@ typedef struct GpProfilerObject {
     int cuda_on;            /* session_begin succeeded */
     int cuda_window;        /* callbacks/activities enabled */
     int memory;             /* device memory records */
+    int cuda_sync_records;  /* CUPTI's sync and event records (GP_CUDA_SYNC_RECORDS) */
     int has_schedule;       /* use `sched` (else schedule_fn, else always record) */
     GpSchedule sched;
     PyObject *schedule_fn;  /* callable(step) -> int action, or NULL */
@@ -573,14 +574,15 @@ Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"max_events", "cuda", "memory", "schedule", "schedule_fn",
                              "on_trace_ready", "owner", "capture", "capture_name",
-                             "capture_domain", "monitoring", NULL};
+                             "capture_domain", "monitoring", "cuda_sync_records", NULL};
     unsigned long long max_events = 8000000;
-    int cuda = 0, memory = 0, capture = GP_CAPTURE_NONE, monitoring = 0;
+    int cuda = 0, memory = 0, capture = GP_CAPTURE_NONE, monitoring = 0, sync_records = 0;
     const char *capture_name = NULL, *capture_domain = NULL;
     PyObject *sched = Py_None, *schedule_fn = Py_None, *on_ready = Py_None, *owner = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KppOOOOizzp:Profiler", kwlist, &max_events,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KppOOOOizzpp:Profiler", kwlist, &max_events,
                                      &cuda, &memory, &sched, &schedule_fn, &on_ready, &owner,
-                                     &capture, &capture_name, &capture_domain, &monitoring))
+                                     &capture, &capture_name, &capture_domain, &monitoring,
+                                     &sync_records))
         return -1;
 #if PY_VERSION_HEX < 0x030C0000
     if (monitoring) {
@@ -650,6 +652,7 @@ Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
     self->max_events = max_events;
     self->want_cuda = cuda;
     self->memory = memory;
+    self->cuda_sync_records = sync_records;
     Py_XSETREF(self->schedule_fn, schedule_fn == Py_None ? NULL : Py_NewRef(schedule_fn));
     Py_XSETREF(self->on_trace_ready, on_ready == Py_None ? NULL : Py_NewRef(on_ready));
     /* The wrapper holds us and we hold it: a cycle the GC sees (traverse). */
@@ -685,7 +688,7 @@ Profiler_start(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
     self->cuda_window = 0;
     Py_SETREF(self->cuda_error, Py_NewRef(Py_None));
     if (self->want_cuda) {
-        st = gp_cuda_session_begin();
+        st = gp_cuda_session_begin(self->cuda_sync_records ? GP_CUDA_SYNC_RECORDS : 0);
         if (st == GP_OK) {
             self->cuda_on = 1;
         } else {

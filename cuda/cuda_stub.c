@@ -49,8 +49,9 @@ gp_cuda_version(void)
 }
 
 GpStatus
-gp_cuda_session_begin(void)
+gp_cuda_session_begin(unsigned options)
 {
+    (void)options;
     return GP_ERR_CUDA_UNAVAIL;
 }
 

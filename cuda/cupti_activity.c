@@ -356,6 +356,42 @@ typedef struct Stage {
     uint32_t ev_stream[STAGE_RECORDS];
 } Stage;
 
+/* Append one record; 0, or -1 when the array is at MAX_RECORDS or cannot
+ * grow (the caller counts the loss). */
+static int
+append_locked(const GpGpuRecord *rec, const char *name, uint64_t wait_sync)
+{
+    if (n_records == cap_records) {
+        size_t cap = cap_records ? cap_records * 2 : 65536;
+        if (cap > MAX_RECORDS)
+            cap = MAX_RECORDS;
+        GpGpuRecord *grown = cap > cap_records ? realloc(records, cap * sizeof *grown) : NULL;
+        if (grown == NULL)
+            return -1;
+        records = grown;
+        cap_records = cap;
+    }
+    GpGpuRecord *r = &records[n_records];
+    *r = *rec;
+    if (name != NULL)
+        r->name_id = intern_locked(name);
+    if (wait_sync != NO_SYNC_ID) {
+        if (n_pending == cap_pending) {
+            size_t cap = cap_pending ? cap_pending * 2 : 256;
+            PendingWait *grown = realloc(pending, cap * sizeof *grown);
+            if (grown != NULL) {
+                pending = grown;
+                cap_pending = cap;
+            }
+        }
+        if (n_pending < cap_pending)
+            pending[n_pending++] = (PendingWait){n_records, wait_sync};
+    }
+    ctx_learn_locked(r->context, r->device);
+    n_records++;
+    return 0;
+}
+
 static void
 stage_flush(Stage *s)
 {
@@ -366,43 +402,28 @@ stage_flush(Stage *s)
     for (size_t j = 0; j < s->n_ev; j++)
         ev_put_locked(s->ev_sync[j], s->ev_stream[j]);
     for (size_t j = 0; j < s->n; j++) {
-        if (n_records == cap_records) {
-            size_t cap = cap_records ? cap_records * 2 : 65536;
-            if (cap > MAX_RECORDS)
-                cap = MAX_RECORDS;
-            GpGpuRecord *grown =
-                cap > cap_records ? realloc(records, cap * sizeof *grown) : NULL;
-            if (grown == NULL) {
-                lost += s->n - j;
-                break;
-            }
-            records = grown;
-            cap_records = cap;
+        if (append_locked(&s->rec[j], s->name[j], s->wait_sync[j]) < 0) {
+            lost += s->n - j;
+            break;
         }
-        GpGpuRecord *r = &records[n_records];
-        *r = s->rec[j];
-        if (s->name[j] != NULL)
-            r->name_id = intern_locked(s->name[j]);
-        if (s->wait_sync[j] != NO_SYNC_ID) {
-            if (n_pending == cap_pending) {
-                size_t cap = cap_pending ? cap_pending * 2 : 256;
-                PendingWait *grown = realloc(pending, cap * sizeof *grown);
-                if (grown != NULL) {
-                    pending = grown;
-                    cap_pending = cap;
-                }
-            }
-            if (n_pending < cap_pending)
-                pending[n_pending++] = (PendingWait){n_records, s->wait_sync[j]};
-        }
-        ctx_learn_locked(r->context, r->device);
-        n_records++;
     }
     pthread_mutex_unlock(&cuda_lock);
     if (lost)
         atomic_fetch_add(&dropped, lost);
     s->n = 0;
     s->n_ev = 0;
+}
+
+void
+gp_cupti_activity_add(const GpGpuRecord *r)
+{
+    if (!atomic_load(&accepting))
+        return;
+    pthread_mutex_lock(&cuda_lock);
+    int rc = append_locked(r, NULL, NO_SYNC_ID);
+    pthread_mutex_unlock(&cuda_lock);
+    if (rc < 0)
+        atomic_fetch_add(&dropped, 1);
 }
 
 /* A zeroed record in the stage (flushing it first when full). */

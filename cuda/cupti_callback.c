@@ -70,7 +70,7 @@ enum {
     PART_EVENTS = 1u << 7,        /* CUDA_EVENT records (stream-wait-event sources) */
 };
 #define GP_PARTS_CALLBACKS (PART_RT_CALLBACKS | PART_DRV_CALLBACKS)
-#define GP_PARTS_DEFAULT (GP_PARTS_CALLBACKS | PART_KERNELS | PART_MEMCPY | PART_MEMSET | PART_SYNC)
+#define GP_PARTS_DEFAULT (GP_PARTS_CALLBACKS | PART_KERNELS | PART_MEMCPY | PART_MEMSET)
 static unsigned parts;
 
 /* GPUPROF_CUPTI_PARTS: parts separated by ',' or '.', each switched on, or
@@ -124,6 +124,14 @@ static atomic_uint_fast64_t window_gen;
 static _Thread_local uint64_t tls_window;
 static _Thread_local uint32_t tls_depth; /* traced API calls open on this thread */
 
+/* Without SYNCHRONIZATION records (the default: they cost ~1.5 us on every
+ * launch, docs/benchmarks.md), each outermost synchronizing call becomes a
+ * GP_GPU_SYNC record made here from its enter and exit, which are the
+ * record's host-side start and end. `tls_sync` holds the open one; only its
+ * `kind` is read on other calls. */
+static _Thread_local GpGpuRecord tls_sync;
+static atomic_int sync_from_callbacks; /* set for a session without PART_SYNC */
+
 static const uint32_t runtime_cbids[] = {
 #define GP_CBID(id, cls) id,
     GP_CUPTI_RUNTIME_APIS(GP_CBID)
@@ -158,6 +166,93 @@ is_profiler_api(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, int *start)
     return 0;
 }
 
+/* The GP_SYNC_* kind of a synchronizing API, 0 for any other; *ptsz for the
+ * per-thread-default-stream variants, *stream_arg when the call's first
+ * parameter is the stream it waits for or on. */
+static uint8_t
+sync_api_kind(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, int *ptsz, int *stream_arg)
+{
+    *ptsz = 0;
+    *stream_arg = 1;
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+        switch (cbid) {
+        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000:
+            *ptsz = 1;
+            /* fall through */
+        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020:
+            return GP_SYNC_STREAM;
+        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamWaitEvent_ptsz_v7000:
+            *ptsz = 1;
+            /* fall through */
+        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamWaitEvent_v3020:
+            return GP_SYNC_STREAM_WAIT_EVENT;
+        case CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020:
+            *stream_arg = 0;
+            return GP_SYNC_EVENT;
+        case CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020:
+            *stream_arg = 0;
+            return GP_SYNC_CONTEXT;
+        default:
+            return 0;
+        }
+    }
+    switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
+        *ptsz = 1;
+        /* fall through */
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize:
+        return GP_SYNC_STREAM;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz:
+        *ptsz = 1;
+        /* fall through */
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent:
+        return GP_SYNC_STREAM_WAIT_EVENT;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize:
+        *stream_arg = 0;
+        return GP_SYNC_EVENT;
+    case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize:
+    case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
+        *stream_arg = 0;
+        return GP_SYNC_CONTEXT;
+    default:
+        return 0;
+    }
+}
+
+/* At the outermost enter of a synchronizing call: what its record needs
+ * besides the exit time. The stream is the call's first parameter in every
+ * params struct of sync_api_kind's stream calls (cudaStreamSynchronize_v3020
+ * _params, cuStreamWaitEvent_params...), read without their generated
+ * headers, which the CUPTI wheel lacks. CUPTI calls are allowed here. */
+static void
+sync_open(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const CUpti_CallbackData *cb,
+          uint64_t now)
+{
+    int ptsz, stream_arg;
+    uint8_t kind = sync_api_kind(domain, cbid, &ptsz, &stream_arg);
+    memset(&tls_sync, 0, sizeof tls_sync);
+    if (kind == 0)
+        return;
+    GpGpuRecord *r = &tls_sync;
+    r->kind = GP_GPU_SYNC;
+    r->subkind = kind;
+    r->start_ns = now;
+    r->correlation = cb->correlationId;
+    r->device = r->src_device = r->dst_device = -1;
+    uint32_t id = 0;
+    if (cb->context != NULL) {
+        if (gp_cupti.cuptiGetDeviceId(cb->context, &id) == CUPTI_SUCCESS && id <= INT16_MAX)
+            r->device = (int16_t)id;
+        if (gp_cupti.cuptiGetContextId(cb->context, &id) == CUPTI_SUCCESS)
+            r->context = id;
+    }
+    if (stream_arg && cb->functionParams != NULL && cb->context != NULL) {
+        CUstream stream = *(CUstream const *)cb->functionParams;
+        if (gp_cupti.cuptiGetStreamIdEx(cb->context, stream, (uint8_t)ptsz, &id) == CUPTI_SUCCESS)
+            r->stream = id;
+    }
+}
+
 static void CUPTIAPI
 on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
@@ -183,12 +278,25 @@ on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
     uint32_t key =
         GP_API_KEY(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? GP_API_RUNTIME : GP_API_DRIVER, cbid);
     if (cb->callbackSite == CUPTI_API_ENTER) {
-        if (tls_depth++ == 0)
-            gp_buffer_record_api(gp_clock_now(), cb->correlationId, key, 1);
+        if (tls_depth++ == 0) {
+            uint64_t now = gp_clock_now();
+            gp_buffer_record_api(now, cb->correlationId, key, 1);
+            tls_sync.kind = 0;
+            if (atomic_load_explicit(&sync_from_callbacks, memory_order_relaxed) &&
+                gp_cuda_api_class(key) == GP_APICLASS_SYNC)
+                sync_open(domain, cbid, cb, now);
+        }
     } else if (tls_depth > 0) {
         /* An exit at depth 0 belongs to a call entered before the window. */
-        if (--tls_depth == 0)
-            gp_buffer_record_api(gp_clock_now(), cb->correlationId, key, 0);
+        if (--tls_depth == 0) {
+            uint64_t now = gp_clock_now();
+            gp_buffer_record_api(now, cb->correlationId, key, 0);
+            if (GP_UNLIKELY(tls_sync.kind == GP_GPU_SYNC)) {
+                tls_sync.end_ns = now;
+                gp_cupti_activity_add(&tls_sync);
+                tls_sync.kind = 0;
+            }
+        }
     }
 }
 
@@ -252,28 +360,30 @@ set_callbacks(uint32_t enable, unsigned which)
     return st;
 }
 
-/* Activity-only mode: API records for the traced ids only (CUPTI 12.x and
- * later), not whole RUNTIME/DRIVER kinds, which record every API a framework
- * calls (cudaGetDevice, cudaEventQuery...) and cost most of a launch-bound
- * step. `api_records_on`: session owner's thread. */
-static int api_records_on;
+static GpStatus enable_kind(CUpti_ActivityKind kind, const char *name);
 
+/* Activity-only mode: API records (RUNTIME and DRIVER kinds) for the traced
+ * ids only. The kinds record every API a framework calls (cudaGetDevice,
+ * cudaEventQuery...), most of which we drop when decoding; CUPTI 12.x and
+ * later can switch single ids off after the kind is on (not before: the
+ * kind resets them), which saves recording those. Tried the other way
+ * round on CUPTI 13.0 (H200): ids switched on without their kind gave no
+ * records. A failure to switch an id off only costs records. */
 static GpStatus
-set_api_records(uint8_t enable)
+enable_api_records(void)
 {
-    GpStatus st = GP_OK;
-    for (size_t i = 0; i < GP_ARRAY_LEN(runtime_cbids); i++) {
-        CUptiResult r = gp_cupti.cuptiActivityEnableRuntimeApi(runtime_cbids[i], enable);
-        if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && st == GP_OK)
-            st = cupti_fail(GP_ERR_CUPTI, "cuptiActivityEnableRuntimeApi", r);
-    }
-    for (size_t i = 0; i < GP_ARRAY_LEN(driver_cbids); i++) {
-        CUptiResult r = gp_cupti.cuptiActivityEnableDriverApi(driver_cbids[i], enable);
-        if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && st == GP_OK)
-            st = cupti_fail(GP_ERR_CUPTI, "cuptiActivityEnableDriverApi", r);
-    }
-    api_records_on = enable && st == GP_OK;
-    return st;
+    GpStatus st = enable_kind(CUPTI_ACTIVITY_KIND_RUNTIME, "CUPTI_ACTIVITY_KIND_RUNTIME");
+    if (st == GP_OK)
+        st = enable_kind(CUPTI_ACTIVITY_KIND_DRIVER, "CUPTI_ACTIVITY_KIND_DRIVER");
+    if (st != GP_OK)
+        return st;
+    for (uint32_t cbid = 1; cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE; cbid++)
+        if (!gp_cupti_activity_traced(CUPTI_CB_DOMAIN_RUNTIME_API, cbid))
+            gp_cupti.cuptiActivityEnableRuntimeApi(cbid, 0);
+    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++)
+        if (!gp_cupti_activity_traced(CUPTI_CB_DOMAIN_DRIVER_API, cbid))
+            gp_cupti.cuptiActivityEnableDriverApi(cbid, 0);
+    return GP_OK;
 }
 
 static GpStatus
@@ -375,7 +485,7 @@ sync_devices(void)
 /* ---- Session ------------------------------------------------------------- */
 
 GpStatus
-gp_cuda_session_begin(void)
+gp_cuda_session_begin(unsigned options)
 {
     if (!gp_cuda_loaded()) {
         if (gp_cuda_reason()[0] == '\0')
@@ -467,9 +577,11 @@ gp_cuda_session_begin(void)
     }
     gp_cupti_loader_set_mode(mode);
     parts = parse_parts(getenv("GPUPROF_CUPTI_PARTS"));
+    if (options & GP_CUDA_SYNC_RECORDS)
+        parts |= PART_SYNC | PART_EVENTS;
+    atomic_store(&sync_from_callbacks, !(parts & PART_SYNC));
     window_open = 0;
     n_kinds_on = 0;
-    api_records_on = 0;
     return GP_OK;
 
 fail:
@@ -521,7 +633,7 @@ gp_cuda_window_begin(int memory)
 #undef GP_ENABLE
     /* Activity-only: the traced API calls come as records. Never in
      * callback mode, where the callbacks already see them. */
-    if (subscriber == NULL && (st = set_api_records(1)) != GP_OK)
+    if (subscriber == NULL && (st = enable_api_records()) != GP_OK)
         goto fail;
     /* Event records only name the stream a stream-wait-event waits for
      * (wait_stream); the window works without them, so a refusal is not
@@ -536,8 +648,6 @@ gp_cuda_window_begin(int memory)
     return GP_OK;
 
 fail:
-    if (api_records_on)
-        set_api_records(0);
     disable_kinds(NULL);
     if (subscriber != NULL)
         set_callbacks(0, GP_PARTS_CALLBACKS);
@@ -556,11 +666,6 @@ gp_cuda_window_end(void)
     GpStatus st = GP_OK;
     if (subscriber != NULL)
         st = set_callbacks(0, GP_PARTS_CALLBACKS);
-    if (api_records_on) {
-        GpStatus s1 = set_api_records(0);
-        if (st == GP_OK)
-            st = s1;
-    }
     GpStatus s2 = disable_kinds(is_host_kind);
     if (st == GP_OK)
         st = s2;

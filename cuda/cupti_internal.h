@@ -74,6 +74,11 @@ void gp_cupti_activity_session_end(void);
  * the parent's). */
 void gp_cupti_activity_after_fork_child(void);
 
+/* Append a record made on the host (a sync from the API callbacks) to the
+ * session's records, as if it came in a buffer. Any thread; takes
+ * cuda_lock; dropped (and counted) outside a session or when full. */
+void gp_cupti_activity_add(const GpGpuRecord *r);
+
 /* 1 when (domain, cbid) is one of the traced APIs below. Any thread. */
 int gp_cupti_activity_traced(CUpti_CallbackDomain domain, uint32_t cbid);
 

@@ -53,6 +53,10 @@
     X(cuptiActivityEnableRuntimeApi, CUptiResult, (CUpti_CallbackId cbid, uint8_t enable))         \
     X(cuptiActivityEnableDriverApi, CUptiResult, (CUpti_CallbackId cbid, uint8_t enable))          \
     X(cuptiSetThreadIdType, CUptiResult, (CUpti_ActivityThreadIdType type))                        \
+    X(cuptiGetDeviceId, CUptiResult, (CUcontext context, uint32_t * device_id))                    \
+    X(cuptiGetContextId, CUptiResult, (CUcontext context, uint32_t * context_id))                  \
+    X(cuptiGetStreamIdEx, CUptiResult,                                                             \
+      (CUcontext context, CUstream stream, uint8_t per_thread_stream, uint32_t * stream_id))       \
     X(cuptiFinalize, CUptiResult, (void))
 
 /* libcuda (driver API), for device properties and the end-of-window

@@ -78,6 +78,12 @@ class profile(ResultAccessors):
             (``torch.cuda.profiler.start()/stop()``), or "nvtx:NAME" ("nvtx:NAME@DOMAIN")
             inside NVTX ranges named NAME. Each range is one window; not combined with
             ``schedule``. See docs/nvtx.md.
+        cuda_sync_events: take synchronizations from CUPTI's own SYNCHRONIZATION and
+            CUDA_EVENT records instead of from the CUDA API calls that wait. Both give
+            every wait with its time and line; CUPTI's records add, for
+            cudaStreamWaitEvent, the stream that recorded the event (HTA's critical
+            path uses it). Off by default: on a launch-bound step they cost about
+            1.5 us on every kernel launch (docs/benchmarks.md).
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class profile(ResultAccessors):
         memory_sample_interval_s: float = 0.01,
         subprocesses: bool = False,
         capture: str | None = None,
+        cuda_sync_events: bool = False,
     ):
         if activities is None:
             acts = {ProfilerActivity.CPU}
@@ -124,7 +131,8 @@ class profile(ResultAccessors):
             raise ValueError(f"profile(): max_events must be a positive int, got {max_events!r}")
         for name, flag in (("profile_memory", profile_memory), ("with_stack", with_stack),
                            ("record_shapes", record_shapes), ("acc_events", acc_events),
-                           ("subprocesses", subprocesses)):
+                           ("subprocesses", subprocesses),
+                           ("cuda_sync_events", cuda_sync_events)):
             if not isinstance(flag, bool):
                 raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
         self.activities = acts
@@ -135,6 +143,7 @@ class profile(ResultAccessors):
         self.record_shapes = record_shapes
         self.acc_events = acc_events
         self.max_events = max_events
+        self.cuda_sync_events = cuda_sync_events
         # -- memory curves (gpuprof.memory) --
         self.memory_sample_interval_s = _memory.validate_interval(memory_sample_interval_s)
         self._memory_sampler = None
@@ -172,6 +181,7 @@ class profile(ResultAccessors):
             capture=capture_mode,
             capture_name=capture_name,
             capture_domain=capture_domain,
+            cuda_sync_records=cuda_sync_events,
         )
         # prof.step() is the C method itself: no Python frame of ours per step.
         self.step = self._core.step

@@ -114,6 +114,37 @@ def test_item_is_a_sync_point_with_its_line():
     assert prof.steps()["sync_wait_ns"].sum() > 0
 
 
+@pytest.mark.parametrize("cupti_sync_records", [False, True])
+def test_synchronizations_have_their_kind_stream_device_and_caller(cupti_sync_records):
+    # By default syncs come from the API callbacks; cuda_sync_events=True takes CUPTI's
+    # SYNCHRONIZATION records. Either way each wait is a "sync" GPU event with its kind,
+    # the stream it waited for, the device, and the op that made it.
+    torch = _torch()
+    x = torch.randn(2048, 2048, device="cuda")
+    with gpuprof.profile(activities=CUDA, cuda_sync_events=cupti_sync_records) as prof:
+        for _ in range(3):
+            y = x @ x
+            torch.cuda.current_stream().synchronize()
+            y = y @ x
+            torch.cuda.synchronize()
+            prof.step()
+    parts = prof.results.cuda["parts"].split(",")
+    assert ("sync" in parts) == cupti_sync_records, parts
+    ev = prof.gpu_events()
+    kernels = ev[ev["kind"] == "kernel"]
+    sync = ev[ev["kind"] == "sync"]
+    stream_syncs = sync[sync["name"] == "Stream Sync"]
+    context_syncs = sync[sync["name"] == "Context Sync"]
+    assert len(stream_syncs) >= 3 and len(context_syncs) >= 3, sorted(set(sync["name"]))
+    assert set(stream_syncs["stream"]) <= set(kernels["stream"]), (stream_syncs, kernels)
+    assert (sync["device"] == kernels["device"][0]).all()
+    assert (sync["end_ns"] >= sync["start_ns"]).all() and (sync["op"] >= 0).all()
+    # a sync waits for the GEMM before it: it ends after that kernel does
+    assert (stream_syncs["end_ns"] >= kernels["end_ns"][:1]).all()
+    assert prof.steps()["sync_wait_ns"].sum() > 0
+    assert "Stream Sync" in set(prof.kernels()["name"])
+
+
 def test_cupy_raw_kernel():
     cp = pytest.importorskip("cupy")
     add = cp.RawKernel(r'''
