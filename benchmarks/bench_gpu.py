@@ -29,6 +29,8 @@ Modes:
   floor        CUPTI with do-nothing handlers (benchmarks/cupti_floor.c) switching on
                the parts gpuprof's default switches on (gpuprof.cuda_status()["parts"])
   floor:BITS   the floor with other parts (bits in cupti_floor.c)
+  cpu+floor:BITS  gpuprof's Python capture (CPU only) with the floor under it: what the
+               two cost together when none of gpuprof's CUDA handlers run
   gpuprof_cpu  gpuprof, Python calls only
   gpuprof      gpuprof, CPU + CUDA (the default)
   gpuprof_mem  gpuprof, CPU + CUDA + profile_memory=True
@@ -155,7 +157,7 @@ def measure(wl, mode, steps, want_table, floor_lib):
         if mode.startswith("gpraw:"):
             os.environ["GPUPROF_CUPTI_RAWBUF"] = "1"
     step, sync, what = _workload(wl)
-    for _ in range(10):
+    for _ in range(30):
         step()
     sync()
 
@@ -175,13 +177,21 @@ def measure(wl, mode, steps, want_table, floor_lib):
     if mode == "none":
         out["step_ns"] = run(steps)
         out["after_ns"] = run(steps)
-    elif mode.startswith("floor:"):
+    elif mode.startswith(("floor:", "cpu+floor:")):
         import ctypes
 
         floor = ctypes.CDLL(floor_lib)
-        if floor.floor_start(int(mode[6:])) != 0:
+        if floor.floor_start(int(mode.split(":")[1])) != 0:
             raise RuntimeError("floor_start failed")
-        out["step_ns"] = run(steps)
+        if mode.startswith("cpu+"):  # gpuprof's Python capture on top of the CUPTI floor
+            import gpuprof
+
+            prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU])
+            prof.start()
+            out["step_ns"] = run(steps, prof)
+            prof.stop()
+        else:
+            out["step_ns"] = run(steps)
     elif mode == "torch":
         from torch.profiler import ProfilerActivity, profile
 
@@ -232,11 +242,12 @@ def measure(wl, mode, steps, want_table, floor_lib):
     return out
 
 
-def _driver_loaded() -> bool:
-    """Whether this process has opened libcuda (then forking children that use CUDA
-    is unsafe)."""
-    with open("/proc/self/maps") as f:
-        return "libcuda.so" in f.read()
+def _cuda_initialized() -> bool:
+    """Whether this process has initialized CUDA (then forked children could not use
+    it). Importing torch maps libcuda but initializes nothing; with
+    PYTORCH_NVML_BASED_CUDA_CHECK=1 neither does torch.cuda.is_available()."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def preload(workloads) -> bool:
@@ -256,8 +267,8 @@ def preload(workloads) -> bool:
             from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401
         except ImportError:
             pass
-    if _driver_loaded():
-        print("bench_gpu: an import loaded libcuda in the parent; children start afresh")
+    if _cuda_initialized():
+        print("bench_gpu: an import initialized CUDA in the parent; children start afresh")
         return False
     return True
 
@@ -377,9 +388,9 @@ def main():
     floor_lib = build_floor()
     modes = []
     for m in args.modes.split(","):
-        if m == "floor":
-            m = f"floor:{floor_bits()}"
-        if m.startswith("floor:") and floor_lib is None:
+        if m in ("floor", "cpu+floor"):
+            m = f"{m}:{floor_bits()}"
+        if "floor:" in m and floor_lib is None:
             continue
         modes.append(m)
     fork = not args.no_fork and preload(workloads)
