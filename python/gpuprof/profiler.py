@@ -13,6 +13,8 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from . import (  # docs/nvtx.md, docs/subprocesses.md
     _cuda,
     _gpuprof,
@@ -511,6 +513,55 @@ class profile(ResultAccessors):
         ``print()`` it, ``.to_dict()``)."""
         self._memory_check("memory_summary()")
         return _memory.memory_summary(self.results, sampler=self._memory_sampler)
+
+    def export_memory_timeline(self, path, device: str | None = None) -> str:
+        """Write memory over time, as torch.profiler's ``export_memory_timeline``: a path
+        ending in ``.html`` gets the plot (a PNG inside, needs matplotlib); ``.json`` or
+        ``.json.gz`` gets ``[times, sizes]``: times in microseconds on the profiler
+        clock and, per time, the sizes in bytes (``[allocated, reserved]`` for a CUDA
+        device, ``[rss]`` for "cpu").
+
+        Args:
+            path: the file to write.
+            device: "cuda:N" or "cpu"; default "cuda:0" when CUDA was captured, else "cpu".
+
+        Returns:
+            The path written.
+
+        Raises:
+            RuntimeError: the profile was made without profile_memory=True.
+            ValueError: a path suffix or device not of the forms above.
+        """
+        import gzip
+        import io
+
+        self._memory_check("export_memory_timeline()")
+        path = str(path)
+        if not path.endswith((".html", ".json", ".json.gz")):
+            raise ValueError(f"export_memory_timeline(): path must end in .html, .json or "
+                             f".json.gz, got {path!r}")
+        if device is None:
+            device = "cuda:0" if self._cuda_state.get("active") else "cpu"
+        curve = self.memory_curve(device)
+        if path.endswith(".html"):
+            import base64
+
+            fig = self.plot_memory()
+            png = io.BytesIO()
+            fig.savefig(png, format="png", bbox_inches="tight")
+            img = base64.b64encode(png.getvalue()).decode("ascii")
+            text = (f"<html><head><meta charset='utf-8'><title>gpuprof memory timeline"
+                    f"</title></head><body><img src='data:image/png;base64,{img}'></body>"
+                    f"</html>\n")
+        else:
+            fields = [f for f in curve.dtype.names if f != "timestamp_ns"]
+            times = (curve["timestamp_ns"] / 1e3).tolist()
+            sizes = np.stack([curve[f] for f in fields], axis=1).tolist() if len(curve) else []
+            text = json.dumps([times, sizes])
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+        return path
 
     def plot_memory(self, path_or_ax=None):
         """Plot the memory curves with matplotlib (``pip install matplotlib``).

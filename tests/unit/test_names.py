@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import collections
 
+import gpuprof
 import numpy as np
 import pytest
-
-import gpuprof
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 

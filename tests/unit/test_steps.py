@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import warnings
 
+import gpuprof
 import numpy as np
 import pytest
-
-import gpuprof
 from gpuprof import ProfilerActivity
 
 CPU = [ProfilerActivity.CPU]
