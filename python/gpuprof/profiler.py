@@ -64,6 +64,28 @@ def _user_stacklevel() -> int:
     return level
 
 
+# Packages whose threads run the notebook kernel or the debugger itself (ipykernel's
+# IOPub, control and heartbeat threads, IPython's history saver, debugpy's): their
+# event loops are not the user's work, and gpuprof leaves them out of its results.
+_KERNEL_PACKAGES = ("ipykernel", "IPython", "jupyter_client", "zmq", "tornado", "debugpy",
+                    "pydevd", "_pydevd")
+
+
+def _kernel_threads() -> list[int]:
+    """Idents of the running threads that belong to a notebook kernel's machinery."""
+    out = []
+    me = threading.get_ident()
+    for t in threading.enumerate():
+        if t.ident is None or t.ident == me:
+            continue
+        target = getattr(t, "_target", None)  # threading.Thread(target=...)
+        owner = getattr(target, "__module__", None) if target is not None else None
+        owner = owner or type(t).__module__
+        if isinstance(owner, str) and owner.split(".")[0] in _KERNEL_PACKAGES:
+            out.append(t.ident)
+    return out[:16]
+
+
 def _check_torch_compat_args(**args) -> None:
     """Check the torch.profiler arguments gpuprof accepts for compatibility, and warn
     once (per profile) for each set argument it cannot honour, naming it."""
@@ -290,6 +312,8 @@ class profile(ResultAccessors):
         if self._subprocs is not None:
             self._subprocs.begin()
         # -- end subprocesses --
+        for ident in _kernel_threads():  # a notebook kernel's own threads: not the user's work
+            _gpuprof._ignore_thread(ident)
         if self._monitoring:
             _monitoring.install()  # interpreter-wide: threads need nothing more
         else:
