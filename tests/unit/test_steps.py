@@ -164,8 +164,8 @@ def test_with_modules_is_honoured_silently():
             Block().forward()
     tree = prof.call_tree()
     names = [str(n) for n in tree["name"]]
-    block = [i for i, n in enumerate(names) if n.startswith(
-        "test_with_modules_is_honoured_silently.<locals>.Block.forward")]
+    block = [i for i, n in enumerate(names)  # bare "forward" on 3.10 (no co_qualname)
+             if n.split(" (")[0].endswith("forward") and "test_steps.py" in n]
     assert block
     assert any(names[i].startswith("work") and tree["parent"][i] == block[0]
                for i in range(len(tree)))
