@@ -179,6 +179,9 @@ typedef struct GpAggInput {
     uint64_t window_start_ns;
     uint64_t window_end_ns;
     uint64_t step_thread_ident; /* thread that calls step(): blocked-thread attribution */
+    /* Step number + 1 of the step that stop() ended (0 = none): step() never
+     * closed it, so it is no step: no ProfilerStep entry, no steps() row. */
+    int64_t unclosed_step;
     const char *(*kernel_name)(uint32_t name_id); /* gp_cuda_string or a test's */
 } GpAggInput;
 

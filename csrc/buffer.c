@@ -155,6 +155,8 @@ find_locked(uint64_t ident)
     return found;
 }
 
+static int is_ignored_locked(uint64_t ident);
+
 GpThreadBuf *
 gp_buffer_thread_slow(void)
 {
@@ -175,6 +177,8 @@ gp_buffer_thread_slow(void)
         tb = register_locked(ident, current_os_tid());
     if (tb != NULL) {
         tb->claimed = 1;
+        if (is_ignored_locked(ident)) /* gp_buffer_ignore_thread: recorded, left out */
+            tb->ignored = 1;
         if (tb->os_tid == 0)
             tb->os_tid = current_os_tid();
     }
@@ -212,6 +216,18 @@ gp_buffer_ignore_current(void)
         ignored_idents[n_ignored++] = ident;
     pthread_mutex_unlock(&registry_lock);
     gp_buffer_tls = NULL;
+}
+
+void
+gp_buffer_ignore_thread(uint64_t ident)
+{
+    pthread_mutex_lock(&registry_lock);
+    GpThreadBuf *tb = find_locked(ident);
+    if (tb != NULL)
+        tb->ignored = 1;
+    if (n_ignored < MAX_IGNORED && !is_ignored_locked(ident))
+        ignored_idents[n_ignored++] = ident;
+    pthread_mutex_unlock(&registry_lock);
 }
 
 GpThreadBuf *

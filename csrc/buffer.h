@@ -127,6 +127,12 @@ GpThreadBuf *gp_buffer_thread_for(uint64_t ident);
  * threads): no buffer now, none from the snapshot later. */
 void gp_buffer_ignore_current(void);
 
+/* Leave thread `ident` (a pthread_self() value) out of the results of this
+ * session, or of the next one when none is open: its events go to a buffer
+ * that aggregation skips, and the window-start snapshot skips its frames
+ * (a notebook kernel's own threads). At most 16 threads per session. */
+void gp_buffer_ignore_thread(uint64_t ident);
+
 /* Slow path of gp_buffer_push: a new chunk from the budget, or NULL (drop). */
 GpChunk *gp_buffer_grow(GpThreadBuf *tb, uint64_t ts);
 

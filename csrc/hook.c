@@ -32,11 +32,16 @@ is_binding_record(PyObject *self)
 }
 
 /* Key of a C function call: its PyMethodDef and its owner (the module for
- * module functions, the type of self for methods, the __module__ string for
- * a binding library's free functions). 0 when `callable` is not a C function
- * we name (then neither its call nor its return is recorded). */
+ * module functions, the class itself for class and static methods, the type
+ * of self for methods, the __module__ string for a binding library's free
+ * functions). `self_arg` is the first argument of a call through a method
+ * descriptor (sys.monitoring's CALL passes it; NULL otherwise): a method is
+ * keyed by the type of the object it runs on, as a bound method of that
+ * object is (the profile hook and 3.12's legacy profiler see those), so
+ * both backends name `x.relu()` alike. 0 when `callable` is not a C
+ * function we name (then neither its call nor its return is recorded). */
 GP_INLINE int
-cfunc_key(PyObject *callable, const PyMethodDef **ml, PyObject **owner)
+cfunc_key(PyObject *callable, PyObject *self_arg, const PyMethodDef **ml, PyObject **owner)
 {
     if (PyCFunction_Check(callable)) {
         PyCFunctionObject *fn = (PyCFunctionObject *)callable;
@@ -46,6 +51,8 @@ cfunc_key(PyObject *callable, const PyMethodDef **ml, PyObject **owner)
             *owner = self;
         else if (fn->m_module != NULL && PyUnicode_Check(fn->m_module) && is_binding_record(self))
             *owner = fn->m_module;
+        else if (PyType_Check(self)) /* class and static methods: the class, not its type */
+            *owner = self;
         else
             *owner = (PyObject *)Py_TYPE(self);
         return 1;
@@ -53,7 +60,9 @@ cfunc_key(PyObject *callable, const PyMethodDef **ml, PyObject **owner)
     if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {
         PyMethodDescrObject *d = (PyMethodDescrObject *)callable;
         *ml = d->d_method;
-        *owner = (PyObject *)PyDescr_TYPE(d);
+        *owner = self_arg != NULL && PyObject_TypeCheck(self_arg, PyDescr_TYPE(d))
+                     ? (PyObject *)Py_TYPE(self_arg)
+                     : (PyObject *)PyDescr_TYPE(d);
         return 1;
     }
     return 0;
@@ -95,7 +104,7 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     case PyTrace_C_CALL: {
         const PyMethodDef *ml;
         PyObject *owner;
-        if (!cfunc_key(arg, &ml, &owner))
+        if (!cfunc_key(arg, NULL, &ml, &owner))
             return 0;
         uint32_t op = gp_intern_cfunc(ml, owner);
         if (GP_UNLIKELY(op == 0)) {
@@ -114,7 +123,7 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     case PyTrace_C_EXCEPTION: {
         const PyMethodDef *ml;
         PyObject *owner;
-        if (!cfunc_key(arg, &ml, &owner))
+        if (!cfunc_key(arg, NULL, &ml, &owner))
             return 0;
         gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);
         break;
@@ -408,7 +417,8 @@ gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     (void)self;
     const PyMethodDef *ml;
     PyObject *owner;
-    if (!recording() || nargs < 3 || !cfunc_key(args[2], &ml, &owner))
+    PyObject *self_arg = nargs > 3 ? args[3] : NULL;
+    if (!recording() || nargs < 3 || !cfunc_key(args[2], self_arg, &ml, &owner))
         return disable_or_none();
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
@@ -436,7 +446,7 @@ gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     (void)self;
     const PyMethodDef *ml;
     PyObject *owner;
-    if (!recording() || nargs < 3 || !cfunc_key(args[2], &ml, &owner))
+    if (!recording() || nargs < 3 || !cfunc_key(args[2], NULL, &ml, &owner))
         Py_RETURN_NONE;
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL))

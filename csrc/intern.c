@@ -34,9 +34,10 @@ gp_intern_init(void)
     gp_intern.gen_lasti = calloc(INITIAL_OPS, sizeof(int32_t));
     gp_intern.refs = calloc(INITIAL_OPS, sizeof(PyObject *));
     gp_intern.methods = calloc(INITIAL_OPS, sizeof(PyMethodDef *));
+    gp_intern.names = calloc(INITIAL_OPS, sizeof(PyObject *));
     gp_intern.labels = PyDict_New();
     if (!gp_intern.slots || !gp_intern.kinds || !gp_intern.flags || !gp_intern.gen_lasti ||
-        !gp_intern.refs || !gp_intern.methods || !gp_intern.labels) {
+        !gp_intern.refs || !gp_intern.methods || !gp_intern.names || !gp_intern.labels) {
         gp_intern_clear();
         if (!PyErr_Occurred())
             PyErr_NoMemory();
@@ -54,6 +55,12 @@ gp_intern_clear(void)
         for (uint32_t i = 0; i < gp_intern.n_ops; i++)
             Py_XDECREF(gp_intern.refs[i]);
     }
+    if (gp_intern.names) {
+        for (uint32_t i = 0; i < gp_intern.n_ops; i++)
+            Py_XDECREF(gp_intern.names[i]);
+    }
+    free(gp_intern.names);
+    Py_XDECREF(gp_intern.binding_index);
     free(gp_intern.slots);
     free(gp_intern.kinds);
     free(gp_intern.flags);
@@ -109,6 +116,7 @@ grow_ops(void)
     GROW(gen_lasti, int32_t);
     GROW(refs, PyObject *);
     GROW(methods, const PyMethodDef *);
+    GROW(names, PyObject *);
     gp_intern.cap_ops = cap;
     return 0;
 }
@@ -289,15 +297,264 @@ gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown)
     return 0;
 }
 
-/* "module.func", "type.method" or "func" for a C function (the owner is a
- * module, a type, or the __module__ string of a binding library's free
- * function; see cfunc_key in hook.c). New reference. */
+/* ---- names of C functions ------------------------------------------------------
+ *
+ * A C function is named as its user writes it: `torch.relu` rather than the
+ * class torch binds it to, `numpy.array` rather than the extension module that
+ * defines it, `torch.Tensor.add_`, `dict.fromkeys`, `len`. The rules:
+ * a function whose __module__ names a loaded module that exports it under its
+ * own name is "module.name" (torch sets __module__ = "torch" on its
+ * _VariableFunctions static methods, NumPy sets "numpy" on its C functions);
+ * any other module function is "defining_module.name"; a method (of an
+ * instance, a class or static method, a method descriptor) is "Type.name",
+ * with Type spelled from the shortest package that exports the class
+ * (torch.Tensor, torch.nn.Parameter, numpy.ndarray; bare for builtins); a
+ * binding library's function (pybind11) is found in its __module__: a free
+ * function there, or a method of a class there.
+ *
+ * Names are made once per op, when results are first built (gp_intern_describe,
+ * never on the hot path), from the objects the intern table holds. Only
+ * dictionaries are read to find functions (no getattr on modules, which could
+ * run a module __getattr__ that imports), and only modules already imported
+ * are consulted. The profiler is not recording then (the phase is WAIT). */
+
+/* New reference to dict[key] (key a C string), or NULL; never an exception. */
+static PyObject *
+dict_item(PyObject *dict, const char *key)
+{
+    if (dict == NULL || !PyDict_Check(dict))
+        return NULL;
+    PyObject *k = PyUnicode_FromString(key);
+    PyObject *v = NULL;
+    if (k == NULL || PyDict_GetItemRef(dict, k, &v) < 0) {
+        PyErr_Clear();
+        v = NULL;
+    }
+    Py_XDECREF(k);
+    return v;
+}
+
+/* New reference to the already imported module `name` (str), or NULL. */
+static PyObject *
+loaded_module(PyObject *name)
+{
+    if (name == NULL || !PyUnicode_Check(name))
+        return NULL;
+    PyObject *m = PyImport_GetModule(name);
+    if (m == NULL)
+        PyErr_Clear();
+    return m;
+}
+
+/* New reference to attribute `key` of loaded module `modname`, read from the
+ * module's dict, or NULL. */
+static PyObject *
+module_item(PyObject *modname, const char *key)
+{
+    PyObject *m = loaded_module(modname);
+    if (m == NULL)
+        return NULL;
+    PyObject *v = PyModule_Check(m) ? dict_item(PyModule_GetDict(m) /* borrowed */, key) : NULL;
+    Py_DECREF(m);
+    return v;
+}
+
+/* The C function inside a class-dict entry: itself, or what a staticmethod,
+ * an instancemethod (pybind11 methods) or a method/classmethod descriptor
+ * wraps. Returns the PyMethodDef, or NULL when `v` wraps no C function.
+ * When `fn` is given it receives a new reference to the PyCFunction object,
+ * or NULL (descriptors have none). */
+static const PyMethodDef *
+entry_method(PyObject *v, PyObject **fn)
+{
+    PyObject *f = NULL;
+    const PyMethodDef *ml = NULL;
+    if (fn)
+        *fn = NULL;
+    if (v == NULL)
+        return NULL;
+    if (Py_IS_TYPE(v, &PyMethodDescr_Type) || Py_IS_TYPE(v, &PyClassMethodDescr_Type))
+        return ((PyMethodDescrObject *)v)->d_method;
+    if (PyInstanceMethod_Check(v)) {
+        f = Py_NewRef(PyInstanceMethod_GET_FUNCTION(v)); /* borrowed from v */
+    } else if (Py_IS_TYPE(v, &PyStaticMethod_Type)) {
+        f = PyObject_GetAttrString(v, "__func__"); /* a member of staticmethod: no user code */
+        if (f == NULL)
+            PyErr_Clear();
+    } else if (PyCFunction_Check(v)) {
+        f = Py_NewRef(v);
+    }
+    if (f != NULL && PyCFunction_Check(f))
+        ml = ((PyCFunctionObject *)f)->m_ml;
+    if (ml != NULL && fn != NULL)
+        *fn = f;
+    else
+        Py_XDECREF(f);
+    return ml;
+}
+
+/* "module.name" when C function `fn` says (by its __module__) it belongs to a
+ * loaded module that holds it under its own name; bare "name" for builtins.
+ * New reference, or NULL (no exception) when it does not. */
+static PyObject *
+exported_name(PyObject *fn, const PyMethodDef *ml)
+{
+    if (fn == NULL || !PyCFunction_Check(fn))
+        return NULL;
+    PyObject *mod = ((PyCFunctionObject *)fn)->m_module; /* borrowed from fn */
+    if (mod == NULL || !PyUnicode_Check(mod))
+        return NULL;
+    PyObject *there = module_item(mod, ml->ml_name);
+    const PyMethodDef *found = entry_method(there, NULL);
+    Py_XDECREF(there);
+    if (found != ml)
+        return NULL;
+    if (PyUnicode_CompareWithASCIIString(mod, "builtins") == 0)
+        return PyUnicode_FromString(ml->ml_name);
+    return PyUnicode_FromFormat("%U.%s", mod, ml->ml_name);
+}
+
+/* The class as its user spells it: "list" for builtins, else the shortest
+ * package prefix of its __module__ that exports it under its __qualname__
+ * ("torch.Tensor", "torch.nn.Parameter", "numpy.ndarray"), else
+ * "__module__.__qualname__". New reference, or NULL with an exception. */
+static PyObject *
+type_display(PyTypeObject *tp)
+{
+    PyObject *qual = PyObject_GetAttrString((PyObject *)tp, "__qualname__");
+    PyObject *mod = NULL, *out = NULL;
+    if (qual == NULL || !PyUnicode_Check(qual)) {
+        PyErr_Clear();
+        Py_XDECREF(qual);
+        qual = PyUnicode_FromString(tp->tp_name);
+        if (qual == NULL)
+            return NULL;
+    }
+    mod = PyObject_GetAttrString((PyObject *)tp, "__module__");
+    if (mod == NULL)
+        PyErr_Clear();
+    if (mod == NULL || !PyUnicode_Check(mod) ||
+        PyUnicode_CompareWithASCIIString(mod, "builtins") == 0) {
+        out = Py_NewRef(qual);
+        goto done;
+    }
+    const char *q = PyUnicode_AsUTF8(qual);
+    const char *m = PyUnicode_AsUTF8(mod);
+    if (q == NULL || m == NULL) {
+        PyErr_Clear();
+    } else if (strchr(q, '.') == NULL) {
+        /* Each prefix "a", "a.b", ... of the module, shortest first. */
+        size_t len = strlen(m);
+        for (size_t end = 1; end <= len && out == NULL; end++) {
+            if (end < len && m[end] != '.')
+                continue;
+            PyObject *prefix = PyUnicode_FromStringAndSize(m, (Py_ssize_t)end);
+            if (prefix == NULL)
+                goto done;
+            PyObject *there = module_item(prefix, q);
+            if (there == (PyObject *)tp)
+                out = PyUnicode_FromFormat("%U.%U", prefix, qual);
+            Py_XDECREF(there);
+            Py_DECREF(prefix);
+        }
+        if (out != NULL || PyErr_Occurred())
+            goto done;
+    }
+    out = PyUnicode_FromFormat("%U.%U", mod, qual);
+done:
+    Py_XDECREF(qual);
+    Py_XDECREF(mod);
+    return out;
+}
+
+/* Index of binding module `modname`: {PyMethodDef address: name} for its free
+ * functions and the methods of its classes. Built once per module and
+ * session; borrowed reference (held by gp_intern.binding_index), or NULL
+ * with an exception. */
+static PyObject *
+binding_index(PyObject *modname)
+{
+    if (gp_intern.binding_index == NULL && (gp_intern.binding_index = PyDict_New()) == NULL)
+        return NULL;
+    PyObject *index = NULL;
+    if (PyDict_GetItemRef(gp_intern.binding_index, modname, &index) < 0)
+        return NULL;
+    if (index != NULL) {
+        Py_DECREF(index); /* the cache holds it */
+        return index;
+    }
+    if ((index = PyDict_New()) == NULL)
+        return NULL;
+    PyObject *m = loaded_module(modname);
+    PyObject *mdict = m != NULL && PyModule_Check(m) ? PyModule_GetDict(m) : NULL; /* borrowed */
+    Py_ssize_t pos = 0;
+    PyObject *key, *value; /* borrowed from mdict */
+    while (mdict != NULL && PyDict_Next(mdict, &pos, &key, &value)) {
+        PyObject *name = NULL, *addr = NULL;
+        const PyMethodDef *ml = entry_method(value, NULL);
+        if (ml != NULL && PyUnicode_Check(key)) {
+            name = PyUnicode_FromFormat("%U.%U", modname, key);
+            addr = PyLong_FromVoidPtr((void *)ml);
+            if (name == NULL || addr == NULL || PyDict_SetItem(index, addr, name) < 0)
+                goto fail_entry;
+        } else if (PyType_Check(value)) {
+            PyObject *tdict = ((PyTypeObject *)value)->tp_dict; /* borrowed; heap types own one */
+            Py_ssize_t tpos = 0;
+            PyObject *tkey, *tvalue; /* borrowed from tdict */
+            while (tdict != NULL && PyDict_Next(tdict, &tpos, &tkey, &tvalue)) {
+                const PyMethodDef *tml = entry_method(tvalue, NULL);
+                if (tml == NULL || !PyUnicode_Check(tkey))
+                    continue;
+                addr = PyLong_FromVoidPtr((void *)tml);
+                if (addr == NULL)
+                    goto fail_entry;
+                int has = PyDict_Contains(index, addr);
+                if (has == 0) { /* the first class holding it: the defining one, usually */
+                    if (name == NULL && (name = type_display((PyTypeObject *)value)) == NULL)
+                        goto fail_entry;
+                    PyObject *full = PyUnicode_FromFormat("%U.%U", name, tkey);
+                    has = full == NULL ? -1 : PyDict_SetItem(index, addr, full);
+                    Py_XDECREF(full);
+                }
+                Py_CLEAR(addr);
+                if (has < 0)
+                    goto fail_entry;
+            }
+        }
+        Py_XDECREF(name);
+        Py_XDECREF(addr);
+        continue;
+    fail_entry:
+        Py_XDECREF(name);
+        Py_XDECREF(addr);
+        Py_XDECREF(m);
+        Py_DECREF(index);
+        return NULL;
+    }
+    Py_XDECREF(m);
+    int rc = PyDict_SetItem(gp_intern.binding_index, modname, index);
+    Py_DECREF(index); /* the cache holds it, or the set failed */
+    return rc < 0 ? NULL : index;
+}
+
+/* The name of C function `ml` owned by `owner` (see cfunc_key in hook.c: a
+ * module, a class for class and static methods, the type of self for
+ * methods, or the __module__ string of a binding library's function).
+ * New reference, or NULL with an exception. */
 static PyObject *
 cfunc_name(const PyMethodDef *ml, PyObject *owner)
 {
     if (owner == NULL)
         return PyUnicode_FromString(ml->ml_name);
     if (PyModule_Check(owner)) {
+        PyObject *fn = NULL, *out = NULL;
+        PyObject *v = dict_item(PyModule_GetDict(owner) /* borrowed */, ml->ml_name);
+        if (entry_method(v, &fn) == ml)
+            out = exported_name(fn, ml);
+        Py_XDECREF(v);
+        Py_XDECREF(fn);
+        if (out != NULL || PyErr_Occurred())
+            return out;
         const char *mod = PyModule_GetName(owner);
         if (mod == NULL) {
             PyErr_Clear();
@@ -308,12 +565,45 @@ cfunc_name(const PyMethodDef *ml, PyObject *owner)
         return PyUnicode_FromFormat("%s.%s", mod, ml->ml_name);
     }
     if (PyType_Check(owner)) {
-        PyTypeObject *tp = (PyTypeObject *)owner;
-        /* tp_name is "module.Qualname" for extension types, bare for builtins. */
-        return PyUnicode_FromFormat("%s.%s", tp->tp_name, ml->ml_name);
+        /* A static method re-exported by a module (torch.relu is a static
+         * method of torch._C._VariableFunctionsClass whose __module__ is
+         * "torch"). Static types of 3.12+ keep their dict per interpreter:
+         * PyType_GetDict; earlier, tp_dict. */
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *tdict = PyType_GetDict((PyTypeObject *)owner); /* new reference */
+#else
+        PyObject *tdict = Py_XNewRef(((PyTypeObject *)owner)->tp_dict);
+#endif
+        PyObject *fn = NULL, *out = NULL;
+        PyObject *v = dict_item(tdict, ml->ml_name);
+        Py_XDECREF(tdict);
+        if (entry_method(v, &fn) == ml)
+            out = exported_name(fn, ml);
+        Py_XDECREF(v);
+        Py_XDECREF(fn);
+        if (out != NULL || PyErr_Occurred())
+            return out;
+        PyObject *tname = type_display((PyTypeObject *)owner);
+        if (tname == NULL)
+            return NULL;
+        out = PyUnicode_FromFormat("%U.%s", tname, ml->ml_name);
+        Py_DECREF(tname);
+        return out;
     }
-    if (PyUnicode_Check(owner))
+    if (PyUnicode_Check(owner)) {
+        PyObject *index = binding_index(owner); /* borrowed */
+        if (index == NULL)
+            return NULL;
+        PyObject *addr = PyLong_FromVoidPtr((void *)ml), *found = NULL;
+        if (addr == NULL || PyDict_GetItemRef(index, addr, &found) < 0) {
+            Py_XDECREF(addr);
+            return NULL;
+        }
+        Py_DECREF(addr);
+        if (found != NULL)
+            return found;
         return PyUnicode_FromFormat("%U.%s", owner, ml->ml_name);
+    }
     return PyUnicode_FromString(ml->ml_name);
 }
 
@@ -340,7 +630,9 @@ gp_intern_describe(uint32_t op, PyObject **name, PyObject **file, int *line)
         break;
     }
     case GP_OP_CFUNC:
-        *name = cfunc_name(gp_intern.methods[op], ref);
+        if (gp_intern.names[op] == NULL)
+            gp_intern.names[op] = cfunc_name(gp_intern.methods[op], ref);
+        *name = Py_XNewRef(gp_intern.names[op]);
         *file = PyUnicode_FromString("");
         break;
     case GP_OP_USER:

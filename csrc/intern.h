@@ -34,6 +34,8 @@ typedef struct GpIntern {
     int32_t *gen_lasti; /* per op id: largest f_lasti of a generator frame's first entry */
     PyObject **refs;    /* per op id, strong: code, module/type, or label str */
     const PyMethodDef **methods; /* per op id (C functions) */
+    PyObject **names;   /* per op id, strong or NULL: a C function's name, made on first describe */
+    PyObject *binding_index; /* dict or NULL: binding module name -> {PyMethodDef address: name} */
     PyObject *labels;   /* dict: label str -> op id (int) */
     PyObject *hidden_prefix; /* str or NULL: co_filename prefix of hidden code */
     PyObject *shown_prefix;  /* str or NULL: under hidden_prefix, but shown (bundled workloads) */

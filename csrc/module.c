@@ -126,6 +126,17 @@ mod_ignore_current_thread(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
+mod_ignore_thread(PyObject *module, PyObject *ident)
+{
+    (void)module;
+    unsigned long long id = PyLong_AsUnsignedLongLong(ident);
+    if (id == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    gp_buffer_ignore_thread((uint64_t)id);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 mod_after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
@@ -174,6 +185,8 @@ static PyMethodDef module_methods[] = {
 #endif
     {"_monitoring_configure", mod_monitoring_configure, METH_VARARGS,
      "(DISABLE, restart_events) for the sys.monitoring backend; (None, None) clears."},
+    {"_ignore_thread", mod_ignore_thread, METH_O,
+     "Leave the thread with this threading ident out of this (or the next) session's results."},
     {"_ignore_current_thread", mod_ignore_current_thread, METH_NOARGS,
      "Never record the calling thread (gpuprof's own helper threads)."},
     {"_after_fork_child", mod_after_fork_child, METH_NOARGS,

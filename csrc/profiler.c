@@ -43,6 +43,7 @@ typedef struct GpProfilerObject {
     uint64_t step_thread;   /* pthread_self() of the thread that started */
     int64_t windows;        /* completed windows */
     int in_transition;      /* guards re-entry from on_trace_ready */
+    int stopping;           /* stop() is closing the window: its open step is no step */
     int forked_off;         /* this is a forked child's copy of a running profiler */
     int monitoring;         /* events come from sys.monitoring (installed in Python),
                                not from the per-thread profile function */
@@ -332,6 +333,7 @@ op_stop(GpProfilerObject *self)
         .window_start_ns = self->window_start,
         .window_end_ns = window_end,
         .step_thread_ident = self->step_thread,
+        .unclosed_step = self->stopping ? self->step_num + 1 : 0,
         .kernel_name = gp_cuda_string,
     };
     GpTables t;
@@ -793,7 +795,9 @@ Profiler_stop(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     self->in_transition = 1;
+    self->stopping = 1;
     int rc = transit(self, self->action, GP_ACT_EXIT);
+    self->stopping = 0;
     self->in_transition = 0;
     self->action = GP_ACT_NONE;
     set_phase(GP_PHASE_OFF);

@@ -16,21 +16,38 @@ class ResultAccessors:
     """ops(), kernels(), steps(), key_averages(), diagnose(), exports and views."""
 
     def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0,
-                     pid=None):
-        """Op statistics as a :class:`gpuprof.tables.KeyAverages` (``.table()`` prints).
-        ``pid``: see :meth:`ops`."""
+                     pid=None, *, include_context: bool = False, group_by_overload_name=False):
+        """Op statistics as a :class:`gpuprof.tables.KeyAverages`: ``.table()`` prints
+        them, iterating gives one row object with torch.profiler's attribute names.
+
+        Args:
+            group_by_input_shape: not supported (gpuprof records no input shapes;
+                docs/api.md says why): True raises ValueError.
+            group_by_stack_n: group each op by its N nearest Python callers.
+            pid: with ``subprocesses=True``, whose ops (see :meth:`ops`).
+            include_context: also show the frames that were already running when
+                recording began (the script's ``<module>``, a notebook's IPython
+                frames): 0 calls, context rather than results, left out by default.
+            group_by_overload_name: accepted for torch.profiler code; C functions have
+                no overloads, so there is nothing to group.
+        """
         from .tables import KeyAverages
 
         if group_by_input_shape:
-            raise ValueError("key_averages(): group_by_input_shape is not supported (gpuprof "
-                             "does not record input shapes)")
+            raise ValueError("key_averages(): group_by_input_shape=True is not supported: "
+                             "gpuprof does not record input shapes (docs/api.md says why); "
+                             "use group_by_stack_n=N to split an op by its callers")
+        if not isinstance(group_by_overload_name, bool):
+            raise TypeError(f"key_averages(): group_by_overload_name must be a bool, "
+                            f"got {group_by_overload_name!r}")
         if pid is not None:  # -- subprocesses --
             from . import processes
 
             return processes.key_averages(self.results, pid, self.subprocesses,
-                                          group_by_stack_n, self.profile_memory)
+                                          group_by_stack_n, self.profile_memory,
+                                          include_context=include_context)
         return KeyAverages(self.results, group_by_stack_n=group_by_stack_n,
-                           show_memory=self.profile_memory)
+                           show_memory=self.profile_memory, include_context=include_context)
 
     def ops(self, pid=None):
         """One row per op: see docs/tables.md for the fields. ``pid`` (with
@@ -41,6 +58,14 @@ class ResultAccessors:
 
             return processes.select(self.results, pid, self.subprocesses).ops()
         return self.results.ops()
+
+    def events(self):
+        """Every call, range and CUDA API call of the last window, one
+        :class:`gpuprof.events.FunctionEvent` each (torch.profiler's ``prof.events()``;
+        times in microseconds)."""
+        from .events import EventList
+
+        return EventList(self.results)
 
     def kernels(self):
         """One row per GPU activity name and device."""

@@ -26,6 +26,7 @@ __all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS"]
 OP_KINDS = {0: "none", 1: "python", 2: "c", 3: "user", 4: "step", 5: "cuda_api"}
 KERNEL_CATEGORIES = {0: "compute", 1: "memcpy", 2: "memset", 3: "communication", 4: "sync"}
 GPU_KINDS = {1: "kernel", 2: "memcpy", 3: "memset", 4: "sync", 5: "malloc", 6: "free", 7: "api"}
+GPU_KIND_MALLOC, GPU_KIND_FREE = 5, 6
 
 OPS_DTYPE = np.dtype([
     ("name", object), ("file", object), ("line", "i4"), ("kind", "U8"),
@@ -55,6 +56,43 @@ CALL_TREE_DTYPE = np.dtype([
     ("calls", "i8"), ("total_ns", "i8"), ("self_ns", "i8"), ("cuda_total_ns", "i8"),
     ("cuda_self_ns", "i8"),
 ])
+
+
+def subtree_sums(parent: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Per tree node: ``own`` summed over the node and its descendants. Nodes are
+    numbered parents first (a node is created when its path is first entered)."""
+    total = own.astype(np.int64).copy()
+    parent = parent.astype(np.int64)
+    for i in range(len(total) - 1, -1, -1):
+        if parent[i] >= 0:
+            total[parent[i]] += total[i]
+    return total
+
+
+def outermost(parent: np.ndarray, key) -> np.ndarray:
+    """Per tree node: True when no ancestor has the same key (its total time or
+    memory is not already inside an enclosing node of that key: recursion)."""
+    n = len(parent)
+    out = np.ones(n, dtype=bool)
+    children: dict[int, list[int]] = {}
+    roots = []
+    for i in range(n):
+        p = int(parent[i])
+        (roots if p < 0 else children.setdefault(p, [])).append(i)
+    on_path: dict = {}
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        i, leaving = stack.pop()
+        k = key[i]
+        if leaving:
+            on_path[k] -= 1
+            continue
+        if on_path.get(k, 0):
+            out[i] = False
+        on_path[k] = on_path.get(k, 0) + 1
+        stack.append((i, True))
+        stack.extend((c, False) for c in reversed(children.get(i, ())))
+    return out
 
 
 def _display_name(name: str, file: str, line: int, kind: str) -> str:
@@ -127,6 +165,30 @@ class _Window:
         out["op_name"] = op_names[np.where(g["op_row"] >= 0, g["op_row"], len(ops))]
         out["blocked_thread"] = (g["flags"] & 2) != 0
         return out
+
+    def context_rows(self) -> np.ndarray:
+        """Per op row: True for a frame that was already running when the window
+        opened and was never called or resumed inside it (the script's ``<module>``,
+        a notebook's IPython frames, a test runner's): context, not a result."""
+        ops = self.ops()
+        spans = self.raw["spans"]
+        entered = np.zeros(len(ops), dtype=bool)
+        if len(spans):
+            fresh = (spans["flags"] & 1) == 0  # 1: entered before the window
+            entered[spans["op_row"][fresh].astype(np.int64)] = True
+        return (ops["calls"] == 0) & ~entered & (ops["kind"] == "python")
+
+    def node_memory(self) -> tuple[np.ndarray, np.ndarray]:
+        """Device bytes allocated minus freed per call-tree node: (while the node was
+        innermost, in the node and everything below it)."""
+        nodes = self.raw["nodes"]
+        own = np.zeros(len(nodes), dtype=np.int64)
+        g = self.raw["gpu"]
+        if len(g) and len(nodes):
+            mem = ((g["kind"] == GPU_KIND_MALLOC) | (g["kind"] == GPU_KIND_FREE)) & (g["node"] >= 0)
+            sign = np.where(g["kind"][mem] == GPU_KIND_MALLOC, 1, -1)
+            np.add.at(own, g["node"][mem].astype(np.int64), sign * g["bytes"][mem].astype(np.int64))
+        return own, subtree_sums(nodes["parent"], own)
 
     def call_tree(self) -> np.ndarray:
         n = self.raw["nodes"]
@@ -204,6 +266,75 @@ class Results:
                            keep=("grid", "block", "registers", "shared_mem", "category",
                                  "occupancy", "occupancy_limiter", "blocks_per_sm"))
 
+    def _per_op(self, per_window, combine) -> np.ndarray:
+        """A per-op-row value of every window (``per_window(window)``), merged like
+        ``ops()`` merges rows (by name, file, line and kind) with ``combine``."""
+        if len(self._windows) == 1:
+            return per_window(self._windows[0])
+        ops = self.ops()
+        index = {k: i for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"],
+                                                    ops["kind"]))}
+        out = None
+        seen = np.zeros(len(ops), dtype=bool)
+        for w in self._windows:
+            wops = w.ops()
+            vals = per_window(w)
+            if out is None:
+                out = np.zeros(len(ops), dtype=vals.dtype)
+            for k, v in zip(zip(wops["name"], wops["file"], wops["line"], wops["kind"]), vals):
+                i = index.get(k)
+                if i is None:  # a row the caller's ops() left out
+                    continue
+                out[i] = combine(out[i], v) if seen[i] else v
+                seen[i] = True
+        return out
+
+    def context_rows(self) -> np.ndarray:
+        """Per row of ``ops()``: True for frames that were already running when
+        recording began and were never entered inside the window (in every window):
+        they are context, not results, and ``key_averages()`` leaves them out."""
+        return self._per_op(_Window.context_rows, lambda a, b: a and b)
+
+    def top_level_rows(self) -> np.ndarray:
+        """Per row of ``ops()``: True when some call of it had no caller inside the
+        window (its parent is a thread's root or a frame that was already running)."""
+        def top(w):
+            tree = w.raw["nodes"]
+            ctx = w.context_rows()
+            rows = tree["op_row"].astype(np.int64)
+            parent = tree["parent"].astype(np.int64)
+            is_top = (parent < 0) | ctx[rows[np.maximum(parent, 0)]]
+            is_top &= ~ctx[rows]
+            out = np.zeros(len(ctx), dtype=bool)
+            out[rows[is_top]] = True
+            return out
+
+        return self._per_op(top, lambda a, b: a or b)
+
+    def node_memory(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of ``call_tree()``: device bytes allocated minus freed while the node
+        was innermost, and in its whole subtree."""
+        if len(self._windows) == 1:
+            return self._windows[0].node_memory()
+        raise NotImplementedError("node_memory() of accumulated windows: read prof.windows[i]")
+
+    def op_memory(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of ``ops()``: (device bytes allocated minus freed under the op, each
+        outermost call counted once; the same on the host, which gpuprof does not
+        measure per op and leaves at 0)."""
+        def cuda_total(w):
+            _, sub = w.node_memory()
+            tree = w.raw["nodes"]
+            rows = tree["op_row"].astype(np.int64)
+            out = np.zeros(len(w.ops()), dtype=np.int64)
+            if len(tree):
+                outer = outermost(tree["parent"], rows)
+                np.add.at(out, rows[outer], sub[outer])
+            return out
+
+        cuda = self._per_op(cuda_total, lambda a, b: a + b)
+        return cuda, np.zeros(len(cuda), dtype=np.int64)
+
     def gpu_events(self) -> np.ndarray:
         parts = [w.gpu_events() for w in self._windows]
         if len(parts) == 1:
@@ -219,6 +350,14 @@ class Results:
         if len(self._windows) == 1:
             return self._windows[0].call_tree()
         raise NotImplementedError("call_tree() of accumulated windows: read prof.windows[i]")
+
+    def window_ops(self, i: int = -1) -> np.ndarray:
+        """The ops() rows of window ``i`` alone (what its spans' ``op_row`` index)."""
+        return self._windows[i].ops()
+
+    def window_gpu_events(self, i: int = -1) -> np.ndarray:
+        """The gpu_events() rows of window ``i`` alone."""
+        return self._windows[i].gpu_events()
 
     def spans(self) -> np.ndarray:
         """Every call, range and CUDA API call of the last window (for traces)."""

@@ -227,10 +227,11 @@ def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
 
 
 def key_averages(results: Results, pid, subprocesses: bool, group_by_stack_n: int,
-                 show_memory: bool) -> KeyAverages:
+                 show_memory: bool, include_context: bool = False) -> KeyAverages:
     sel = select(results, pid, subprocesses)
     return KeyAverages(sel, group_by_stack_n=group_by_stack_n,
-                       show_memory=show_memory and pid in (None, "main"))
+                       show_memory=show_memory and pid in (None, "main"),
+                       include_context=include_context)
 
 
 # ---- diagnosis -------------------------------------------------------------------------

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
+import numbers
+import os
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
+
+import numpy as np
 
 from . import (  # docs/nvtx.md, docs/subprocesses.md
     _cuda,
@@ -47,6 +52,77 @@ def _foreign_profiler() -> str | None:
     return None
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_stacklevel() -> int:
+    """The warnings.warn stacklevel of the innermost frame outside gpuprof, for a
+    warning raised from gpuprof code (the user's ``with`` line, ``prof.stop()``)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# Packages whose threads run the notebook kernel or the debugger itself (ipykernel's
+# IOPub, control and heartbeat threads, IPython's history saver, debugpy's): their
+# event loops are not the user's work, and gpuprof leaves them out of its results.
+_KERNEL_PACKAGES = ("ipykernel", "IPython", "jupyter_client", "zmq", "tornado", "debugpy",
+                    "pydevd", "_pydevd")
+
+
+def _kernel_threads() -> list[int]:
+    """Idents of the running threads that belong to a notebook kernel's machinery."""
+    out = []
+    me = threading.get_ident()
+    for t in threading.enumerate():
+        if t.ident is None or t.ident == me:
+            continue
+        target = getattr(t, "_target", None)  # threading.Thread(target=...)
+        owner = getattr(target, "__module__", None) if target is not None else None
+        owner = owner or type(t).__module__
+        if isinstance(owner, str) and owner.split(".")[0] in _KERNEL_PACKAGES:
+            out.append(t.ident)
+    return out[:16]
+
+
+def _check_torch_compat_args(**args) -> None:
+    """Check the torch.profiler arguments gpuprof accepts for compatibility, and warn
+    once (per profile) for each set argument it cannot honour, naming it."""
+    for name in ("with_flops", "with_modules", "record_shapes"):
+        if not isinstance(args[name], bool):
+            raise TypeError(f"profile(): {name} must be a bool, got {args[name]!r}")
+    if args["use_cuda"] is not None and not isinstance(args["use_cuda"], bool):
+        raise TypeError(f"profile(): use_cuda must be a bool or None, got {args['use_cuda']!r}")
+    t = args["post_processing_timeout_s"]
+    if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or t < 0):
+        raise ValueError(f"profile(): post_processing_timeout_s must be a number >= 0 or None, "
+                         f"got {t!r}")
+    if args["custom_trace_id_callback"] is not None and not callable(
+            args["custom_trace_id_callback"]):
+        raise TypeError("profile(): custom_trace_id_callback must be callable or None, got "
+                        f"{args['custom_trace_id_callback']!r}")
+    unsupported = {
+        "record_shapes": "gpuprof does not record input shapes (docs/api.md says why); "
+                         "tables have no Input Shapes column",
+        "with_flops": "gpuprof does not estimate FLOPs (it does not see input shapes); "
+                      "deep_dive() measures FLOP/s of the hottest kernels on a GPU",
+        "experimental_config": "it configures PyTorch's Kineto profiler, which gpuprof does "
+                               "not use; gpuprof honours its enable_cuda_sync_events (as "
+                               "cuda_sync_events=True) and ignores the rest",
+        "execution_trace_observer": "gpuprof does not write PyTorch execution traces; "
+                                    "it is ignored",
+        "custom_trace_id_callback": "gpuprof's traces have no trace id; it is ignored",
+        "post_processing_timeout_s": "gpuprof closes a window in one pass and cannot "
+                                     "stop it part way; it is ignored",
+    }
+    for name, why in unsupported.items():
+        value = args[name]
+        if value is None or value is False:
+            continue
+        warnings.warn(f"gpuprof.profile({name}=...): {why}", UserWarning, stacklevel=3)
+
+
 class profile(ResultAccessors):
     """Profile the Python calls and GPU work of a block of code.
 
@@ -64,7 +140,8 @@ class profile(ResultAccessors):
         profile_memory: record device memory allocations and frees.
         with_stack: keep call stacks for grouping by stack and flame graphs (the
             call tree is always kept; accepted for torch.profiler compatibility).
-        record_shapes: accepted for torch.profiler compatibility (no effect).
+        record_shapes: accepted for torch.profiler compatibility; gpuprof does not
+            record input shapes (a warning says so once; docs/api.md says why).
         acc_events: accumulate the results of every window instead of keeping the last.
         max_events: CPU event budget of one window (16 bytes each); past it events
             are dropped and counted.
@@ -83,7 +160,18 @@ class profile(ResultAccessors):
             every wait with its time and line; CUPTI's records add, for
             cudaStreamWaitEvent, the stream that recorded the event (HTA's critical
             path uses it). Off by default: on a launch-bound step they cost about
-            1.5 us on every kernel launch (docs/benchmarks.md).
+            1.5 us on every kernel launch (docs/benchmarks.md). torch.profiler's
+            ``experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True)``
+            switches it on too.
+        with_modules: accepted for torch.profiler compatibility: the module hierarchy
+            is always recorded (each ``Module.forward`` frame is in the call tree, the
+            trace and ``group_by_stack_n`` stacks).
+        use_cuda: torch.profiler's older spelling: True adds ProfilerActivity.CUDA to
+            the activities, False leaves it out.
+        with_flops, experimental_config, execution_trace_observer,
+        custom_trace_id_callback, post_processing_timeout_s: accepted for
+            torch.profiler compatibility; gpuprof cannot honour them, and one warning
+            naming the argument says so when one is set.
     """
 
     def __init__(
@@ -100,13 +188,38 @@ class profile(ResultAccessors):
         memory_sample_interval_s: float = 0.01,
         subprocesses: bool = False,
         capture: str | None = None,
+        with_flops: bool = False,
+        with_modules: bool = False,
+        experimental_config=None,
+        execution_trace_observer=None,
+        custom_trace_id_callback=None,
+        post_processing_timeout_s: float | None = None,
+        use_cuda: bool | None = None,
         cuda_sync_events: bool = False,
     ):
+        _check_torch_compat_args(with_flops=with_flops, with_modules=with_modules,
+                                 post_processing_timeout_s=post_processing_timeout_s,
+                                 use_cuda=use_cuda, record_shapes=record_shapes,
+                                 experimental_config=experimental_config,
+                                 execution_trace_observer=execution_trace_observer,
+                                 custom_trace_id_callback=custom_trace_id_callback)
+        if getattr(experimental_config, "enable_cuda_sync_events", False) is True:
+            cuda_sync_events = True
+        cuda_off_reason = None  # why CUDA is not in the activities, for the table footer
         if activities is None:
             acts = {ProfilerActivity.CPU}
-            if _cuda.gpu_present() and _cuda.ensure_cupti()[0]:
-                acts.add(ProfilerActivity.CUDA)
-            self._explicit_cuda = False
+            if use_cuda is not None:
+                if use_cuda:
+                    acts.add(ProfilerActivity.CUDA)
+                else:
+                    cuda_off_reason = "use_cuda=False"
+                self._explicit_cuda = bool(use_cuda)
+            else:
+                if _cuda.gpu_present() and _cuda.ensure_cupti()[0]:
+                    acts.add(ProfilerActivity.CUDA)
+                else:
+                    cuda_off_reason = _cuda.cuda_status()["reason"] or "not usable here"
+                self._explicit_cuda = False
         else:
             if isinstance(activities, (str, ProfilerActivity)) or not isinstance(activities,
                                                                                  Iterable):
@@ -121,7 +234,11 @@ class profile(ResultAccessors):
                         raise TypeError("profile(): activities must contain ProfilerActivity.CPU"
                                         f" or ProfilerActivity.CUDA, got {a!r}")
                 acts.add(a)
+            if use_cuda:
+                acts.add(ProfilerActivity.CUDA)
             self._explicit_cuda = ProfilerActivity.CUDA in acts
+            if not self._explicit_cuda:
+                cuda_off_reason = "ProfilerActivity.CUDA is not in activities"
         if schedule is not None and not callable(schedule):
             raise TypeError(f"profile(): schedule must be gpuprof.schedule(...) or a callable, "
                             f"got {schedule!r}")
@@ -141,6 +258,8 @@ class profile(ResultAccessors):
         self.profile_memory = profile_memory
         self.with_stack = with_stack
         self.record_shapes = record_shapes
+        self.with_modules = with_modules
+        self.with_flops = with_flops
         self.acc_events = acc_events
         self.max_events = max_events
         self.cuda_sync_events = cuda_sync_events
@@ -149,7 +268,9 @@ class profile(ResultAccessors):
         self._memory_sampler = None
         # -- end memory curves --
         self._windows: list[dict] = []
-        self._cuda_state: dict = {"active": False, "mode": "off", "error": None}
+        self._cuda_state: dict = {"active": False, "mode": "off", "error": cuda_off_reason}
+        self._metadata: dict[str, str] = {}  # add_metadata(): top-level keys of the trace
+        self._partial = None  # the cut-short window stop() dropped (docs/schedule.md)
         cuda = ProfilerActivity.CUDA in acts
         if cuda:
             ok, reason = _cuda.ensure_cupti()
@@ -201,10 +322,13 @@ class profile(ResultAccessors):
             raise RuntimeError(f"gpuprof.profile.start(): another profiler is active ({other}); "
                                "stop it first, gpuprof will not silently replace it")
         self._windows = []
+        self._partial = None
         # -- subprocesses: folder, state file and fork/spawn hooks before the hook goes on --
         if self._subprocs is not None:
             self._subprocs.begin()
         # -- end subprocesses --
+        for ident in _kernel_threads():  # a notebook kernel's own threads: not the user's work
+            _gpuprof._ignore_thread(ident)
         if self._monitoring:
             _monitoring.install()  # interpreter-wide: threads need nothing more
         else:
@@ -247,10 +371,13 @@ class profile(ResultAccessors):
             if self._subprocs is not None:  # -- subprocesses: the last window, no next one --
                 self._subprocs.stopping = True
             # Only C calls until the window is closed: Python code here would be recorded.
+            cut = self._cut_short()
             events = self._core.buffer_stats()["events"]
             t0 = time.perf_counter()
             self._core.stop()
             _progress.done("closed the recorded window", events, time.perf_counter() - t0)
+            if cut is not None:
+                self._warn_cut_short(*cut)
         finally:
             self._unhook()
             if self._subprocs is not None:  # -- subprocesses: children stop, folder removed --
@@ -276,16 +403,53 @@ class profile(ResultAccessors):
                 raise
             # the user's exception propagates; ours would hide it
 
+    def _cut_short(self):
+        """At stop(), before the window closes: (closed steps, complete windows) when
+        the schedule is recording a cycle whose RECORD_AND_SAVE step never came, else
+        None. When a complete window came before (and windows are not accumulated),
+        the cut-short one is dropped (``self._partial`` marks it) and the complete one
+        stays the result."""
+        if self.schedule is None or not self._core.running:
+            return None
+        if self._core.action not in (2, 3):  # RECORD, RECORD_AND_SAVE
+            return None
+        complete = self._core.windows
+        if complete and not self.acc_events:
+            self._partial = True  # _window_ready stores the dropped window here
+        return self._core.step_num, complete
+
+    def _warn_cut_short(self, step: int, complete: int) -> None:
+        active = getattr(self.schedule, "active", None)
+        if complete and not self.acc_events:
+            kept = self.results.steps()["step"]
+            span = (f"steps {kept[0]}-{kept[-1]}" if len(kept) > 1 else
+                    f"step {kept[0]}" if len(kept) else "its steps")
+            msg = (f"gpuprof: the loop ended at step {step}, inside a recording window of the "
+                   f"schedule; that cut-short window was dropped and the results show the last "
+                   f"complete one ({span})")
+        else:
+            msg = (f"gpuprof: the loop ended at step {step}, inside the first recording "
+                   f"window of the schedule; the results show that cut-short window")
+        cycle = self.schedule.wait + self.schedule.warmup + active if active else 0
+        hint = (f"run whole cycles ({cycle} step{'s' if cycle != 1 else ''} each) or set "
+                f"repeat= so the last cycle ends before the loop does"
+                if isinstance(self.schedule, Schedule) else
+                "make the schedule's last recording window end before the loop does")
+        warnings.warn(f"{msg}; to avoid this, {hint}", UserWarning, stacklevel=_user_stacklevel())
+
     def _window_ready(self, _core) -> None:
-        self._collect()
+        if self._partial is True:  # stop() cut this window short: keep the complete one
+            self._partial = self._core.result
+        else:
+            self._collect()
         if self._subprocs is not None:  # -- subprocesses: collect the children's window --
             self._subprocs.window_ended(self._core.result)
-        if self.on_trace_ready is not None:
+        if self.on_trace_ready is not None and self._partial is None:
             self.on_trace_ready(self)
 
     def _collect(self) -> None:
         raw = self._core.result
-        if raw is None or (self._windows and self._windows[-1] is raw):
+        if raw is None or raw is self._partial or (self._windows and self._windows[-1] is raw):
             return
         if self.acc_events:
             self._windows.append(raw)
@@ -307,7 +471,8 @@ class profile(ResultAccessors):
         """The recorded window(s) as a :class:`gpuprof.Results`."""
         self._collect()
         res = Results(self._windows, cuda=self._cuda_state,
-                      meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack})
+                      meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack,
+                            "trace_metadata": dict(self._metadata)})
         # -- subprocesses: res.subprocesses, one gpuprof.processes.ProcessData per child --
         if self._subprocs is not None:
             res.subprocesses = _processes.group_children(
@@ -323,6 +488,36 @@ class profile(ResultAccessors):
     def buffer_stats(self) -> dict:
         """Bytes and events held by the event buffers right now."""
         return self._core.buffer_stats()
+
+    # -- trace metadata (torch.profiler's add_metadata) ----------------------------------
+    def add_metadata(self, key: str, value: str) -> None:
+        """Add a top-level ``key: "value"`` entry to exported traces and saved profiles.
+
+        Raises:
+            TypeError: key or value is not a str.
+        """
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"add_metadata(): key and value must be str, got {key!r}, {value!r};"
+                            " use add_metadata_json(key, json_text) for other values")
+        self._metadata[key] = json.dumps(value)
+
+    def add_metadata_json(self, key: str, value: str) -> None:
+        """Add a top-level ``key: value`` entry to exported traces, where ``value`` is
+        JSON text (``'{"lr": 0.1}'``, ``'[1, 2]'``, ``'3'``).
+
+        Raises:
+            TypeError: key or value is not a str.
+            ValueError: value is not valid JSON.
+        """
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"add_metadata_json(): key and value must be str, got {key!r}, "
+                            f"{value!r}")
+        try:
+            json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"add_metadata_json(): value must be JSON text, got {value!r} "
+                             f"({e}); use add_metadata(key, value) for a plain string") from e
+        self._metadata[key] = value
 
     # -- results ---------------------------------------------------------------
     # -- memory (gpuprof.memory, docs/memory.md) ------------------------------------------
@@ -358,6 +553,55 @@ class profile(ResultAccessors):
         ``print()`` it, ``.to_dict()``)."""
         self._memory_check("memory_summary()")
         return _memory.memory_summary(self.results, sampler=self._memory_sampler)
+
+    def export_memory_timeline(self, path, device: str | None = None) -> str:
+        """Write memory over time, as torch.profiler's ``export_memory_timeline``: a path
+        ending in ``.html`` gets the plot (a PNG inside, needs matplotlib); ``.json`` or
+        ``.json.gz`` gets ``[times, sizes]``: times in microseconds on the profiler
+        clock and, per time, the sizes in bytes (``[allocated, reserved]`` for a CUDA
+        device, ``[rss]`` for "cpu").
+
+        Args:
+            path: the file to write.
+            device: "cuda:N" or "cpu"; default "cuda:0" when CUDA was captured, else "cpu".
+
+        Returns:
+            The path written.
+
+        Raises:
+            RuntimeError: the profile was made without profile_memory=True.
+            ValueError: a path suffix or device not of the forms above.
+        """
+        import gzip
+        import io
+
+        self._memory_check("export_memory_timeline()")
+        path = str(path)
+        if not path.endswith((".html", ".json", ".json.gz")):
+            raise ValueError(f"export_memory_timeline(): path must end in .html, .json or "
+                             f".json.gz, got {path!r}")
+        if device is None:
+            device = "cuda:0" if self._cuda_state.get("active") else "cpu"
+        curve = self.memory_curve(device)
+        if path.endswith(".html"):
+            import base64
+
+            fig = self.plot_memory()
+            png = io.BytesIO()
+            fig.savefig(png, format="png", bbox_inches="tight")
+            img = base64.b64encode(png.getvalue()).decode("ascii")
+            text = (f"<html><head><meta charset='utf-8'><title>gpuprof memory timeline"
+                    f"</title></head><body><img src='data:image/png;base64,{img}'></body>"
+                    f"</html>\n")
+        else:
+            fields = [f for f in curve.dtype.names if f != "timestamp_ns"]
+            times = (curve["timestamp_ns"] / 1e3).tolist()
+            sizes = np.stack([curve[f] for f in fields], axis=1).tolist() if len(curve) else []
+            text = json.dumps([times, sizes])
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+        return path
 
     def plot_memory(self, path_or_ax=None):
         """Plot the memory curves with matplotlib (``pip install matplotlib``).

@@ -4,6 +4,8 @@ Every number in a table comes from a field of ``prof.ops()`` (or of the call
 tree when grouped by stack): Self CPU is ``cpu_self_ns``, CPU total is
 ``cpu_total_ns``, Self CUDA is ``cuda_self_ns`` (GPU time of kernels
 launched while the op was innermost), CUDA total is ``cuda_total_ns``.
+Iterating a :class:`KeyAverages` gives one :class:`KeyAverage` per row, with
+the attribute names of torch.profiler's ``FunctionEventAvg``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import re
 
 import numpy as np
 
-from ._results import Results, _display_name
+from ._results import Results, _display_name, outermost
 
-__all__ = ["KeyAverages", "SORT_KEYS", "format_time", "format_bytes"]
+__all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time",
+           "format_bytes"]
 
-# sort key -> (field, per-call average?)
+# sort key -> (field of KeyAverages.rows, per-call average?)
 SORT_KEYS = {
     "self_cpu_time_total": ("cpu_self_ns", False),
     "cpu_time_total": ("cpu_total_ns", False),
@@ -30,17 +33,27 @@ SORT_KEYS = {
     "device_time": ("cuda_total_ns", True),
     "count": ("calls", False),
     "self_cuda_memory_usage": ("cuda_mem_self_bytes", False),
-    "cuda_memory_usage": ("cuda_mem_self_bytes", False),
+    "cuda_memory_usage": ("cuda_mem_total_bytes", False),
     "self_device_memory_usage": ("cuda_mem_self_bytes", False),
-    "device_memory_usage": ("cuda_mem_self_bytes", False),
+    "device_memory_usage": ("cuda_mem_total_bytes", False),
     "self_cpu_memory_usage": ("cpu_mem_self_bytes", False),
-    "cpu_memory_usage": ("cpu_mem_self_bytes", False),
+    "cpu_memory_usage": ("cpu_mem_total_bytes", False),
     "kernels": ("kernels", False),
 }
 
+# time_unit= of table(): nanoseconds per unit
+TIME_UNITS = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}
 
-def format_time(ns: float) -> str:
-    """Nanoseconds as torch.profiler prints durations: us, ms or s with 3 decimals."""
+# Fields of KeyAverages.rows beyond those of ops()
+_EXTRA_FIELDS = [("cuda_mem_total_bytes", "i8"), ("cpu_mem_total_bytes", "i8"),
+                 ("context", "?"), ("top_level", "?")]
+
+
+def format_time(ns: float, unit: str | None = None) -> str:
+    """Nanoseconds as torch.profiler prints durations: us, ms or s with 3 decimals
+    (the largest unit that keeps the figure >= 1, or ``unit``: s, ms, us, ns)."""
+    if unit is not None:
+        return f"{ns / TIME_UNITS[unit]:.3f}{unit}"
     us = ns / 1e3
     if abs(us) >= 1e6:
         return f"{us / 1e6:.3f}s"
@@ -50,6 +63,7 @@ def format_time(ns: float) -> str:
 
 
 def format_bytes(n: float) -> str:
+    """Bytes as torch.profiler's memory columns print them: Gb, Mb, Kb or b."""
     for unit, scale in (("Gb", 1 << 30), ("Mb", 1 << 20), ("Kb", 1 << 10)):
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
@@ -60,73 +74,215 @@ def _pct(x: float, total: float) -> str:
     return f"{100.0 * x / total:.2f}%" if total else "0.00%"
 
 
+class KeyAverage:
+    """One row of :class:`KeyAverages`, with torch.profiler's ``FunctionEventAvg``
+    attribute names. Times are in microseconds (float) and memory in bytes, as in
+    torch; ``count`` is the number of calls."""
+
+    def __init__(self, row, key: str, stack: list[str], kind: str):
+        us = 1e-3
+        calls = int(row["calls"])
+        self.key = key
+        self.count = calls
+        self.kind = kind
+        self.cpu_time_total = float(row["cpu_total_ns"]) * us
+        self.self_cpu_time_total = float(row["cpu_self_ns"]) * us
+        self.cpu_time = self.cpu_time_total / max(calls, 1)
+        self.device_time_total = float(row["cuda_total_ns"]) * us
+        self.self_device_time_total = float(row["cuda_self_ns"]) * us
+        self.device_time = self.device_time_total / max(calls, 1)
+        self.cpu_memory_usage = int(row["cpu_mem_total_bytes"])
+        self.self_cpu_memory_usage = int(row["cpu_mem_self_bytes"])
+        self.device_memory_usage = int(row["cuda_mem_total_bytes"])
+        self.self_device_memory_usage = int(row["cuda_mem_self_bytes"])
+        self.kernels = int(row["kernels"])
+        self.input_shapes: list = []  # not recorded (docs/api.md)
+        self.stack = list(stack)
+        self.is_user_annotation = kind == "user"
+        self.is_context = bool(row["context"])
+        self.flops = 0
+        self.node_id = -1
+        self.is_legacy = False
+        self.overload_name = ""
+
+    # torch's older spellings of the device fields
+    cuda_time_total = property(lambda self: self.device_time_total)
+    self_cuda_time_total = property(lambda self: self.self_device_time_total)
+    cuda_time = property(lambda self: self.device_time)
+    cuda_memory_usage = property(lambda self: self.device_memory_usage)
+    self_cuda_memory_usage = property(lambda self: self.self_device_memory_usage)
+
+    @property
+    def name(self) -> str:
+        return self.key
+
+    def __repr__(self) -> str:
+        return (f"<KeyAverage key={self.key!r} count={self.count} "
+                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
+                f"cpu_time_total={self.cpu_time_total:.3f}us "
+                f"self_device_time_total={self.self_device_time_total:.3f}us "
+                f"device_time_total={self.device_time_total:.3f}us "
+                f"cpu_memory_usage={self.cpu_memory_usage} "
+                f"device_memory_usage={self.device_memory_usage}>")
+
+
 class KeyAverages:
-    """Op statistics averaged by key, printable as a table.
+    """Op statistics averaged by key, printable as a table; iterate it for one
+    :class:`KeyAverage` per row (``for e in prof.key_averages(): e.cpu_time_total``).
 
     Rows are a structured array (``.rows``) with the ops() fields plus
-    ``display`` (the name shown) and, when grouped by stack, ``stack``.
+    ``cuda_mem_total_bytes``/``cpu_mem_total_bytes`` (memory of the op and what it
+    called), ``context`` and ``top_level``; ``display`` holds the names shown.
+    Frames that were already running when recording began (``context``) are left
+    out unless ``include_context=True``.
     """
 
-    def __init__(self, results: Results, group_by_stack_n: int = 0, show_memory: bool = False):
+    def __init__(self, results: Results, group_by_stack_n: int = 0, show_memory: bool = False,
+                 include_context: bool = False):
         if isinstance(group_by_stack_n, bool) or not isinstance(group_by_stack_n, int) \
                 or group_by_stack_n < 0:
             raise ValueError(f"key_averages(): group_by_stack_n must be an int >= 0, "
                              f"got {group_by_stack_n!r}")
+        if not isinstance(include_context, bool):
+            raise TypeError(f"key_averages(): include_context must be a bool, "
+                            f"got {include_context!r}")
         self._results = results
         self.group_by_stack_n = group_by_stack_n
         self.show_memory = show_memory
+        self.include_context = include_context
         ops = results.ops()
         self.cuda = bool(results.cuda.get("active")) or bool((ops["cuda_total_ns"] != 0).any())
         if group_by_stack_n:
-            self.rows, self.stacks = self._by_stack(group_by_stack_n)
+            rows, stacks = self._by_stack(group_by_stack_n)
         else:
-            self.rows, self.stacks = ops, None
+            rows, stacks = _with_extra_fields(ops), None
+            rows["context"] = results.context_rows()
+            rows["top_level"] = results.top_level_rows()
+            rows["cuda_mem_total_bytes"], rows["cpu_mem_total_bytes"] = results.op_memory()
+        # shares and the footer's totals cover the whole window, shown rows or not
+        self.total_self_cpu_ns = int(rows["cpu_self_ns"].sum())
+        self.total_self_cuda_ns = int(rows["cuda_self_ns"].sum())
+        ctx = rows["context"]
+        self.context_rows = int(ctx.sum())
+        self.context_self_ns = int(rows["cpu_self_ns"][ctx].sum())
+        keep = np.ones(len(rows), dtype=bool) if include_context else ~ctx
+        self.rows = rows[keep]
+        self.stacks = None if stacks is None else [s for s, k in zip(stacks, keep) if k]
         self.display = [_display_name(n, f, ln, k) for n, f, ln, k in
                         zip(self.rows["name"], self.rows["file"], self.rows["line"],
                             self.rows["kind"])]
+        # what was measured, for the columns shown and the sort fallback
+        self.cuda_memory = show_memory and (bool(results.cuda.get("active")) or bool(
+            (rows["cuda_mem_self_bytes"] != 0).any()))
+        self.cpu_memory = show_memory and bool((rows["cpu_mem_self_bytes"] != 0).any())
 
     def _by_stack(self, n: int):
-        """Group call-tree nodes by (op, nearest n Python callers)."""
-        tree = self._results.call_tree()
-        ops = self._results.ops()
+        """Group call-tree nodes by (op, nearest n Python callers). A group's total
+        time and memory count each outermost node once (recursion is not counted
+        again inside itself)."""
+        res = self._results
+        tree = res.call_tree()
+        ops = res.ops()
+        context = res.context_rows()
         parent = tree["parent"]
         op_of = tree["op"]
-        groups: dict[tuple, dict] = {}
+        is_py = ops["kind"] == "python"
+        keys = []
         for i in range(len(tree)):
             stack = []
             p = parent[i]
             while p >= 0 and len(stack) < n:
-                if ops["kind"][op_of[p]] == "python":
+                if is_py[op_of[p]]:
                     stack.append(int(op_of[p]))
                 p = parent[p]
-            key = (int(op_of[i]), tuple(stack))
+            keys.append((int(op_of[i]), tuple(stack)))
+        outer = outermost(parent, keys)
+        mem_self, mem_sub = res.node_memory()
+        top = (parent < 0) | context[op_of[np.maximum(parent, 0)]]
+        groups: dict[tuple, dict] = {}
+        for i, key in enumerate(keys):
             g = groups.setdefault(key, {"calls": 0, "cpu_total_ns": 0, "cpu_self_ns": 0,
-                                        "cuda_total_ns": 0, "cuda_self_ns": 0})
+                                        "cuda_total_ns": 0, "cuda_self_ns": 0,
+                                        "cuda_mem_self_bytes": 0, "cuda_mem_total_bytes": 0,
+                                        "top_level": False})
             g["calls"] += int(tree["calls"][i])
-            g["cpu_total_ns"] += int(tree["total_ns"][i])
             g["cpu_self_ns"] += int(tree["self_ns"][i])
-            g["cuda_total_ns"] += int(tree["cuda_total_ns"][i])
             g["cuda_self_ns"] += int(tree["cuda_self_ns"][i])
-        rows = np.zeros(len(groups), dtype=ops.dtype)
+            g["cuda_mem_self_bytes"] += int(mem_self[i])
+            g["top_level"] = g["top_level"] or bool(top[i])
+            if outer[i]:
+                g["cpu_total_ns"] += int(tree["total_ns"][i])
+                g["cuda_total_ns"] += int(tree["cuda_total_ns"][i])
+                g["cuda_mem_total_bytes"] += int(mem_sub[i])
+        rows = _with_extra_fields(ops[:0], len(groups))
         stacks = []
         for j, ((op, stack), g) in enumerate(groups.items()):
-            rows[j] = ops[op]
+            for f in ops.dtype.names:
+                rows[f][j] = ops[f][op]
             for f, v in g.items():
                 rows[f][j] = v
+            rows["context"][j] = context[op]
+            rows["top_level"][j] = g["top_level"] and not context[op]
             stacks.append([_display_name(ops["name"][s], ops["file"][s], ops["line"][s], "python")
                            for s in stack])
         return rows, stacks
 
+    # -- torch.profiler's EventList of FunctionEventAvg ---------------------------------
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _order(self, sort_by: str | None) -> np.ndarray:
+    def __getitem__(self, i: int) -> KeyAverage:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"KeyAverages index {i} out of range ({len(self)} rows)")
+        return KeyAverage(self.rows[i], self.display[i],
+                          self.stacks[i] if self.stacks is not None else [],
+                          str(self.rows["kind"][i]))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def total_average(self) -> KeyAverage:
+        """All shown rows summed into one (key "Total"), as torch's
+        ``key_averages().total_average()``: totals of nested ops add up."""
+        r = self.rows
+        total = _with_extra_fields(r[:0], 1)
+        for f in ("calls", "cpu_total_ns", "cpu_self_ns", "cuda_total_ns", "cuda_self_ns",
+                  "kernels", "cuda_mem_self_bytes", "cpu_mem_self_bytes",
+                  "cuda_mem_total_bytes", "cpu_mem_total_bytes"):
+            total[f][0] = r[f].sum()
+        return KeyAverage(total[0], "Total", [], "total")
+
+    # -- the table ---------------------------------------------------------------------
+    def _sort_field(self, sort_by: str | None):
+        """(field, per-call average, note) of a sort key; a key whose figures were not
+        recorded falls back to self CPU time, and the note says so."""
         if sort_by is None:
-            return np.arange(len(self.rows))
-        if sort_by not in SORT_KEYS:
+            return None, False, None
+        if not isinstance(sort_by, str) or sort_by not in SORT_KEYS:
             raise ValueError(f"table(): unknown sort_by {sort_by!r}; valid keys: "
                              + ", ".join(sorted(SORT_KEYS)))
         field, avg = SORT_KEYS[sort_by]
+        missing = None
+        if field.startswith("cuda_mem") and not self.cuda_memory:
+            missing = "no device memory was recorded (profile_memory=True with CUDA capture)"
+        elif field.startswith("cpu_mem") and not self.cpu_memory:
+            missing = "gpuprof does not measure host memory per op"
+        elif field.startswith("cuda") and not self.cuda:
+            missing = "no CUDA time was recorded"
+        if missing is None:
+            return field, avg, None
+        return "cpu_self_ns", False, (f"Sorted by self CPU time: sort_by={sort_by!r} has no "
+                                      f"figures ({missing})")
+
+    def _order(self, sort_by: str | None) -> np.ndarray:
+        field, avg, _ = self._sort_field(sort_by)
+        if field is None:
+            return np.arange(len(self.rows))
         vals = self.rows[field].astype(np.float64)
         if avg:
             vals = vals / np.maximum(self.rows["calls"], 1)
@@ -134,50 +290,80 @@ class KeyAverages:
 
     def table(self, sort_by: str | None = None, row_limit: int = 100,
               max_name_column_width: int = 55, max_src_column_width: int = 75,
-              header: str | None = None, top_level_events_only: bool = False) -> str:
+              max_shapes_column_width: int = 80, header: str | None = None,
+              top_level_events_only: bool = False, time_unit: str | None = None) -> str:
         """Render as text, with the columns and sort keys of torch.profiler's table.
 
         Args:
-            sort_by: one of SORT_KEYS (e.g. "self_cpu_time_total", "cuda_time_total", "count").
+            sort_by: one of SORT_KEYS (e.g. "self_cpu_time_total", "cuda_time_total",
+                "count"). A key without recorded figures (CUDA time without CUDA
+                capture, memory without profile_memory) sorts by self CPU time, and a
+                footer line says so.
             row_limit: rows to show; -1 or None for all.
             max_name_column_width: names longer than this are cut with "...".
             max_src_column_width: width of the Source Location column (grouped by stack).
+            max_shapes_column_width: width of an Input Shapes column; gpuprof records
+                no input shapes, so there is none (accepted for torch.profiler code).
             header: a line printed above the table.
-            top_level_events_only: show only ops that have no profiled caller.
+            top_level_events_only: show only ops called with no recorded caller (from
+                the frames that were running when recording began).
+            time_unit: "s", "ms", "us" or "ns" for every time; None picks per figure.
+
+        Raises:
+            ValueError: an unknown sort key or time unit, or a width or limit out of range.
         """
         for name, value, lo in (("row_limit", row_limit, -1),
                                 ("max_name_column_width", max_name_column_width, 4),
-                                ("max_src_column_width", max_src_column_width, 4)):
+                                ("max_src_column_width", max_src_column_width, 4),
+                                ("max_shapes_column_width", max_shapes_column_width, 4)):
             if value is None and name == "row_limit":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"table(): {name} must be an int >= {lo}, got {value!r}")
+        if time_unit is not None and time_unit not in TIME_UNITS:
+            raise ValueError(f"table(): time_unit must be one of {', '.join(TIME_UNITS)} or "
+                             f"None, got {time_unit!r}")
+        if not isinstance(top_level_events_only, bool):
+            raise TypeError(f"table(): top_level_events_only must be a bool, "
+                            f"got {top_level_events_only!r}")
         order = self._order(sort_by)
         if top_level_events_only:
-            roots = self._root_ops()
-            order = np.array([i for i in order if i in roots], dtype=np.int64)
+            order = order[self.rows["top_level"][order]]
         if row_limit is not None and row_limit >= 0:
             order = order[:row_limit]
-        return _render(self, order, max_name_column_width, max_src_column_width, header)
-
-    def _root_ops(self) -> set[int]:
-        tree = self._results.call_tree()
-        return {int(o) for o, p in zip(tree["op"], tree["parent"]) if p < 0}
+        note = self._sort_field(sort_by)[2]
+        return _render(self, order, max_name_column_width, max_src_column_width, header,
+                       time_unit, note)
 
     def __str__(self) -> str:
         return self.table(sort_by="self_cpu_time_total")
+
+    def __repr__(self) -> str:
+        return (f"<KeyAverages: {len(self)} rows; print(prof.key_averages().table()) for the "
+                f"table>")
 
     def _repr_html_(self) -> str:
         """The table as HTML for notebooks (top 30 rows by self CUDA, else self CPU time)."""
         from .views import Table
 
         order = self._order("self_cuda_time_total" if self.cuda else "self_cpu_time_total")[:30]
-        cols, lines_cells, footer = _cells(self, order, 80, 80)
+        cols, lines_cells, footer = _cells(self, order, 80, 80, None, None)
         rows = [cells[:-1] + [" \u2190 ".join([cells[-1], *more])] if more else cells
                 for cells, more in lines_cells]
         align = "".join("l" if a is None else "r" for _, a in cols)
         return Table("gpuprof key averages", [c for c, _ in cols], rows, align,
                      footer=" | ".join(footer))._repr_html_()
+
+
+def _with_extra_fields(rows: np.ndarray, n: int | None = None) -> np.ndarray:
+    """``rows`` (ops() fields) copied into the KeyAverages dtype, or n zero rows."""
+    dtype = np.dtype(rows.dtype.descr + [f for f in _EXTRA_FIELDS
+                                         if f[0] not in rows.dtype.names])
+    out = np.zeros(len(rows) if n is None else n, dtype=dtype)
+    if n is None:
+        for f in rows.dtype.names:
+            out[f] = rows[f]
+    return out
 
 
 # Characters that would break a printed table: C0/C1 controls (line breaks,
@@ -191,20 +377,21 @@ def _cut(s: str, width: int) -> str:
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def _cells(ka: KeyAverages, order, name_w: int, src_w: int):
+def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None,
+           note: str | None):
     """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
     r = ka.rows
-    total_self_cpu = float(r["cpu_self_ns"].sum())
-    total_self_cuda = float(r["cuda_self_ns"].sum())
+    total_self_cpu = float(ka.total_self_cpu_ns)
+    total_self_cuda = float(ka.total_self_cuda_ns)
     cols = [("Name", None), ("Self CPU %", "r"), ("Self CPU", "r"), ("CPU total %", "r"),
             ("CPU total", "r"), ("CPU time avg", "r")]
     if ka.cuda:
         cols += [("Self CUDA", "r"), ("Self CUDA %", "r"), ("CUDA total", "r"),
                  ("CUDA time avg", "r")]
-    if ka.show_memory:
-        cols += [("Self CPU Mem", "r")]
-        if ka.cuda:
-            cols += [("Self CUDA Mem", "r")]
+    if ka.cpu_memory:
+        cols += [("CPU Mem", "r"), ("Self CPU Mem", "r")]
+    if ka.cuda_memory:
+        cols += [("CUDA Mem", "r"), ("Self CUDA Mem", "r")]
     cols += [("# of Calls", "r")]
     if ka.cuda:
         cols += [("# Kernels", "r")]
@@ -215,18 +402,22 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int):
         calls = int(r["calls"][i])
         avg_div = max(calls, 1)
         cells = [_cut(ka.display[i], name_w),
-                 _pct(r["cpu_self_ns"][i], total_self_cpu), format_time(r["cpu_self_ns"][i]),
-                 _pct(r["cpu_total_ns"][i], total_self_cpu), format_time(r["cpu_total_ns"][i]),
-                 format_time(r["cpu_total_ns"][i] / avg_div)]
+                 _pct(r["cpu_self_ns"][i], total_self_cpu),
+                 format_time(r["cpu_self_ns"][i], unit),
+                 _pct(r["cpu_total_ns"][i], total_self_cpu),
+                 format_time(r["cpu_total_ns"][i], unit),
+                 format_time(r["cpu_total_ns"][i] / avg_div, unit)]
         if ka.cuda:
-            cells += [format_time(r["cuda_self_ns"][i]),
+            cells += [format_time(r["cuda_self_ns"][i], unit),
                       _pct(r["cuda_self_ns"][i], total_self_cuda),
-                      format_time(r["cuda_total_ns"][i]),
-                      format_time(r["cuda_total_ns"][i] / avg_div)]
-        if ka.show_memory:
-            cells += [format_bytes(r["cpu_mem_self_bytes"][i])]
-            if ka.cuda:
-                cells += [format_bytes(r["cuda_mem_self_bytes"][i])]
+                      format_time(r["cuda_total_ns"][i], unit),
+                      format_time(r["cuda_total_ns"][i] / avg_div, unit)]
+        if ka.cpu_memory:
+            cells += [format_bytes(r["cpu_mem_total_bytes"][i]),
+                      format_bytes(r["cpu_mem_self_bytes"][i])]
+        if ka.cuda_memory:
+            cells += [format_bytes(r["cuda_mem_total_bytes"][i]),
+                      format_bytes(r["cuda_mem_self_bytes"][i])]
         cells += [str(calls)]
         if ka.cuda:
             cells += [str(int(r["kernels"][i]))]
@@ -234,15 +425,23 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int):
             stack = ka.stacks[i]
             cells += [_cut(stack[0] if stack else "", src_w)]
         lines_cells.append((cells, ka.stacks[i][1:] if ka.stacks is not None else []))
-    footer = [f"Self CPU time total: {format_time(total_self_cpu)}"]
+    footer = [f"Self CPU time total: {format_time(total_self_cpu, unit)}"]
     if ka.cuda:
-        footer.append(f"Self CUDA time total: {format_time(total_self_cuda)}")
+        footer.append(f"Self CUDA time total: {format_time(total_self_cuda, unit)}")
+    if ka.context_rows and not ka.include_context:
+        n = ka.context_rows
+        footer.append(f"Not shown: {n} frame{'s' if n != 1 else ''} already running when "
+                      f"recording began ({format_time(ka.context_self_ns, unit)} self CPU); "
+                      f"key_averages(include_context=True) shows them")
+    if note:
+        footer.append(note)
     footer += _footer(ka._results)
     return cols, lines_cells, footer
 
 
-def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None) -> str:
-    cols, lines_cells, footer = _cells(ka, order, name_w, src_w)
+def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None,
+            unit: str | None = None, note: str | None = None) -> str:
+    cols, lines_cells, footer = _cells(ka, order, name_w, src_w, unit, note)
     widths = [len(c[0]) for c in cols]
     for cells, more in lines_cells:
         for j, c in enumerate(cells):
@@ -281,6 +480,8 @@ def _footer(res: Results) -> list[str]:
                      f"Python op")
     elif res.cuda.get("error"):
         lines.append(f"CUDA capture: off ({res.cuda['error']})")
+    else:
+        lines.append("CUDA capture: off")
     if res.dropped_events:
         lines.append(f"WARNING: {res.dropped_events} events dropped (event buffer full); "
                      f"pass a larger max_events to gpuprof.profile()")

@@ -106,7 +106,9 @@ def _busy(n):
     return total
 
 
-def test_sampler_frames_and_calls_are_hidden(monkeypatch):
+def test_sampler_frames_and_calls_are_hidden(monkeypatch, no_gc):
+    # (the GC is off: a collection inside the loop runs gc.callbacks that other
+    # tests' libraries installed, hypothesis' among them, as calls of this thread)
     # stand-in frameworks so the adapters' calls run too
     _fake_torch(monkeypatch, {0: _torch_stats(1 * MiB, 2 * MiB, 1 * MiB)})
     _fake_cupy(monkeypatch, used=3 * MiB, total=4 * MiB)

@@ -149,7 +149,14 @@ def _header(results, window: dict, props: list[dict], thinned: dict | None = Non
     keys["baseTimeNanoseconds"] = int(window["window_start_ns"]) + int(window["epoch_offset_ns"])
     # json.dumps' default separators put a space after every colon, which HTA's
     # rank lookup in distributedInfo needs.
-    return ",\n  ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in keys.items())
+    fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in keys.items()]
+    # prof.add_metadata()/add_metadata_json(): JSON text already, as torch writes them
+    for k, text in (results.meta.get("trace_metadata") or {}).items():
+        if k in keys or k == "traceEvents":
+            raise ValueError(f"add_metadata(): key {k!r} is one gpuprof writes itself in the "
+                             f"trace; use another key")
+        fields.append(f"{json.dumps(k)}: {text}")
+    return ",\n  ".join(fields)
 
 
 def _thread_names(results, window: dict) -> list[str]:
