@@ -1,8 +1,9 @@
 """The read-only accessors shared by a live ``gpuprof.profile`` and a loaded
 ``.gpuprof`` file: one implementation over ``self.results``.
 
-A class using this mixin provides ``results`` (a :class:`gpuprof.Results`),
-``profile_memory`` and ``subprocesses`` (bools).
+A class using this mixin provides ``results`` (a :class:`gpuprof.Results`,
+whose ``memory_samples`` holds the host and allocator samples), ``profile_memory``
+and ``subprocesses`` (bools).
 """
 
 from __future__ import annotations
@@ -89,6 +90,69 @@ class ResultAccessors:
         results = self.results
         with progress(f"saving {path}", sum(len(w["spans"]) for w in results.windows)):
             return save(results, path)
+
+    # -- memory (gpuprof.memory, docs/memory.md) ------------------------------
+    def _memory_check(self, what: str) -> None:
+        if not self.profile_memory:
+            path = getattr(self, "path", None)
+            if path is not None:
+                raise RuntimeError(f"{what}: {path!r} has no memory data: it was recorded "
+                                   "without profile_memory=True (python -m gpuprof run "
+                                   "--memory)")
+            raise RuntimeError(f"{what}: memory was not recorded; use "
+                               "gpuprof.profile(profile_memory=True)")
+
+    def memory_curve(self, device: str = "cuda:0", source: str = "auto"):
+        """Memory over time of one device, as a NumPy structured array.
+
+        Args:
+            device: "cuda:N" (or "cuda" for "cuda:0") for device memory: fields
+                timestamp_ns, allocated_bytes, reserved_bytes; "cpu" for the host:
+                timestamp_ns, rss_bytes. Timestamps are on the profiler clock.
+            source: for a CUDA device, "auto" (the framework allocator when one was
+                sampled, else CUPTI), "cupti" (device allocations CUPTI recorded,
+                relative to the window start), "torch" or "cupy" (sampled allocator).
+
+        Raises:
+            ValueError: a device or source not of the forms above.
+            RuntimeError: the profile was made without profile_memory=True.
+        """
+        from . import memory
+
+        memory.parse_device(device)
+        memory.parse_source(source)
+        self._memory_check("memory_curve()")
+        results = self.results
+        return memory.memory_curve(results, device, sampler=results.memory_samples,
+                                   source=source)
+
+    def memory_summary(self):
+        """Peak memory per device and on the host, the op and line that reached it, the
+        largest allocations, and allocator overhead (a :class:`gpuprof.memory.MemorySummary`:
+        ``print()`` it, ``.to_dict()``).
+
+        Raises:
+            RuntimeError: the profile was made without profile_memory=True.
+        """
+        from . import memory
+
+        self._memory_check("memory_summary()")
+        results = self.results
+        return memory.memory_summary(results, sampler=results.memory_samples)
+
+    def plot_memory(self, path_or_ax=None):
+        """Plot the memory curves with matplotlib (``pip install matplotlib``).
+
+        Args:
+            path_or_ax: None returns a new matplotlib Figure; a file path saves the
+                figure there (format from the extension) and returns it; a matplotlib
+                Axes is drawn into and returned.
+        """
+        from . import memory
+
+        self._memory_check("plot_memory()")
+        results = self.results
+        return memory.plot_memory(results, path_or_ax, sampler=results.memory_samples)
 
     # -- printable views (terminal text, HTML in notebooks) -----------------
     def kernel_table(self, sort_by: str = "total_ns", row_limit: int = 20):

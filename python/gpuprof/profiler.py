@@ -297,6 +297,7 @@ class profile(ResultAccessors):
         self._collect()
         res = Results(self._windows, cuda=self._cuda_state,
                       meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack})
+        res.memory_samples = self._memory_sampler  # -- memory curves --
         # -- subprocesses: res.subprocesses, one gpuprof.processes.ProcessData per child --
         if self._subprocs is not None:
             res.subprocesses = _processes.group_children(
@@ -314,51 +315,6 @@ class profile(ResultAccessors):
         return self._core.buffer_stats()
 
     # -- results ---------------------------------------------------------------
-    # -- memory (gpuprof.memory, docs/memory.md) ------------------------------------------
-    def _memory_check(self, what: str) -> None:
-        if not self.profile_memory:
-            raise RuntimeError(f"{what}: memory was not recorded; use "
-                               "gpuprof.profile(profile_memory=True)")
-
-    def memory_curve(self, device: str = "cuda:0", source: str = "auto"):
-        """Memory over time of one device, as a NumPy structured array.
-
-        Args:
-            device: "cuda:N" (or "cuda" for "cuda:0") for device memory: fields
-                timestamp_ns, allocated_bytes, reserved_bytes; "cpu" for the host:
-                timestamp_ns, rss_bytes. Timestamps are on the profiler clock.
-            source: for a CUDA device, "auto" (the framework allocator when one was
-                sampled, else CUPTI), "cupti" (device allocations CUPTI recorded,
-                relative to the window start), "torch" or "cupy" (sampled allocator).
-
-        Raises:
-            ValueError: a device or source not of the forms above.
-            RuntimeError: the profile was made without profile_memory=True.
-        """
-        _memory.parse_device(device)
-        _memory.parse_source(source)
-        self._memory_check("memory_curve()")
-        return _memory.memory_curve(self.results, device, sampler=self._memory_sampler,
-                                   source=source)
-
-    def memory_summary(self):
-        """Peak memory per device and on the host, the op and line that reached it, the
-        largest allocations, and allocator overhead (a :class:`gpuprof.memory.MemorySummary`:
-        ``print()`` it, ``.to_dict()``)."""
-        self._memory_check("memory_summary()")
-        return _memory.memory_summary(self.results, sampler=self._memory_sampler)
-
-    def plot_memory(self, path_or_ax=None):
-        """Plot the memory curves with matplotlib (``pip install matplotlib``).
-
-        Args:
-            path_or_ax: None returns a new matplotlib Figure; a file path saves the
-                figure there (format from the extension) and returns it; a matplotlib
-                Axes is drawn into and returned.
-        """
-        self._memory_check("plot_memory()")
-        return _memory.plot_memory(self.results, path_or_ax, sampler=self._memory_sampler)
-
     # -- kernel deep dive (gpuprof.deepdive, docs/kernels.md) ------------------------------
     def deep_dive(self, top: int = 5, replay=None, *, command=None, backend: str = "auto",
                   max_kernels: int = 20000, timeout_s: float | None = 1800.0, ncu=None):
