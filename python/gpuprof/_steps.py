@@ -5,8 +5,8 @@ Two sources of step boundaries:
 - :class:`OptimizerSteps`: every optimizer step of PyTorch, through its global
   hook (``torch.optim.optimizer.register_optimizer_step_post_hook``), which
   every ``torch.optim.Optimizer`` subclass calls after its ``step()``: SGD,
-  AdamW, foreach and fused variants, and the optimizers that Lightning,
-  Hugging Face ``Trainer``/accelerate and DeepSpeed wrap. A step is an
+  AdamW, foreach and fused variants, and the optimizers that Lightning and
+  Hugging Face ``Trainer``/accelerate wrap (tests/cli/test_steps.py). A step is an
   optimizer step, so with gradient accumulation one step spans several
   forward/backward passes. The hook is registered when the program imports
   PyTorch; gpuprof itself never imports it.
