@@ -5,7 +5,10 @@ VPY := $(VENV)/bin/python
 CUPTI_WHEEL ?= nvidia-cuda-cupti==13.0.*
 PYTEST_ARGS ?= -q
 
-.PHONY: help venv build demo test test-gpu bench lint format asan valgrind docs clean
+# PyTorch's CPU build (a pinned version), for the command-line tests on real training scripts
+TORCH ?= torch==2.13.0
+
+.PHONY: help venv frameworks build demo test test-gpu bench lint format asan valgrind docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -16,6 +19,18 @@ $(VPY):
 	$(VPY) -m pip install -q "numpy>=2" "setuptools>=64" wheel pytest hypothesis "$(CUPTI_WHEEL)"
 
 venv: $(VPY)  ## create .venv with the build and test dependencies
+
+# Every install names $(TORCH), so that Lightning or transformers cannot bring
+# another PyTorch: pip fails instead. transformers is optional (its test skips).
+frameworks: $(VPY)  ## add PyTorch (CPU), Lightning and transformers to .venv for tests/cli
+	$(VPY) -m pip install -q "$(TORCH)"
+	$(VPY) -m pip install -q "$(TORCH)" lightning
+	$(VPY) -m pip install -q "$(TORCH)" transformers accelerate \
+	  || echo "transformers not installed: its test will skip"
+	$(VPY) -c "import torch, lightning; v = torch.__version__.split('+')[0]; \
+	  assert '$(TORCH)'.endswith('==' + v), 'expected $(TORCH), got torch ' + torch.__version__; \
+	  print('frameworks: torch', torch.__version__, '(CUDA' if torch.version.cuda else '(CPU', \
+	        'build), lightning', lightning.__version__)"
 
 build: $(VPY)  ## build and install gpuprof into .venv (editable)
 	GPUPROF_WERROR=1 $(VPY) -m pip install -q --no-build-isolation -e .

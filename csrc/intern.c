@@ -154,11 +154,18 @@ fail:
     return 0;
 }
 
+/* Whether str `s` starts with `prefix`, a str or a tuple of str (any of them). */
 static int
 starts_with(PyObject *s, PyObject *prefix)
 {
     if (prefix == NULL || !PyUnicode_Check(s))
         return 0;
+    if (PyTuple_Check(prefix)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefix); i++)
+            if (starts_with(s, PyTuple_GET_ITEM(prefix, i))) /* borrowed from the tuple */
+                return 1;
+        return 0;
+    }
     Py_ssize_t r = PyUnicode_Tailmatch(s, prefix, 0, PyUnicode_GetLength(prefix), -1);
     if (r < 0) {
         PyErr_Clear();
@@ -288,8 +295,12 @@ gp_intern_label(PyObject *label)
 int
 gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown)
 {
-    if (!PyUnicode_Check(prefix) || (shown != NULL && !PyUnicode_Check(shown))) {
-        PyErr_SetString(PyExc_TypeError, "hidden and shown prefixes must be str");
+    int ok = PyUnicode_Check(prefix) || PyTuple_Check(prefix);
+    for (Py_ssize_t i = 0; ok && PyTuple_Check(prefix) && i < PyTuple_GET_SIZE(prefix); i++)
+        ok = PyUnicode_Check(PyTuple_GET_ITEM(prefix, i)); /* borrowed from the tuple */
+    if (!ok || (shown != NULL && !PyUnicode_Check(shown))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "the hidden prefix must be a str or a tuple of str, the shown one a str");
         return -1;
     }
     Py_XSETREF(gp_intern.hidden_prefix, Py_NewRef(prefix));

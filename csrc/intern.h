@@ -37,7 +37,7 @@ typedef struct GpIntern {
     PyObject **names;   /* per op id, strong or NULL: a C function's name, made on first describe */
     PyObject *binding_index; /* dict or NULL: binding module name -> {PyMethodDef address: name} */
     PyObject *labels;   /* dict: label str -> op id (int) */
-    PyObject *hidden_prefix; /* str or NULL: co_filename prefix of hidden code */
+    PyObject *hidden_prefix; /* str, tuple of str or NULL: co_filename prefixes of hidden code */
     PyObject *shown_prefix;  /* str or NULL: under hidden_prefix, but shown (bundled workloads) */
 } GpIntern;
 
@@ -93,8 +93,9 @@ gp_intern_cfunc(const PyMethodDef *ml, PyObject *owner)
 /* Op id of a range label; -1... returns 0 with an exception set on failure. */
 uint32_t gp_intern_label(PyObject *label);
 
-/* Code objects whose co_filename starts with `prefix` are hidden, except
- * those under `shown` (may be NULL). 0 / -1 with an exception. */
+/* Code objects whose co_filename starts with `prefix` (a str, or a tuple of
+ * str: any of them) are hidden, except those under `shown` (a str, or NULL).
+ * Both borrowed (references are taken). 0 / -1 with an exception. */
 int gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown);
 
 /* Describe op `op` for the tables: new references to name and file (str),

@@ -28,7 +28,7 @@ mod_set_hidden_prefix(PyObject *module, PyObject *args)
 {
     (void)module;
     PyObject *prefix, *shown = NULL;
-    if (!PyArg_ParseTuple(args, "U|U:_set_hidden_prefix", &prefix, &shown))
+    if (!PyArg_ParseTuple(args, "O|U:_set_hidden_prefix", &prefix, &shown))
         return NULL;
     if (gp_intern_set_hidden_prefix(prefix, shown) < 0)
         return NULL;
@@ -165,8 +165,8 @@ static PyMethodDef module_methods[] = {
     {"_thread_bootstrap", mod_thread_bootstrap, METH_VARARGS,
      "threading.setprofile target: installs the C hook on a new thread."},
     {"_set_hidden_prefix", mod_set_hidden_prefix, METH_VARARGS,
-     "(prefix, shown=None): code under prefix is gpuprof's own and is not shown, except "
-     "under shown."},
+     "(prefix, shown=None): code under prefix (a str or a tuple of str) is not shown, "
+     "except under shown."},
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode/parts of CUDA capture."},
     {"_cuda_stats", mod_cuda_stats, METH_NOARGS,

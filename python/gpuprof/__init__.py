@@ -14,6 +14,7 @@ GPU capture is usable here and why not.
 from __future__ import annotations
 
 import os as _os
+import runpy as _runpy
 
 from . import _gpuprof, _nvtx  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
 from ._cuda import cuda_status as _cuda_status
@@ -70,6 +71,9 @@ def _after_fork_in_child() -> None:
 _os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # Frames of gpuprof's own Python code are not shown: their time goes to the caller.
-# The bundled workloads (gpuprof/workloads/) are user code and are shown.
+# Nor are runpy's, which starts `python -m ...` programs (gpuprof's command line
+# among them) below the program's own frames. The bundled workloads
+# (gpuprof/workloads/) are user code and are shown.
 _here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
-_gpuprof._set_hidden_prefix(_here, _here + "workloads" + _os.sep)
+_gpuprof._set_hidden_prefix((_here, _runpy.run_path.__code__.co_filename),
+                            _here + "workloads" + _os.sep)

@@ -1,8 +1,9 @@
 """The read-only accessors shared by a live ``gpuprof.profile`` and a loaded
 ``.gpuprof`` file: one implementation over ``self.results``.
 
-A class using this mixin provides ``results`` (a :class:`gpuprof.Results`),
-``profile_memory`` and ``subprocesses`` (bools).
+A class using this mixin provides ``results`` (a :class:`gpuprof.Results`,
+whose ``memory_samples`` holds the host and allocator samples), ``profile_memory``
+and ``subprocesses`` (bools).
 """
 
 from __future__ import annotations
@@ -114,6 +115,121 @@ class ResultAccessors:
         results = self.results
         with progress(f"saving {path}", sum(len(w["spans"]) for w in results.windows)):
             return save(results, path)
+
+    # -- memory (gpuprof.memory, docs/memory.md) ------------------------------
+    def _memory_check(self, what: str) -> None:
+        if not self.profile_memory:
+            path = getattr(self, "path", None)
+            if path is not None:
+                raise RuntimeError(f"{what}: {path!r} has no memory data: it was recorded "
+                                   "without profile_memory=True (python -m gpuprof run "
+                                   "--memory)")
+            raise RuntimeError(f"{what}: memory was not recorded; use "
+                               "gpuprof.profile(profile_memory=True)")
+
+    def memory_curve(self, device: str = "cuda:0", source: str = "auto"):
+        """Memory over time of one device, as a NumPy structured array.
+
+        Args:
+            device: "cuda:N" (or "cuda" for "cuda:0") for device memory: fields
+                timestamp_ns, allocated_bytes, reserved_bytes; "cpu" for the host:
+                timestamp_ns, rss_bytes. Timestamps are on the profiler clock.
+            source: for a CUDA device, "auto" (the framework allocator when one was
+                sampled, else CUPTI), "cupti" (device allocations CUPTI recorded,
+                relative to the window start), "torch" or "cupy" (sampled allocator).
+
+        Raises:
+            ValueError: a device or source not of the forms above.
+            RuntimeError: the profile was made without profile_memory=True.
+        """
+        from . import memory
+
+        memory.parse_device(device)
+        memory.parse_source(source)
+        self._memory_check("memory_curve()")
+        results = self.results
+        return memory.memory_curve(results, device, sampler=results.memory_samples,
+                                   source=source)
+
+    def memory_summary(self):
+        """Peak memory per device and on the host, the op and line that reached it, the
+        largest allocations, and allocator overhead (a :class:`gpuprof.memory.MemorySummary`:
+        ``print()`` it, ``.to_dict()``).
+
+        Raises:
+            RuntimeError: the profile was made without profile_memory=True.
+        """
+        from . import memory
+
+        self._memory_check("memory_summary()")
+        results = self.results
+        return memory.memory_summary(results, sampler=results.memory_samples)
+
+    def plot_memory(self, path_or_ax=None):
+        """Plot the memory curves with matplotlib (``pip install matplotlib``).
+
+        Args:
+            path_or_ax: None returns a new matplotlib Figure; a file path saves the
+                figure there (format from the extension) and returns it; a matplotlib
+                Axes is drawn into and returned.
+        """
+        from . import memory
+
+        self._memory_check("plot_memory()")
+        results = self.results
+        return memory.plot_memory(results, path_or_ax, sampler=results.memory_samples)
+
+    def export_memory_timeline(self, path, device: str | None = None) -> str:
+        """Write memory over time, as torch.profiler's ``export_memory_timeline``: a path
+        ending in ``.html`` gets the plot (a PNG inside, needs matplotlib); ``.json`` or
+        ``.json.gz`` gets ``[times, sizes]``: times in microseconds on the profiler
+        clock and, per time, the sizes in bytes (``[allocated, reserved]`` for a CUDA
+        device, ``[rss]`` for "cpu").
+
+        Args:
+            path: the file to write.
+            device: "cuda:N" or "cpu"; default "cuda:0" when CUDA was captured, else "cpu".
+
+        Returns:
+            The path written.
+
+        Raises:
+            RuntimeError: the profile was made without profile_memory=True.
+            ValueError: a path suffix or device not of the forms above.
+        """
+        import gzip
+        import io
+        import json
+
+        import numpy as np
+
+        self._memory_check("export_memory_timeline()")
+        path = str(path)
+        if not path.endswith((".html", ".json", ".json.gz")):
+            raise ValueError(f"export_memory_timeline(): path must end in .html, .json or "
+                             f".json.gz, got {path!r}")
+        if device is None:
+            device = "cuda:0" if self.results.cuda.get("active") else "cpu"
+        curve = self.memory_curve(device)
+        if path.endswith(".html"):
+            import base64
+
+            fig = self.plot_memory()
+            png = io.BytesIO()
+            fig.savefig(png, format="png", bbox_inches="tight")
+            img = base64.b64encode(png.getvalue()).decode("ascii")
+            text = (f"<html><head><meta charset='utf-8'><title>gpuprof memory timeline"
+                    f"</title></head><body><img src='data:image/png;base64,{img}'></body>"
+                    f"</html>\n")
+        else:
+            fields = [f for f in curve.dtype.names if f != "timestamp_ns"]
+            times = (curve["timestamp_ns"] / 1e3).tolist()
+            sizes = np.stack([curve[f] for f in fields], axis=1).tolist() if len(curve) else []
+            text = json.dumps([times, sizes])
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+        return path
 
     # -- printable views (terminal text, HTML in notebooks) -----------------
     def kernel_table(self, sort_by: str = "total_ns", row_limit: int = 20):

@@ -41,7 +41,7 @@ except ImportError:  # not on Windows
 
 from . import _gpuprof
 
-__all__ = ["HOST_DTYPE", "SAMPLE_CAPACITY", "HostSampler", "Series"]
+__all__ = ["HOST_DTYPE", "SAMPLE_CAPACITY", "HostSampler", "SampleSnapshot", "Series"]
 
 SAMPLE_CAPACITY = 1 << 19
 HOST_DTYPE = np.dtype([("timestamp_ns", "i8"), ("rss_bytes", "i8")])
@@ -240,3 +240,62 @@ class HostSampler:
     def dropped(self) -> int:
         """Host samples overwritten because the series was full."""
         return self.host.dropped
+
+
+class _KeptAdapter:
+    """An allocator adapter's samples, kept: what ``memory.py`` reads of an adapter."""
+
+    def __init__(self, name: str, samples: dict[int, np.ndarray], error: str | None = None):
+        self.name = name
+        self._samples = samples
+        self.error = error
+
+    def samples(self) -> dict[int, np.ndarray]:
+        return dict(self._samples)
+
+
+class SampleSnapshot:
+    """What a :class:`HostSampler` recorded, frozen: the samples of a saved profile.
+
+    It answers what ``memory.py`` asks of a live sampler (``lock``, ``adapters``,
+    ``dropped_adapters``, ``host_samples()``, ``rss_source``, ``interval_s``,
+    ``dropped``, ``errors``), so a loaded profile's memory curves and summary are
+    computed by the same code as a live one's.
+
+    Args:
+        host: HOST_DTYPE rows.
+        allocators: adapter name -> {device index -> allocator rows}.
+    """
+
+    def __init__(self, host: np.ndarray, allocators: dict[str, dict[int, np.ndarray]], *,
+                 rss_source: str = "statm", interval_s: float = 0.0, dropped: int = 0,
+                 errors: list[str] | None = None):
+        self.lock = _thread.allocate_lock()
+        self._host = host
+        self.adapters = [_KeptAdapter(name, s) for name, s in allocators.items()]
+        self.dropped_adapters: list = []
+        self.rss_source = rss_source
+        self.interval_s = float(interval_s)
+        self.dropped = int(dropped)
+        self.errors = list(errors or [])
+
+    @classmethod
+    def of(cls, sampler, keep) -> SampleSnapshot:
+        """The samples of ``sampler`` (a HostSampler or a snapshot) whose timestamp
+        ``keep(timestamps)`` (a boolean mask) keeps."""
+        host = sampler.host_samples()
+        with sampler.lock:
+            adapters = list(sampler.adapters) + list(sampler.dropped_adapters)
+            per = {ad.name: ad.samples() for ad in adapters}
+        allocators = {name: {d: rows[keep(rows["timestamp_ns"])] for d, rows in s.items()}
+                      for name, s in per.items()}
+        return cls(host[keep(host["timestamp_ns"])], allocators,
+                   rss_source=sampler.rss_source, interval_s=sampler.interval_s,
+                   dropped=sampler.dropped, errors=sampler.errors)
+
+    def host_samples(self) -> np.ndarray:
+        return self._host
+
+    def allocators(self) -> dict[str, dict[int, np.ndarray]]:
+        """Adapter name -> {device index -> allocator rows}."""
+        return {ad.name: ad.samples() for ad in self.adapters}

@@ -215,6 +215,9 @@ class Results:
         self._windows = [_Window(w, self._device_props) for w in windows]
         self.cuda = cuda or {"active": False, "mode": "off", "error": None}
         self.meta = dict(meta or {})
+        # host and allocator memory samples (profile_memory=True): the live sampler
+        # (gpuprof._host_sampler.HostSampler) or the saved ones (SampleSnapshot)
+        self.memory_samples = None
 
     def _device_props(self) -> list[dict]:
         """Device properties for occupancy: saved with the results, else the live

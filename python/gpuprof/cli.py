@@ -6,23 +6,23 @@
     python -m gpuprof run --wait 5 --warmup 2 --active 10 -m mypackage.train
     python -m gpuprof run --delay 30 --duration 10 train.py
 
-Steps are found without code changes: every ``torch.optim.Optimizer.step``
-call ends a step when PyTorch is used, or ``--step-fn module:function`` names
-the function whose every return ends a step; with ``--delay/--duration`` a
-time window is recorded instead.
+Steps are found without code changes: every PyTorch optimizer step ends one
+(``gpuprof._steps``), or ``--step-fn module:function`` names the function whose
+every return ends one; ``--delay/--duration`` record a time window instead.
+
+Every argument is checked before the program starts: a bad one gets one line on
+stderr and exit code 2. When the program has ended, the ``--output`` files are
+written first, then the tables and the diagnosis go to stdout (after the
+program's own output); progress and warnings go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
-import importlib.abc
-import importlib.util
+import math
 import os
-import runpy
+import signal
 import sys
-import threading
 import traceback
 
 __all__ = ["main"]
@@ -32,103 +32,265 @@ class _CliError(Exception):
     """A bad argument: printed as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (naming the argument), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"gpuprof: error: {message} (see {self.prog} --help)\n")
+
+
+# -- argument types: each names what it wants ---------------------------------------------
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo:
+            want = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _seconds(positive: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            want = "> 0" if positive else ">= 0"
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {want}, got {text!r}")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
+def _sort_key(text: str) -> str:
+    from .tables import SORT_KEYS
+
+    if text not in SORT_KEYS:
+        raise argparse.ArgumentTypeError(f"unknown sort key {text!r}; use one of "
+                                         + ", ".join(sorted(SORT_KEYS)))
+    return text
+
+
+def _step_fn(text: str) -> str:
+    from ._steps import parse
+
+    try:
+        parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+_positive = _int_at_least(1)
+_natural = _int_at_least(0)
+
+
+# -- run ----------------------------------------------------------------------------------
+def _check_output_dir(path: str) -> None:
+    """--output names a folder that exists or can be created, and can be written."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise _CliError(f"--output: {path!r} is a file, not a folder; name a folder "
+                            "(created if missing)")
+        parent = path
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise _CliError(f"--output: cannot create {path!r}: {parent!r} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _CliError(f"--output: cannot write in {parent!r} (permission denied); name "
+                        "another folder")
+
+
 def _profile_kwargs(args) -> dict:
     import gpuprof
 
     kwargs: dict = {"profile_memory": args.memory, "with_stack": args.with_stack}
-    if getattr(args, "subprocesses", False):  # -- subprocesses (docs/subprocesses.md) --
+    if args.subprocesses:  # -- subprocesses (docs/subprocesses.md) --
         kwargs["subprocesses"] = True
     if args.cuda is not None:
         kwargs["activities"] = [gpuprof.ProfilerActivity.CPU] + (
             [gpuprof.ProfilerActivity.CUDA] if args.cuda else [])
     if args.active is not None:
-        kwargs["schedule"] = gpuprof.schedule(wait=args.wait, warmup=args.warmup,
-                                              active=args.active, repeat=args.repeat)
-    if getattr(args, "capture_range", None):  # -- capture ranges (docs/nvtx.md) --
-        if args.active is not None:
-            raise _CliError("--capture-range and --active cannot be combined: the capture range "
-                            "decides when to record")
-        try:
-            gpuprof._nvtx.parse_capture(args.capture_range)
-        except ValueError as e:
-            raise _CliError(f"--capture-range: {e}") from None
+        kwargs["schedule"] = gpuprof.schedule(
+            wait=args.wait or 0, warmup=1 if args.warmup is None else args.warmup,
+            active=args.active, repeat=1 if args.repeat is None else args.repeat)
+    if args.capture_range:  # -- capture ranges (docs/nvtx.md) --
         kwargs["capture"] = args.capture_range
     return kwargs
 
 
-class _StepHook(importlib.abc.MetaPathFinder):
-    """Wraps a function when its module is imported, so that each return ends a step."""
+def _check_run(args) -> None:
+    """Every check of ``run``'s arguments that needs no program: raises _CliError."""
+    import gpuprof
 
-    def __init__(self, targets: dict[str, list[str]], on_step):
-        self.targets = targets  # module -> attribute paths
-        self.on_step = on_step
-        self.patched: list[str] = []
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.targets:
-            return None
-        sys.meta_path.remove(self)
+    window = args.delay is not None or args.duration is not None
+    if args.active is None:
+        for name in ("wait", "warmup", "repeat"):
+            if getattr(args, name) is not None:
+                raise _CliError(f"--{name} applies to the step schedule: give --active N too")
+    if args.capture_range and args.active is not None:
+        raise _CliError("--capture-range and --active cannot be combined: the capture range "
+                        "decides when to record")
+    if window and (args.active is not None or args.capture_range):
+        other = "--active" if args.active is not None else "--capture-range"
+        raise _CliError(f"--delay/--duration record a time window and cannot be combined with "
+                        f"{other}; use one of them")
+    if args.output is not None:
+        _check_output_dir(args.output)
+    if args.cuda:
+        status = gpuprof.cuda_status()
+        if not status["usable"]:
+            raise _CliError(f"--cuda: GPU capture is not usable here: {status['reason']}; "
+                            "leave --cuda out to profile the CPU side")
+    if args.capture_range:
         try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        original = loader.exec_module
+            gpuprof._nvtx.parse_capture(args.capture_range)
+        except ValueError as e:
+            raise _CliError(f"--capture-range: {e}") from None
+        if args.capture_range == "cudaProfilerApi":
+            status = gpuprof.cuda_status()
+            if args.cuda is False:
+                raise _CliError("--capture-range cudaProfilerApi needs GPU capture: leave "
+                                "--no-cuda out")
+            if not status["usable"]:
+                raise _CliError("--capture-range cudaProfilerApi needs GPU capture, which is "
+                                f"off here: {status['reason']}")
 
-        def exec_module(module, _orig=original, _name=fullname):
-            _orig(module)
-            for attr in self.targets[_name]:
-                self._patch(module, attr, f"{_name}:{attr}")
 
-        loader.exec_module = exec_module
-        return spec
+class _TimeWindow:
+    """--delay/--duration: start and stop the profiler on the program's main thread.
 
-    def patch_loaded(self):
-        for mod, attrs in self.targets.items():
-            if mod in sys.modules:
-                for attr in attrs:
-                    self._patch(sys.modules[mod], attr, f"{mod}:{attr}")
+    SIGALRM (``setitimer``) runs the handler on the main thread between two
+    bytecodes, also when it was waiting in a system call, which is retried. No
+    thread of gpuprof's runs meanwhile, so none appears in the results, and the
+    window's steps belong to the main thread as they would with ``prof.step()``.
+    """
 
-    def _patch(self, module, attr, label):
-        owner = module
-        parts = attr.split(".")
-        for p in parts[:-1]:
-            owner = getattr(owner, p, None)
-            if owner is None:
+    def __init__(self, prof, counter, delay: float | None, duration: float | None):
+        self.prof = prof
+        self.counter = counter
+        self.delay = delay or 0.0
+        self.duration = duration
+        self.state = "waiting"  # -> recording -> done
+        self.error: str | None = None
+        self._previous = None
+
+    def arm(self) -> None:
+        if self.delay == 0:
+            self.prof.start()
+            self.state = "recording"
+            if self.duration is None:
                 return
-        fn = getattr(owner, parts[-1], None)
-        if fn is None or getattr(fn, "_gpuprof_step", False):
+        self._previous = signal.signal(signal.SIGALRM, self._fire)
+        signal.setitimer(signal.ITIMER_REAL, self.delay or self.duration)
+
+    def disarm(self) -> None:
+        if self._previous is None:
             return
-        on_step = self.on_step
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if signal.getsignal(signal.SIGALRM) == self._fire:
+            signal.signal(signal.SIGALRM, self._previous)
+        elif self.state != "done":
+            self.error = ("the program replaced gpuprof's SIGALRM handler, which ends "
+                          "--delay/--duration")
+        self._previous = None
 
-        @functools.wraps(fn)
-        def wrapper(*a, **kw):
-            try:
-                return fn(*a, **kw)
-            finally:
-                on_step()
+    def _fire(self, signum, frame) -> None:
+        if self.counter.in_step:  # inside prof.step(): try again in a millisecond
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
+            return
+        try:
+            if self.state == "waiting":
+                self.state = "recording"
+                self.prof.start()
+                if self.duration is not None:
+                    signal.setitimer(signal.ITIMER_REAL, self.duration)
+            elif self.state == "recording":
+                self.state = "done"
+                self.prof.stop()
+        except Exception as e:  # noqa: BLE001 - never into the program: reported at the end
+            self.error = f"{e}"
+            self.state = "done"
 
-        wrapper._gpuprof_step = True
-        setattr(owner, parts[-1], wrapper)
-        self.patched.append(label)
+
+def cmd_run(args) -> int:
+    import gpuprof
+
+    from . import _launch, _steps
+
+    _check_run(args)
+    try:
+        program = _launch.find(args.target, args.module)
+    except _launch.LaunchError as e:
+        raise _CliError(str(e)) from None
+    if program.path0 not in sys.path[:1]:
+        sys.path.insert(0, program.path0)
+    try:
+        prof = gpuprof.profile(**_profile_kwargs(args))
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise _CliError(str(e)) from None
+    counter = _steps.StepCounter(prof)
+    watch = _steps.ImportWatch()
+    if args.step_fn:
+        main_names = {"__main__", program.module_name}
+        source = _steps.StepFunction(args.step_fn, counter, main_names)
+        transform = source.transform if source.in_main else None
+        init_globals = source.binder() if source.in_main else None
+    else:
+        source = _steps.OptimizerSteps(counter)
+        transform = init_globals = None
+    try:
+        code = program.compile(transform)
+    except _launch.LaunchError as e:
+        raise _CliError(f"--step-fn: {e}") from None
+    except SyntaxError as e:  # the program's own error, as Python prints it
+        traceback.print_exception(type(e), e, None)
+        return 1
+
+    out = sys.stdout  # the report goes here, even if the program replaces sys.stdout
+    window = _TimeWindow(prof, counter, args.delay, args.duration)
+    source.install(watch)
+    watch.install()
+    code_rc = 0
+    try:
+        try:
+            if args.delay is None and args.duration is None:
+                prof.start()
+            else:
+                window.arm()
+        except RuntimeError as e:  # another profiler holds the hook: nothing has run yet
+            raise _CliError(str(e)) from None
+        code_rc = _run_program(program, code, args.args, init_globals)
+    finally:
+        window.disarm()
+        if prof.running:
+            prof.stop()
+        watch.uninstall()
+        if isinstance(source, _steps.OptimizerSteps):
+            source.uninstall()
+    return _finish_run(prof, args, counter, source, window, out, code_rc)
 
 
-def _run_target(args) -> int:
-    """Run the script or module as __main__; return its exit code.
+def _run_program(program, code, argv, init_globals) -> int:
+    """Run the program; return its exit code.
 
     An exception escaping the program is printed as Python would print it
-    (without gpuprof's and runpy's frames) and gives exit code 1, or 130 for
+    (without gpuprof's frames) and gives exit code 1, or 130 for
     KeyboardInterrupt, after which the profile is still reported.
     """
-    sys.argv = [args.target] + list(args.args)
     try:
-        if args.module:
-            runpy.run_module(args.target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
-            runpy.run_path(args.target, run_name="__main__")
+        program.run(code, argv, init_globals)
     except SystemExit as e:
         code = e.code
         if code is None:
@@ -147,7 +309,94 @@ def _run_target(args) -> int:
 
 
 def _is_ours(filename: str) -> bool:
-    return filename.startswith(os.path.dirname(__file__)) or "runpy" in filename
+    return filename.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
+
+def _finish_run(prof, args, counter, source, window, out, code: int) -> int:
+    """Files first, then the report on ``out``, then what went wrong with the steps."""
+    try:
+        results = prof.results
+    except RuntimeError:
+        results = None
+    failed = False
+    if results is not None and args.output:
+        try:
+            for path in _write_outputs(prof, args.output, args.trace_min_us):
+                print(f"gpuprof: wrote {path}", file=sys.stderr)
+        except OSError as e:
+            print(f"gpuprof: error: writing --output {args.output!r} failed: {e}",
+                  file=sys.stderr)
+            failed = True
+    _flush(sys.stdout)
+    if results is not None:
+        try:
+            _report_run(prof, results, args, counter, source, out)
+            _flush(out)
+        except BrokenPipeError:  # `| head`: the reader has gone, the files are written
+            _quiet_broken_pipe()
+            return code
+        except Exception as e:  # noqa: BLE001 - printing failed; the files are kept
+            print(f"gpuprof: error: printing the report failed: {e!r}", file=sys.stderr)
+            failed = True
+    for line in _problems(args, results, counter, source, window):
+        print(f"gpuprof: {line}", file=sys.stderr)
+    return code if code or not failed else 1
+
+
+def _flush(stream) -> None:
+    try:
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _quiet_broken_pipe() -> None:
+    # Python would print another BrokenPipeError when it flushes stdout at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _problems(args, results, counter, source, window) -> list[str]:
+    """One line for each reason the recording is not what was asked for."""
+    lines = []
+    if window.error:
+        lines.append(f"--delay/--duration: {window.error}")
+    elif window.state == "waiting" and args.delay:
+        lines.append(f"nothing recorded: the program ended before --delay {args.delay:g} s; "
+                     "give a shorter --delay")
+    if counter.error:
+        lines.append(counter.error)
+    why = source.problem()
+    hint = ("name the function that ends a step with --step-fn module:function, or record a "
+            "time window with --delay S --duration S")
+    if why is not None and counter.found == 0:
+        if args.step_fn:
+            lines.append(f"--step-fn {args.step_fn} never ran: {why}; name another function "
+                         "with --step-fn, or record a time window with --delay S --duration S")
+        elif args.active is not None:
+            lines.append(f"nothing recorded: --active counts steps and none were found ({why}); "
+                         + hint)
+        elif args.delay is None and args.duration is None and not args.capture_range:
+            lines.append(f"no steps found ({why}): the whole run is one step; to see steps, "
+                         + hint)
+    elif results is not None and args.active is not None and \
+            len(results.steps()) < args.active:
+        lines.append(f"recorded {len(results.steps())} of the {args.active} --active steps: the "
+                     f"program ended after {counter.found} step(s)")
+    elif results is None and args.active is not None and counter.found:
+        need = (args.wait or 0) + (1 if args.warmup is None else args.warmup) + 1
+        lines.append(f"nothing recorded: the program ended after {counter.found} step(s), and "
+                     f"--wait/--warmup/--active start recording at step {need}; lower "
+                     "--wait or --warmup")
+    elif results is None and args.capture_range:
+        lines.append(f"nothing recorded: the program never entered --capture-range "
+                     f"{args.capture_range}")
+    elif results is None and not lines:
+        lines.append("nothing recorded")
+    return lines
 
 
 def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
@@ -161,76 +410,22 @@ def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
     return [path for path, _ in outputs]
 
 
-def cmd_run(args) -> int:
-    import gpuprof
-
-    if (args.delay is None) != (args.duration is None):
-        raise _CliError("--delay and --duration go together")
-    if not 0 <= args.trace_min_us < float("inf"):
-        raise _CliError(f"--trace-min-us must be >= 0 and finite, got {args.trace_min_us}")
-    if args.module:
-        if importlib.util.find_spec(args.target) is None:
-            raise _CliError(f"no module named {args.target!r}")
-    elif not os.path.isfile(args.target):
-        raise _CliError(f"no such script: {args.target!r}")
-    prof = gpuprof.profile(**_profile_kwargs(args))
-    steps = {"n": 0}
-
-    def on_step():
-        if prof.running:
-            prof.step()
-            steps["n"] += 1
-
-    targets: dict[str, list[str]] = {"torch.optim.optimizer": ["Optimizer.step"]}
-    if args.step_fn:
-        if ":" not in args.step_fn:
-            raise _CliError("--step-fn takes module:function, e.g. train:train_step")
-        mod, attr = args.step_fn.split(":", 1)
-        targets = {mod: [attr]}
-    hook = _StepHook(targets, on_step)
-    sys.meta_path.insert(0, hook)
-    hook.patch_loaded()
-    timers = []
-    if args.delay is not None:
-        timers = [threading.Timer(args.delay, prof.start),
-                  threading.Timer(args.delay + args.duration, prof.stop)]
-        for t in timers:
-            t.daemon = True
-            t.start()
-    else:
-        prof.start()
-    code = 0
-    try:
-        code = _run_target(args)
-    finally:
-        for t in timers:
-            t.cancel()
-        if prof.running:
-            prof.stop()
-        if hook in sys.meta_path:
-            sys.meta_path.remove(hook)
-        _report_run(prof, args, steps["n"], hook.patched)
-    return code
-
-
-def _report_run(prof, args, n_steps, patched):
-    out = sys.stderr
-    try:
-        results = prof.results
-    except RuntimeError as e:
-        print(f"gpuprof: nothing recorded ({e})", file=out)
-        return
+def _report_run(prof, results, args, counter, source, out) -> None:
     sort = args.sort or ("self_cuda_time_total" if results.cuda.get("active")
                          else "self_cpu_time_total")
     print(prof.key_averages().table(sort_by=sort, row_limit=args.limit), file=out)
-    if getattr(prof, "subprocesses", False):  # -- subprocesses --
+    if prof.subprocesses:  # -- subprocesses --
         _report_processes(prof, args, out)
-    how = ", ".join(patched) if patched else ("time window" if args.delay is not None else "none")
-    print(f"steps detected: {n_steps} (step boundaries: {how})", file=out)
+    recorded = f"{len(results.steps())} recorded"
+    if args.delay is not None or args.duration is not None:
+        recorded += " in the --delay/--duration window"
+    elif args.capture_range:
+        recorded += f" in --capture-range {args.capture_range}"
+    print(f"steps: {recorded}, {counter.found} found (step boundaries: {source.describe()})",
+          file=out)
+    if args.memory:
+        print(prof.memory_summary(), file=out)
     print(prof.diagnose(), file=out)
-    if args.output:
-        for path in _write_outputs(prof, args.output, args.trace_min_us):
-            print(f"gpuprof: wrote {path}", file=out)
 
 
 # -- subprocesses (docs/subprocesses.md) --
@@ -261,30 +456,52 @@ def cmd_demo(args) -> int:
     return demo.main([])
 
 
+# -- report -------------------------------------------------------------------------------
+def _is_trace(path: str) -> bool:
+    return path.endswith((".json", ".json.gz"))
+
+
 def cmd_report(args) -> int:
     import gpuprof
 
-    if not os.path.isfile(args.file):
-        raise _CliError(f"cannot read {args.file!r}: no such file")
-    if args.file.endswith((".json", ".json.gz")):
-        print(_trace_report(args.file, args.kernels, args.limit))
-        return 0
-    load = getattr(gpuprof, "load", None)
-    if load is None:
-        raise _CliError("this build cannot read saved profiles")
-    try:
-        prof = load(args.file)
-    except (OSError, ValueError, KeyError) as e:
-        raise _CliError(f"cannot read {args.file!r}: {e}") from e
-    if args.kernels:
-        _print_kernels(prof.kernels(), args.limit)
-    elif args.steps:
-        _print_steps(prof.steps())
-    elif args.memory and hasattr(prof, "memory_summary"):
-        print(prof.memory_summary())
-    else:
-        sort = args.sort or "self_cuda_time_total"
-        print(prof.key_averages().table(sort_by=sort, row_limit=args.limit))
+    traces = [f for f in args.files if _is_trace(f)]
+    for f in args.files:
+        if not os.path.isfile(f):
+            raise _CliError(f"cannot read {f!r}: no such file")
+    if traces and (args.steps or args.memory or args.sort):
+        flag = "--steps" if args.steps else "--memory" if args.memory else "--sort"
+        raise _CliError(f"{flag} needs a saved profile (.gpuprof), and {traces[0]!r} is a "
+                        "Chrome trace (its report lists events by total time)")
+    loaded = {}
+    for f in args.files:
+        if _is_trace(f):
+            continue
+        try:
+            loaded[f] = gpuprof.load(f)
+        except (OSError, ValueError, KeyError) as e:
+            raise _CliError(f"cannot read {f!r}: {e}") from None
+        if args.memory and not loaded[f].profile_memory:
+            raise _CliError(f"--memory: {f!r} has no memory data: it was recorded without "
+                            "memory (record with `python -m gpuprof run --memory` or "
+                            "profile(profile_memory=True))")
+    several = len(args.files) > 1
+    for i, f in enumerate(args.files):
+        if several:
+            print(("\n" if i else "") + f"== {f}")
+        if _is_trace(f):
+            print(_trace_report(f, args.kernels, args.limit))
+            continue
+        prof = loaded[f]
+        if args.kernels:
+            print(prof.kernel_table(row_limit=args.limit))
+        elif args.steps:
+            print(prof.step_table())
+        elif args.memory:
+            print(prof.memory_summary())
+        else:
+            sort = args.sort or ("self_cuda_time_total" if prof.results.cuda.get("active")
+                                 else "self_cpu_time_total")
+            print(prof.key_averages().table(sort_by=sort, row_limit=args.limit))
     return 0
 
 
@@ -321,28 +538,23 @@ def _trace_report(path: str, kernels: bool, limit: int):
                  footer=f"{len(totals)} names; {sum(v[0] for v in totals.values())} events")
 
 
-def _print_kernels(k, limit):
-    from .views import kernel_table
-
-    print(kernel_table(k, row_limit=limit))
-
-
-def _print_steps(s):
-    from .views import step_table
-
-    print(step_table(s))
-
-
+# -- compare ------------------------------------------------------------------------------
 def cmd_compare(args) -> int:
     import gpuprof
 
-    compare = getattr(gpuprof, "compare", None)
-    if compare is None:
-        raise _CliError("compare is not available in this build")
-    for f in (args.before, args.after):
+    for flag, f in (("BEFORE", args.before), ("AFTER", args.after)):
         if not os.path.isfile(f):
-            raise _CliError(f"cannot read {f!r}: no such file")
-    print(compare(args.before, args.after))
+            raise _CliError(f"{flag}: cannot read {f!r}: no such file")
+    loaded = []
+    for flag, f in (("BEFORE", args.before), ("AFTER", args.after)):
+        if _is_trace(f):
+            raise _CliError(f"{flag}: {f!r} is a Chrome trace; compare reads saved profiles "
+                            "(.gpuprof, written by `run --output` or prof.save())")
+        try:
+            loaded.append(gpuprof.load(f))
+        except (OSError, ValueError, KeyError) as e:
+            raise _CliError(f"{flag}: cannot read {f!r}: {e}") from None
+    print(gpuprof.compare(*loaded, limit=args.limit))
     return 0
 
 
@@ -368,58 +580,128 @@ def cmd_merge(args) -> int:
 # -- end merge --
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpuprof",
-                                description="Profile Python programs that drive GPUs.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _version() -> str:
+    from . import __version__
 
-    d = sub.add_parser("demo", help="profile a bundled training loop and print the results")
+    return f"gpuprof {__version__}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m gpuprof",
+                description="Profile Python programs that drive GPUs: Python and C calls, "
+                "CUDA kernels, memory, and which line launched what.",
+                epilog="`python -m gpuprof COMMAND --help` describes a command.")
+    p.add_argument("--version", action="version", version=_version())
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+
+    d = sub.add_parser("demo", help="profile a bundled training loop and print the results",
+                       description="Profile a bundled CPU training loop and print its table "
+                       "and diagnosis.")
     d.set_defaults(fn=cmd_demo)
 
-    r = sub.add_parser("run", help="profile an unmodified script or module")
-    r.add_argument("-m", dest="module", action="store_true", help="run a module (like python -m)")
-    r.add_argument("--wait", type=int, default=0)
-    r.add_argument("--warmup", type=int, default=1)
-    r.add_argument("--active", type=int, default=None,
-                   help="record this many steps per cycle (default: the whole run)")
-    r.add_argument("--repeat", type=int, default=1)
-    r.add_argument("--cuda", dest="cuda", action="store_true", default=None)
-    r.add_argument("--no-cuda", dest="cuda", action="store_false")
-    r.add_argument("--memory", action="store_true", help="record device memory")
-    r.add_argument("--with-stack", action="store_true")
-    r.add_argument("--step-fn", help="module:function whose every return ends a step")
-    r.add_argument("--subprocesses", action="store_true",
-                   help="also profile child processes started by the program (DataLoader "
-                        "workers, multiprocessing); they are shown per process")
-    r.add_argument("--capture-range", metavar="cudaProfilerApi|nvtx:NAME[@DOMAIN]",
-                   help="record only between cudaProfilerStart() and cudaProfilerStop() "
-                        "(torch.cuda.profiler.start/stop), or inside NVTX ranges named NAME")
-    r.add_argument("--delay", type=float, help="seconds before recording starts")
-    r.add_argument("--duration", type=float, help="seconds to record")
-    r.add_argument("--output", "-o", help="directory for the trace, saved profile and stacks")
-    r.add_argument("--trace-min-us", type=float, default=0.0, metavar="US",
-                   help="leave Python and C calls shorter than US microseconds that launched "
-                        "no CUDA work out of the trace (counted in its header; default 0: "
-                        "every call)")
-    r.add_argument("--sort", help="table sort key (default: self CUDA or self CPU time)")
-    r.add_argument("--limit", type=int, default=20, help="table rows")
-    r.add_argument("target", help="script path, or module name with -m")
-    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
+    r = sub.add_parser(
+        "run", help="profile an unmodified script or module", allow_abbrev=False,
+        description="Run a Python script (or a module with -m) under the profiler, then print "
+        "its op table, steps and diagnosis on stdout, after the program's own output. Steps "
+        "are the program's PyTorch optimizer steps, or the returns of --step-fn; the "
+        "program's exit code is kept.",
+        epilog="Example: python -m gpuprof run --active 5 --output prof/ train.py --epochs 1")
+    r.add_argument("-m", dest="module", action="store_true",
+                   help="TARGET is a module name, run as `python -m TARGET` would (default: "
+                   "TARGET is a script)")
+    sched = r.add_argument_group(
+        "step schedule", "Record only some steps, as torch.profiler.schedule: skip --wait steps, "
+        "run --warmup steps, record --active steps; --repeat such cycles. Without --active the "
+        "whole run is recorded.")
+    sched.add_argument("--wait", type=_natural, metavar="N",
+                       help="steps to skip before each cycle (default: 0)")
+    sched.add_argument("--warmup", type=_natural, metavar="N",
+                       help="steps run but not recorded before the active ones (default: 1)")
+    sched.add_argument("--active", type=_positive, metavar="N",
+                       help="steps to record in each cycle (default: none: record the whole run)")
+    sched.add_argument("--repeat", type=_natural, metavar="N",
+                       help="cycles to record; 0 repeats until the program ends; the last "
+                       "cycle is reported (default: 1)")
+    steps = r.add_argument_group("steps and windows")
+    steps.add_argument("--step-fn", type=_step_fn, metavar="MODULE:FUNCTION",
+                       help="end a step at every return of this function instead of at "
+                       "PyTorch optimizer steps; MODULE is a module the program imports, or "
+                       "__main__ (or the script's name) for a function of the script, and "
+                       "FUNCTION may be Class.method (default: PyTorch optimizer steps)")
+    steps.add_argument("--delay", type=_seconds(False), metavar="S",
+                       help="start recording S seconds after the program starts (default: at "
+                       "once)")
+    steps.add_argument("--duration", type=_seconds(True), metavar="S",
+                       help="record for S seconds (default: until the program ends)")
+    steps.add_argument("--capture-range", metavar="cudaProfilerApi|nvtx:NAME[@DOMAIN]",
+                       help="record only between cudaProfilerStart() and cudaProfilerStop() "
+                       "(torch.cuda.profiler.start/stop), or inside NVTX ranges named NAME "
+                       "(default: off)")
+    what = r.add_argument_group("what to record")
+    cuda = what.add_mutually_exclusive_group()
+    cuda.add_argument("--cuda", dest="cuda", action="store_true", default=None,
+                      help="record CUDA kernels, copies and allocations; an error if GPU "
+                      "capture is not usable here (default: on when usable)")
+    cuda.add_argument("--no-cuda", dest="cuda", action="store_false",
+                      help="record the CPU side only (default: off)")
+    what.add_argument("--memory", action="store_true",
+                      help="record device allocations, allocator and host memory, and print "
+                      "the memory summary (default: off)")
+    what.add_argument("--with-stack", action="store_true",
+                      help="accepted for torch.profiler compatibility: the call tree is always "
+                      "kept (default: off)")
+    what.add_argument("--subprocesses", action="store_true",
+                      help="also profile child processes started by the program (DataLoader "
+                      "workers, multiprocessing); they are shown per process (default: off)")
+    outp = r.add_argument_group("output")
+    outp.add_argument("--output", "-o", metavar="DIR",
+                      help="write the Chrome trace (.pt.trace.json.gz), the saved profile "
+                      "(.gpuprof) and the stacks (.stacks.txt) into DIR, created if missing "
+                      "(default: no files)")
+    outp.add_argument("--trace-min-us", type=_seconds(False), default=0.0, metavar="US",
+                      help="leave Python and C calls shorter than US microseconds that launched "
+                      "no CUDA work out of the trace (counted in its header; default: 0, every "
+                      "call)")
+    outp.add_argument("--sort", type=_sort_key, metavar="KEY",
+                      help="sort the table by KEY, a torch.profiler sort key such as "
+                      "self_cpu_time_total, cuda_time_total or count (default: "
+                      "self_cuda_time_total with GPU capture, else self_cpu_time_total)")
+    outp.add_argument("--limit", type=_positive, default=20, metavar="N",
+                      help="rows of the table (default: 20)")
+    r.add_argument("target", metavar="TARGET", help="the script to run, or a module with -m")
+    # (filled by _split_run: everything after TARGET, `--` included, is the program's)
+    r.add_argument("args", nargs="*", default=[], metavar="ARGS", help="arguments for the program")
     r.set_defaults(fn=cmd_run)
+    p.run_parser = r
 
-    rep = sub.add_parser("report", help="print tables from a saved profile")
-    rep.add_argument("file")
-    rep.add_argument("--sort")
-    rep.add_argument("--limit", type=int, default=20)
+    rep = sub.add_parser(
+        "report", help="print tables from saved profiles or traces",
+        description="Print tables from saved profiles (.gpuprof) or Chrome traces "
+        "(.json, .json.gz), one after the other.")
+    rep.add_argument("files", nargs="+", metavar="FILE",
+                     help="saved profiles (.gpuprof) or Chrome traces")
+    rep.add_argument("--sort", type=_sort_key, metavar="KEY",
+                     help="sort the op table by KEY (default: self_cuda_time_total when the "
+                     "profile has GPU data, else self_cpu_time_total)")
+    rep.add_argument("--limit", type=_positive, default=20, metavar="N",
+                     help="rows of each table (default: 20)")
     g = rep.add_mutually_exclusive_group()
-    g.add_argument("--kernels", action="store_true")
-    g.add_argument("--steps", action="store_true")
-    g.add_argument("--memory", action="store_true")
+    g.add_argument("--kernels", action="store_true",
+                   help="GPU kernels, copies and memsets instead of ops (default: ops)")
+    g.add_argument("--steps", action="store_true",
+                   help="one line per recorded step instead of ops (default: ops)")
+    g.add_argument("--memory", action="store_true",
+                   help="the memory summary (profiles recorded with --memory) instead of ops "
+                   "(default: ops)")
     rep.set_defaults(fn=cmd_report)
 
-    c = sub.add_parser("compare", help="compare two saved profiles")
-    c.add_argument("before")
-    c.add_argument("after")
+    c = sub.add_parser("compare", help="compare two saved profiles",
+                       description="Per-step differences of ops and kernels between two saved "
+                       "profiles, and the findings gone or new.")
+    c.add_argument("before", metavar="BEFORE", help="the saved profile (.gpuprof) to compare from")
+    c.add_argument("after", metavar="AFTER", help="the saved profile (.gpuprof) to compare to")
+    c.add_argument("--limit", type=_positive, default=15, metavar="N",
+                   help="rows of each list of changes (default: 15)")
     c.set_defaults(fn=cmd_compare)
 
     # -- merge (gpuprof.distributed) --
@@ -427,22 +709,52 @@ def _parser() -> argparse.ArgumentParser:
                         description="Write one trace with a process per rank (open it in "
                         "Perfetto) and print per-rank step, compute, communication and idle "
                         "time with the slowest rank of each step.")
-    mg.add_argument("out", help="the merged trace to write (.json or .json.gz)")
-    mg.add_argument("traces", nargs="+", help="per-rank traces (or one folder of them)")
+    mg.add_argument("out", metavar="OUT", help="the merged trace to write (.json or .json.gz)")
+    mg.add_argument("traces", nargs="+", metavar="TRACE",
+                    help="per-rank traces (or one folder of them)")
     mg.add_argument("--align", choices=("auto", "clock", "step"), default="auto",
                     help="auto: the traces' clocks unless ranks disagree by far more than a "
                     "step, then their first common ProfilerStep (default: auto)")
-    mg.add_argument("--ranks", help="rank of each trace, comma-separated, when the traces "
-                    "carry none")
-    mg.add_argument("--limit", type=int, default=20, help="steps shown in the per-step table")
+    mg.add_argument("--ranks", metavar="R,R,...",
+                    help="rank of each trace, comma-separated, when the traces carry none "
+                    "(default: from the traces)")
+    mg.add_argument("--limit", type=_positive, default=20, metavar="N",
+                    help="steps shown in the per-step table (default: 20)")
     mg.set_defaults(fn=cmd_merge)
     # -- end merge --
     return p
 
 
+def _split_run(run_parser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """``run``'s own arguments up to TARGET, and the program's after it (as given)."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i] + argv[i + 1:i + 2], argv[i + 2:]
+        if not token.startswith("-") or token == "-":
+            return argv[:i + 1], argv[i + 1:]
+        action = run_parser._option_string_actions.get(token)
+        i += 2 if action is not None and action.nargs != 0 else 1
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        parser.print_help()
+        return 2
+    program_args = None
+    if argv[0] == "run":
+        own, program_args = _split_run(parser.run_parser, argv[1:])
+        argv = ["run"] + own
     args = parser.parse_args(argv)
+    if program_args is not None:
+        args.args = program_args
+    if args.cmd is None:  # only options that do nothing alone
+        parser.print_help()
+        return 2
     try:
         return args.fn(args)
     except _CliError as e:

@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 
 from ._allocators import ADAPTERS, active_adapters
-from ._host_sampler import HOST_DTYPE, HostSampler
+from ._host_sampler import HOST_DTYPE, HostSampler, SampleSnapshot
 from ._paths import source_location
 from ._results import Results
 from ._spans import python_caller, span_at
@@ -72,6 +72,14 @@ def start_sampler(interval_s: float, owner=None) -> HostSampler | None:
                       "memory curves will be empty", stacklevel=3)
         return None
     return sampler
+
+
+def kept_samples(results: Results, sampler) -> SampleSnapshot | None:
+    """The sampler's host and allocator samples inside the recorded windows, frozen
+    (what a saved profile keeps); None without a sampler."""
+    if sampler is None:
+        return None
+    return SampleSnapshot.of(sampler, lambda ts: _in_windows(ts, results))
 
 
 def validate_interval(value) -> float:

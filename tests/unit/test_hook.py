@@ -1,6 +1,7 @@
 """The Python call profiler: counts, times, naming, and the hard cases."""
 
 import asyncio
+import os
 import sys
 import threading
 
@@ -203,10 +204,27 @@ def test_gpuprof_frames_are_hidden():
         for _ in range(3):
             leaf(0)
             prof.step()
+    # the package's own folder, not "gpuprof" anywhere: a clone lives in .../gpuprof/
+    package = os.path.dirname(os.path.abspath(gpuprof.__file__)) + os.sep
     files = {str(f) for f in prof.ops()["file"]}
-    assert not any("gpuprof" in f and "tests" not in f for f in files), files
+    assert any(f.endswith("test_hook.py") for f in files), files
+    assert not any(f.startswith(package) for f in files), files
     names = set(prof.ops()["name"])
     assert "step" not in names and "Profiler.step" not in names
+
+
+def test_runpy_frames_are_hidden(tmp_path):
+    """runpy starts `python -m` programs: its frames are the launcher's, not the program's."""
+    import runpy
+
+    script = tmp_path / "prog.py"
+    script.write_text("def work():\n    return sum(range(1000))\n\nwork()\n")
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        runpy.run_path(str(script))
+    ops = prof.ops()
+    files = {str(f) for f in ops["file"]}
+    assert str(script) in files and "work" in set(ops["name"])
+    assert runpy.run_path.__code__.co_filename not in files, files
 
 
 def test_event_record_is_16_bytes():

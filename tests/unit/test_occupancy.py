@@ -274,10 +274,10 @@ def test_kernels_array_carries_occupancy_through_the_c_aggregation():
 
 
 def test_kernel_table_shows_occupancy(capsys):
-    # `gpuprof report --kernels` prints this table
-    from gpuprof.cli import _print_kernels
+    # `gpuprof report --kernels` prints this table (LoadedProfile.kernel_table)
+    from gpuprof.views import kernel_table
 
-    _print_kernels(_results({"device_properties": [H100]}).kernels(), 10)
+    print(kernel_table(_results({"device_properties": [H100]}).kernels(), row_limit=10))
     out = capsys.readouterr().out
     assert "Occ" in out
     lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith(("gemm", "conv"))}

@@ -13,6 +13,13 @@ the main process under ``p<j>w<k>/``, and ``meta.json`` lists the children
 (``subprocesses``: pid, ppid, name, start method, status and their windows'
 scalars). The key is absent when children were not profiled. Version 1 files
 (no children) still load.
+
+Format version 3 adds the memory samples of ``profile(profile_memory=True)``
+inside the recorded windows (docs/memory.md): host RSS as ``memory/host.npy``,
+each framework allocator's samples of device ``d`` as
+``memory/<allocator>.<d>.npy``, and the sampler's scalars under ``memory`` in
+``meta.json`` (absent without profile_memory). Files of versions 1 and 2 load;
+theirs is the memory that CUPTI recorded, in the windows' GPU records.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from .chrome import (
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedProfile", "load", "save"]
 
 FORMAT = "gpuprof-saved"
-FORMAT_VERSION = 2  # 2: child processes (subprocesses); 1 files load unchanged
+FORMAT_VERSION = 3  # 3: memory samples; 2: child processes; older files load unchanged
 
 
 def save(results: Results, path) -> str:
@@ -77,6 +84,10 @@ def save(results: Results, path) -> str:
                          for k, raw in enumerate(c.windows)]}
             for j, c in enumerate(children)]
     # -- end subprocesses --
+    # -- memory samples (format 3) --
+    samples = getattr(results, "memory_samples", None)
+    if samples is not None:
+        doc["memory"] = _split_memory(results, samples, arrays)
     # ensure_ascii keeps lone surrogates of labels intact through json.loads
     text = json.dumps(doc, ensure_ascii=True, default=_json_default)
     with atomic_output(path, "save") as tmp:
@@ -97,6 +108,32 @@ def _split_window(raw: dict, prefix: str, arrays: dict) -> dict:
         else:
             scalars[key] = value
     return scalars
+
+
+def _split_memory(results: Results, samples, arrays: dict) -> dict:
+    """The samples inside the windows go to ``arrays`` under ``memory/``; the
+    sampler's scalars are returned."""
+    from ..memory import kept_samples
+
+    kept = kept_samples(results, samples)
+    arrays["memory/host"] = kept.host_samples()
+    allocators = {}
+    for name, per_device in kept.allocators().items():
+        allocators[name] = sorted(per_device)
+        for device, rows in per_device.items():
+            arrays[f"memory/{name}.{device}"] = rows
+    return {"rss_source": kept.rss_source, "interval_s": kept.interval_s,
+            "dropped": kept.dropped, "errors": kept.errors, "allocators": allocators}
+
+
+def _load_memory(meta: dict, entries: dict):
+    from .._host_sampler import SampleSnapshot
+
+    allocators = {name: {int(d): entries[f"{name}.{d}"] for d in devices}
+                  for name, devices in meta.get("allocators", {}).items()}
+    return SampleSnapshot(entries["host"], allocators, rss_source=meta.get("rss_source", ""),
+                          interval_s=meta.get("interval_s", 0.0),
+                          dropped=meta.get("dropped", 0), errors=meta.get("errors"))
 
 
 def _json_default(o):
@@ -135,16 +172,20 @@ def load(path) -> LoadedProfile:
         windows = [dict(w) for w in doc["windows"]]
         children = doc.get("subprocesses")  # format 2, with subprocesses=True
         child_windows = [[dict(w) for w in c["windows"]] for c in children or []]
+        memory: dict[str, np.ndarray] = {}
         for name in zf.namelist():
             if not name.endswith(".npy"):
                 continue
             prefix, _, key = name[:-4].partition("/")
             m = _ENTRY.fullmatch(prefix)
-            if m is None:
+            if m is None and prefix != "memory":
                 raise ValueError(f"gpuprof.load(): {path!r}: unexpected entry {name!r}")
             with zf.open(name) as f:
                 arr = np.lib.format.read_array(f, allow_pickle=False)
             arr.flags.writeable = False
+            if m is None:
+                memory[key] = arr
+                continue
             child, k = m.group(1), int(m.group(2))
             try:
                 (windows if child is None else child_windows[int(child)])[k][key] = arr
@@ -152,6 +193,12 @@ def load(path) -> LoadedProfile:
                 raise ValueError(f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
                                  "window listed in meta.json (damaged file?)") from None
     results = Results(windows, cuda=doc.get("cuda"), meta=doc.get("meta"))
+    if "memory" in doc:  # format 3, with profile_memory=True
+        try:
+            results.memory_samples = _load_memory(doc["memory"], memory)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"gpuprof.load(): {path!r}: its memory samples are damaged "
+                             f"({e!r})") from None
     if children is not None:  # -- subprocesses --
         from ..processes import ProcessData
 
