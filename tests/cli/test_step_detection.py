@@ -84,7 +84,7 @@ def test_a_script_that_never_steps_an_optimizer(tmp_path):
     prog.write_text("import torch\nm = torch.nn.Linear(4, 4)\nprint(m(torch.ones(2, 4)).sum())\n")
     r = gpuprof("run", "--no-cuda", str(prog))
     assert r.returncode == 0, r.stderr
-    assert "steps: 1 recorded, 0 found (step boundaries: torch optimizer steps: none ran)" \
+    assert "steps: 0 recorded, 0 found (step boundaries: torch optimizer steps: none ran)" \
         in r.stdout
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("gpuprof: no steps found (no torch optimizer step ran)")
