@@ -13,8 +13,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
 from . import (  # docs/nvtx.md, docs/subprocesses.md
     _cuda,
     _gpuprof,
