@@ -156,6 +156,9 @@ def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
     outputs = [(stem + ".pt.trace.json.gz",
                 lambda p: prof.export_chrome_trace(p, min_duration_us=trace_min_us)),
                (stem + ".gpuprof", prof.save), (stem + ".stacks.txt", prof.export_stacks)]
+    # -- html report (docs/report.md): beside the trace, which it links --
+    outputs.append((os.path.join(out_dir, "report.html"),
+                    lambda p: prof.export_html(p, trace=outputs[0][0])))
     for path, write in outputs:
         write(path)
     return [path for path, _ in outputs]
@@ -267,6 +270,9 @@ def cmd_report(args) -> int:
     if not os.path.isfile(args.file):
         raise _CliError(f"cannot read {args.file!r}: no such file")
     if args.file.endswith((".json", ".json.gz")):
+        if args.html:  # -- html report --
+            raise _CliError("--html needs a saved profile (.gpuprof), not a trace; open the "
+                            "trace in https://ui.perfetto.dev")
         print(_trace_report(args.file, args.kernels, args.limit))
         return 0
     load = getattr(gpuprof, "load", None)
@@ -276,6 +282,9 @@ def cmd_report(args) -> int:
         prof = load(args.file)
     except (OSError, ValueError, KeyError) as e:
         raise _CliError(f"cannot read {args.file!r}: {e}") from e
+    if args.html:  # -- html report (docs/report.md) --
+        _write_html(lambda: prof.export_html(args.html), args.html)
+        return 0
     if args.kernels:
         _print_kernels(prof.kernels(), args.limit)
     elif args.steps:
@@ -342,8 +351,23 @@ def cmd_compare(args) -> int:
     for f in (args.before, args.after):
         if not os.path.isfile(f):
             raise _CliError(f"cannot read {f!r}: no such file")
-    print(compare(args.before, args.after))
+    result = compare(args.before, args.after)
+    if args.html:  # -- html report --
+        _write_html(lambda: result.export_html(args.html), args.html)
+        return 0
+    print(result)
     return 0
+
+
+# -- html report (docs/report.md) --
+def _write_html(write, path: str) -> None:
+    """Run ``write()``; an unwritable ``path`` is a bad argument (one line, exit 2)."""
+    try:
+        write()
+    except OSError as e:
+        raise _CliError(f"--html: {e}") from None
+    print(f"gpuprof: wrote {path}", file=sys.stderr)
+# -- end html report --
 
 
 # -- merge (gpuprof.distributed) --
@@ -396,7 +420,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(torch.cuda.profiler.start/stop), or inside NVTX ranges named NAME")
     r.add_argument("--delay", type=float, help="seconds before recording starts")
     r.add_argument("--duration", type=float, help="seconds to record")
-    r.add_argument("--output", "-o", help="directory for the trace, saved profile and stacks")
+    r.add_argument("--output", "-o", help="directory for the trace, saved profile, stacks and "
+                   "report.html")
     r.add_argument("--trace-min-us", type=float, default=0.0, metavar="US",
                    help="leave Python and C calls shorter than US microseconds that launched "
                         "no CUDA work out of the trace (counted in its header; default 0: "
@@ -415,11 +440,15 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--kernels", action="store_true")
     g.add_argument("--steps", action="store_true")
     g.add_argument("--memory", action="store_true")
+    g.add_argument("--html", metavar="OUT", help="write the report as one HTML page to OUT "
+                   "(docs/report.md) instead of printing tables")
     rep.set_defaults(fn=cmd_report)
 
     c = sub.add_parser("compare", help="compare two saved profiles")
     c.add_argument("before")
     c.add_argument("after")
+    c.add_argument("--html", metavar="OUT", help="write the comparison as one HTML page to OUT "
+                   "(docs/report.md) instead of printing it")
     c.set_defaults(fn=cmd_compare)
 
     # -- merge (gpuprof.distributed) --

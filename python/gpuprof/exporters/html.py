@@ -423,9 +423,6 @@ def _trace_link(trace, path: str) -> dict | None:
     if trace is None:
         return None
     trace = os.fspath(trace)
-    if not isinstance(trace, str):
-        raise TypeError("export_html(): trace must be a path (str or os.PathLike) or None, got "
-                        f"{type(trace).__name__}")
     rel = os.path.relpath(os.path.abspath(trace), os.path.dirname(os.path.abspath(path)))
     return {"href": rel.replace(os.sep, "/"), "name": os.path.basename(trace),
             "exists": os.path.isfile(trace)}
@@ -440,6 +437,9 @@ def report_data(results: Results, *, sampler=None, processes=None, trace=None,
         raise TypeError("export_html(): expected a gpuprof.Results (prof.results), got "
                         f"{type(results).__name__}")
     _check_title(title, "export_html")
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise TypeError("export_html(): trace must be a path (str or os.PathLike) or None, got "
+                        f"{type(trace).__name__}")
     summary = _summary(results, title)
     ops = results.ops()
     show_memory = bool(results.meta.get("profile_memory"))
