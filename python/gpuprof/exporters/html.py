@@ -107,9 +107,10 @@ def _check_title(title, func: str) -> None:
 
 # ---- tables ----------------------------------------------------------------------------------
 
-def _table(columns, rows, keys, default_sort: int, tips=None) -> dict:
+def _table(columns, rows, keys, default_sort: int | None, tips=None) -> dict:
     """A sortable table: ``columns`` (title, "l"/"r"), display strings per row, sort keys
-    per row (numbers; None for text columns, which sort by their string)."""
+    per row (numbers; None for text columns, which sort by their string), the column
+    sorted by at first (None: the rows' own order)."""
     return {"columns": [{"title": t, "align": a} for t, a in columns], "rows": rows,
             "keys": keys, "sort": default_sort, "tips": tips}
 
@@ -515,9 +516,7 @@ def compare_data(comparison, title: str | None = None) -> dict:
                           "new" if not d.before_ns else f"{pct:+.1f}%"])
             keys.append([None, d.before_ns, d.after_ns, d.change_ns,
                          pct if math.isfinite(pct) else 1e300])
-        t = _table(cols, cells, keys, 3)
-        t["bars"] = [[d.before_ns, d.after_ns] for d in rows]
-        return t
+        return _table(cols, cells, keys, None)  # as compare() orders them: largest change
 
     c = comparison
     return {

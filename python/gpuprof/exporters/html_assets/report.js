@@ -88,7 +88,7 @@
 
   // ---- sortable, filterable table -----------------------------------------------------------
   // spec: {columns: [{title, align}], rows: [[display strings]], keys: [[number|null]],
-  //        sort: column index, tips: [string] (title of the first cell)}
+  //        sort: column index (null: as given), tips: [string] (title of the first cell)}
   var LIMIT = 300;
   function dataTable(spec, opts) {
     opts = opts || {};
@@ -98,7 +98,8 @@
     var isText = spec.columns.map(function (c, j) {
       return spec.keys.length === 0 || spec.keys[0][j] === null;
     });
-    state.dir = isText[state.col] ? 1 : -1;
+    if (state.col === null) state.dir = 1;  // the order the rows came in
+    else state.dir = isText[state.col] ? 1 : -1;
     var wrap = el("div", { "class": "datatable", id: opts.id || null });
     var filter = el("input", { type: "search", placeholder: opts.placeholder || "filter by name",
       "aria-label": "filter rows by name" });
@@ -126,6 +127,7 @@
 
     function cmp(a, b) {
       var c = state.col, r;
+      if (c === null) return a - b;
       if (isText[c]) {
         var x = spec.rows[a][c].toLowerCase(), y = spec.rows[b][c].toLowerCase();
         r = x < y ? -1 : x > y ? 1 : 0;
