@@ -100,40 +100,43 @@ class _Timeline:
                        meta={"device_properties": [], "profile_memory": True, **(meta or {})})
 
 
-def training_results(steps=6, label="forward pass", meta=None, gemm_us=400):
-    """A training loop with something to find in every section: each 1-ms step waits
-    300 us for data (decode inside), runs the forward pass under a record_function label
-    (an FP32 GEMM of ``gemm_us`` and three short kernels, a cudaMalloc that grows each
-    step), then log_loss blocks in cudaStreamSynchronize until the GPU is done."""
+def training_results(steps=6, label="forward pass", meta=None, gemm_us=400, loader_us=300):
+    """A training loop with something to find in every section: each step waits
+    ``loader_us`` for data (decode inside), runs the forward pass under a record_function
+    label (an FP32 GEMM of ``gemm_us`` and three short kernels, a cudaMalloc that grows
+    each step), then log_loss blocks in cudaStreamSynchronize until the GPU is done. With
+    the defaults a step takes 980 us."""
     tl = _Timeline()
+    step = STEP - (300 - loader_us) * US
     for k in range(steps):
-        t0 = k * STEP + 10 * US
+        t0 = k * step + 10 * US
+        t1 = t0 + loader_us * US  # the data is there: the rest as in a 300-us wait
         tl.ev(t0, "EV_STEP_BEGIN", k)
         tl.ev(t0, "EV_CALL", NEXT)
         tl.ev(t0 + 20 * US, "EV_CALL", DECODE)
-        tl.ev(t0 + 280 * US, "EV_RETURN", 0)
-        tl.ev(t0 + 300 * US, "EV_RETURN", 0)
-        tl.ev(t0 + 300 * US, "EV_CALL", TRAIN)
-        tl.ev(t0 + 310 * US, "EV_RANGE_PUSH", RANGE)
-        tl.ev(t0 + 320 * US, "EV_CALL", FORWARD)
-        gpu_t = t0 + 340 * US
+        tl.ev(t1 - 20 * US, "EV_RETURN", 0)
+        tl.ev(t1, "EV_RETURN", 0)
+        tl.ev(t1, "EV_CALL", TRAIN)
+        tl.ev(t1 + 10 * US, "EV_RANGE_PUSH", RANGE)
+        tl.ev(t1 + 20 * US, "EV_CALL", FORWARD)
+        gpu_t = t1 + 40 * US
         for j, (name, dur) in enumerate(((GEMM, gemm_us), (ELEMENTWISE, 8), (RELU, 6),
                                          (ELEMENTWISE, 8))):
-            corr = tl.api(LAUNCH, t0 + (330 + 12 * j) * US, 5 * US)
+            corr = tl.api(LAUNCH, t1 + (30 + 12 * j) * US, 5 * US)
             tl.kernel(corr, gpu_t, gpu_t + dur * US, name)
             gpu_t += (dur + 2) * US
-        corr = tl.api(MALLOC, t0 + 400 * US, 10 * US)
-        tl.memory("GPU_MALLOC", corr, t0 + 405 * US, (k + 1) << 20, 0x10000 + k)
-        tl.ev(t0 + 500 * US, "EV_RETURN", 0)
-        tl.ev(t0 + 510 * US, "EV_RANGE_POP", RANGE)
-        tl.ev(t0 + 520 * US, "EV_CALL", LOG)
-        tl.api(STREAM_SYNC, t0 + 530 * US, max(gpu_t - (t0 + 530 * US), US))
-        tl.ev(t0 + 810 * US, "EV_RETURN", 0)
-        corr = tl.api(FREE, t0 + 820 * US, 10 * US)
+        corr = tl.api(MALLOC, t1 + 100 * US, 10 * US)
+        tl.memory("GPU_MALLOC", corr, t1 + 105 * US, (k + 1) << 20, 0x10000 + k)
+        tl.ev(t1 + 200 * US, "EV_RETURN", 0)
+        tl.ev(t1 + 210 * US, "EV_RANGE_POP", RANGE)
+        tl.ev(t1 + 220 * US, "EV_CALL", LOG)
+        tl.api(STREAM_SYNC, t1 + 230 * US, max(gpu_t - (t1 + 230 * US), US))
+        tl.ev(t1 + 510 * US, "EV_RETURN", 0)
+        corr = tl.api(FREE, t1 + 520 * US, 10 * US)
         if k < steps - 1:  # the last step's buffer stays: the peak is at the end
-            tl.memory("GPU_FREE", corr, t0 + 825 * US, (k + 1) << 20, 0x10000 + k)
-        tl.ev(t0 + 900 * US, "EV_RETURN", 0)
-        tl.ev(t0 + STEP - 20 * US, "EV_STEP_END", k)
+            tl.memory("GPU_FREE", corr, t1 + 525 * US, (k + 1) << 20, 0x10000 + k)
+        tl.ev(t1 + 600 * US, "EV_RETURN", 0)
+        tl.ev(t0 + step - 20 * US, "EV_STEP_END", k)
     return tl.results(label, meta)
 
 

@@ -188,6 +188,6 @@ def _mean_breakdown(res: Results) -> dict[str, float]:
 
 
 def _label(x, default: str) -> str:
-    """A side's name: the saved file's name, or the loaded profile's."""
+    """A side's name: "before" or "after", with the saved file's name when there is one."""
     path = x if isinstance(x, str) else getattr(x, "path", None)
-    return os.path.basename(path) if isinstance(path, str) and path else default
+    return f"{default} ({os.path.basename(path)})" if isinstance(path, str) and path else default

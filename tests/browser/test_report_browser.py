@@ -191,9 +191,10 @@ def test_a_screenshot_of_each_section(browser, tmp_path):
     """Writes them under the test's folder (and with GPUPROF_UPDATE_DOCS_SCREENSHOTS=1 into
     docs/images/, for docs/report.md)."""
     res = training_results(steps=8)
-    path = export_html(res, tmp_path / "report.html")
+    path = export_html(res, tmp_path / "report.html", title="gpuprof report: train.py")
     p = Page(browser, path)
     try:
+        p.page.add_style_tag(content="header.top { position: static; }")  # not over sections
         ids = p.page.eval_on_selector_all("main > section", "ss => ss.map(s => s.id)")
         assert ids == ["summary", "diagnosis", "steps", "ops", "kernels", "flame", "memory",
                        "trace"]
@@ -268,11 +269,15 @@ def test_a_long_window_draws_every_step(browser, tmp_path):
 
 def test_compare_page(browser, tmp_path):
     before = gpuprof.exporters.save(training_results(), tmp_path / "before.gpuprof")
-    after = gpuprof.exporters.save(training_results(gemm_us=100), tmp_path / "after.gpuprof")
+    after = gpuprof.exporters.save(training_results(gemm_us=100, loader_us=30),
+                                   tmp_path / "after.gpuprof")
     c = gpuprof.compare(before, after)
     p = Page(browser, c.export_html(tmp_path / "compare.html"))
     try:
         page = p.page
+        if os.environ.get("GPUPROF_UPDATE_DOCS_SCREENSHOTS") == "1":
+            os.makedirs(DOCS_IMAGES, exist_ok=True)
+            page.screenshot(path=os.path.join(DOCS_IMAGES, "compare.png"))  # the first screen
         summary = page.inner_text("#compare-summary")
         assert f"({c.speedup:.2f}x)" in summary and "before.gpuprof" in summary
         first = p.first_cells("compare-kernels")
@@ -284,9 +289,6 @@ def test_compare_page(browser, tmp_path):
             len(c.diagnosis_before["findings"]) + len(c.diagnosis_after["findings"]))
         for sid in ("compare-summary", "compare-steps", "compare-findings", "compare-ops"):
             page.locator(f"#{sid}").screenshot(path=str(tmp_path / f"{sid}.png"))
-        if os.environ.get("GPUPROF_UPDATE_DOCS_SCREENSHOTS") == "1":
-            os.makedirs(DOCS_IMAGES, exist_ok=True)
-            page.locator("main").screenshot(path=os.path.join(DOCS_IMAGES, "compare.png"))
         assert p.errors == [] and p.requests == []
     finally:
         p.close()

@@ -277,11 +277,13 @@ def test_bad_arguments_are_refused_naming_them(training, tmp_path):
 
 def test_compare_page_shows_the_comparison(tmp_path):
     before = gpuprof.exporters.save(training_results(), tmp_path / "before.gpuprof")
-    after = gpuprof.exporters.save(training_results(gemm_us=100), tmp_path / "after.gpuprof")
+    after = gpuprof.exporters.save(training_results(gemm_us=100, loader_us=30),
+                                   tmp_path / "after.gpuprof")
     c = gpuprof.compare(before, after)
+    assert c.speedup > 1.3
     data, text = page_data(c.export_html(tmp_path / "cmp.html"))
     assert data["page"] == "compare"
-    assert data["labels"] == ["before.gpuprof", "after.gpuprof"]
+    assert data["labels"] == ["before (before.gpuprof)", "after (after.gpuprof)"]
     assert data["step_before_ns"] == c.step_before_ns and data["speedup"] == c.speedup
     assert [r[0] for r in data["kernels"]["rows"]] == [d.name for d in c.kernels]
     gemm = data["kernels"]["rows"][0]

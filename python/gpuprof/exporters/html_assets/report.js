@@ -216,6 +216,10 @@
     add(sec, el("p", { "class": "muted", text: "Each bar is one recorded step's wall time; every nanosecond counts once, " +
       "under the first part that holds: GPU busy (kernels, copies, memsets), communication not hidden by compute, " +
       "then, while the GPU is idle: waiting for data, the bubble after a synchronization, other idle time." }));
+    if (!D.diagnosis.summary.gpu) {
+      PARTS = PARTS.slice();
+      PARTS[4] = ["idle_ns", "other host time (no GPU activity recorded)"];
+    }
     add(sec, el("div", { "class": "legend" }, PARTS.map(function (p) {
       return el("span", { style: "--c:" + COLORS[p[0]], text: p[1] });
     })));
@@ -585,17 +589,17 @@
     // mean step, stacked, one bar per side
     sec = section("compare-steps", "Where a step's time goes");
     add(sec, el("div", { "class": "legend" }, PARTS.map(function (p) { return el("span", { style: "--c:" + COLORS[p[0]], text: p[1] }); })));
-    var W = chartWidth(500), L = 120, R = 20, BH = 28, s = svg("svg", { width: W, height: 2 * (BH + 16) + 24, "class": "compare-bars" });
+    var W = chartWidth(500), L = 4, R = 8, BH = 26, ROWH = BH + 24;
+    var s = svg("svg", { width: W, height: 2 * ROWH + 4, "class": "compare-bars" });
     var maxv = Math.max(C.breakdown[0].step_ns || 0, C.breakdown[1].step_ns || 0) || 1;
     C.breakdown.forEach(function (b, k) {
-      var y = 8 + k * (BH + 16), x = L;
-      add(s, svg("text", { x: L - 8, y: y + BH / 2 + 4, "text-anchor": "end", "font-size": 12, text: C.labels[k] }));
+      var y = k * ROWH + 18, x = L;
+      add(s, svg("text", { x: L, y: y - 5, "font-size": 12, text: C.labels[k] + ": " + fmtTime(b.step_ns || 0) + " per step" }));
       PARTS.forEach(function (p) {
         var w = (W - L - R) * (b[p[0]] || 0) / maxv;
         if (w > 0) add(s, svg("rect", { x: x, y: y, width: w, height: BH, fill: COLORS[p[0]] }, svg("title", { text: p[1] + ": " + fmtTime(b[p[0]]) })));
         x += w;
       });
-      add(s, svg("text", { x: Math.min(x + 6, W - R), y: y + BH / 2 + 4, "font-size": 11, fill: "#5d6678", "text-anchor": x + 80 > W ? "end" : "start", text: fmtTime(b.step_ns || 0) }));
     });
     add(sec, el("div", { "class": "chart" }, s));
     add(main, sec);
