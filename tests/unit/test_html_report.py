@@ -5,7 +5,6 @@ tests/browser/test_report_browser.py opens the same pages in Chromium."""
 import json
 import os
 import re
-import tomllib
 
 import gpuprof
 import numpy as np
@@ -227,7 +226,31 @@ def test_a_loaded_profile_gives_the_same_report(training, tmp_path):
     assert data["diagnosis"]["findings"][0]["kind"] == "data_stall"
 
 
-def test_per_rank_section_with_communication(tmp_path):
+def square_slowly(i):
+    return sum(j * j for j in range(20_000)) + i
+
+
+def test_per_process_section_with_subprocesses(tmp_path):
+    import multiprocessing as mp
+
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], subprocesses=True) as prof:
+        with mp.get_context("fork").Pool(2) as pool:
+            pool.map(square_slowly, range(8), chunksize=1)
+    data, _ = page_data(prof.export_html(tmp_path / "r.html"))
+    procs = prof.processes()
+    p = data["processes"]
+    assert [int(k[0]) for k in p["table"]["keys"]] == procs["pid"].tolist()
+    assert [r[2] for r in p["table"]["rows"]] == procs["role"].tolist()
+    assert p["workers"] == 2
+    workers = prof.key_averages(pid="workers")
+    assert sorted(r[0] for r in p["workers_ops"]["rows"]) == sorted(workers.display)
+    assert any(r[0].startswith("square_slowly") for r in p["workers_ops"]["rows"])
+    # without subprocesses=True there is no such section
+    assert page_data(export_html(training_results(), tmp_path / "one.html"))[0][
+        "processes"] is None
+
+
+def test_per_rank_section_in_a_distributed_job(tmp_path):
     res = training_results(meta={"distributed_info": {"rank": 1, "world_size": 2,
                                                       "backend": "nccl"}})
     data, _ = page_data(export_html(res, tmp_path / "r.html"))
@@ -302,6 +325,7 @@ def test_compare_page_shows_the_comparison(tmp_path):
 def test_the_page_assets_ship_with_the_package():
     from pathlib import PurePosixPath
 
+    tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11+")
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["gpuprof"]
     assets = os.path.join(REPO, "python", "gpuprof", "exporters", "html_assets")
