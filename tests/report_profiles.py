@@ -113,8 +113,8 @@ def training_results(steps=6, label="forward pass", meta=None, gemm_us=400, load
         t1 = t0 + loader_us * US  # the data is there: the rest as in a 300-us wait
         tl.ev(t0, "EV_STEP_BEGIN", k)
         tl.ev(t0, "EV_CALL", NEXT)
-        tl.ev(t0 + 20 * US, "EV_CALL", DECODE)
-        tl.ev(t1 - 20 * US, "EV_RETURN", 0)
+        tl.ev(t0 + loader_us * US // 15, "EV_CALL", DECODE)  # 20 us into a 300-us wait
+        tl.ev(t1 - loader_us * US // 15, "EV_RETURN", 0)
         tl.ev(t1, "EV_RETURN", 0)
         tl.ev(t1, "EV_CALL", TRAIN)
         tl.ev(t1 + 10 * US, "EV_RANGE_PUSH", RANGE)

@@ -137,6 +137,17 @@ def test_step_bars_are_step_breakdown_and_mark_the_window(training, report):
     assert len(data["steps"]["table"]["rows"]) == 6
 
 
+def test_accumulated_windows_each_get_their_band_and_the_flame_graph_shows_the_last(tmp_path):
+    a, b = training_results(steps=3), training_results(steps=5, loader_us=30)
+    both = gpuprof.Results(a.windows + b.windows, cuda=a.cuda, meta=a.meta)
+    data, _ = page_data(export_html(both, tmp_path / "r.html"))
+    windows = data["steps"]["windows"]
+    assert [(w["first_step"], w["last_step"]) for w in windows] == [(0, 2), (0, 4)]
+    assert data["steps"]["breakdown"]["window"] == [0] * 3 + [1] * 5
+    assert data["summary"]["windows"] == 2
+    assert data["flame"]["total"] == b.call_tree()["total_ns"].tolist()
+
+
 def test_flame_graph_is_the_call_tree(training, report):
     data, _ = report
     f = data["flame"]
