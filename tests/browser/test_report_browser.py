@@ -292,3 +292,31 @@ def test_compare_page(browser, tmp_path):
         assert p.errors == [] and p.requests == []
     finally:
         p.close()
+
+
+def square_slowly(i):
+    return sum(j * j for j in range(20_000)) + i
+
+
+def test_process_and_rank_sections(browser, tmp_path):
+    import multiprocessing as mp
+
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], subprocesses=True) as prof:
+        with mp.get_context("fork").Pool(2) as pool:
+            pool.map(square_slowly, range(8), chunksize=1)
+    p = Page(browser, prof.export_html(tmp_path / "procs.html"))
+    try:
+        assert p.page.locator("#processes-table tbody tr").count() == len(prof.processes())
+        assert any(n.startswith("square_slowly") for n in p.first_cells("workers-ops-table"))
+        assert p.errors == [] and p.requests == []
+    finally:
+        p.close()
+    res = training_results(meta={"distributed_info": {"rank": 1, "world_size": 4}})
+    p = Page(browser, export_html(res, tmp_path / "rank.html"))
+    try:
+        assert p.page.inner_text("#ranks h2") == "Rank 1 of 4"
+        assert p.page.locator("#ranks-table tbody tr").count() == len(res.steps())
+        assert "Rank" in p.page.inner_text("header.top nav")
+        assert p.errors == [] and p.requests == []
+    finally:
+        p.close()
