@@ -204,8 +204,6 @@ def _step_table(steps: np.ndarray) -> dict:
 # ---- sections ------------------------------------------------------------------------------
 
 def _summary(results: Results, title: str | None) -> dict:
-    from .. import __version__
-
     meta = results.meta
     start, end = results.window_bounds()
     steps = results.steps()
@@ -224,7 +222,6 @@ def _summary(results: Results, title: str | None) -> dict:
     program = str(meta.get("process_name") or program_name())
     return {
         "title": title or f"gpuprof report: {program}",
-        "version": __version__,
         "program": program,
         "pid": int(meta.get("pid", os.getpid())),
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -445,10 +442,12 @@ def report_data(results: Results, *, sampler=None, processes=None, trace=None,
     ops = results.ops()
     show_memory = bool(results.meta.get("profile_memory"))
     ka = KeyAverages(results, show_memory=show_memory)
+    from .. import __version__
+
     data = {
         "page": "report",
         "title": summary.pop("title"),
-        "version": summary["version"],
+        "version": __version__,
         "summary": summary,
         "op_names": [_display_name(str(n), str(f), int(ln), str(k))
                      for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])],
@@ -459,13 +458,12 @@ def report_data(results: Results, *, sampler=None, processes=None, trace=None,
         "steps": _steps(results),
         "ops": op_table(ka) | {"cuda": ka.cuda},
         "kernels": _kernel_table(results.kernels()),
-        "flame": _flame(results) if len(results.windows) else None,
+        "flame": _flame(results),
         "memory": _memory(results, sampler),
         "processes": _processes(results, processes),
         "ranks": _ranks(results),
         "trace": _trace_link(trace, path),
     }
-    data["summary"].pop("version")
     return data
 
 
