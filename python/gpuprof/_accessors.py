@@ -108,6 +108,21 @@ class ResultAccessors:
 
         return export_stacks(self.results, path, metric)
 
+    def export_html(self, path, *, trace=None, title: str | None = None) -> str:
+        """Write one self-contained HTML report (no network needed to open it): the
+        diagnosis, the steps, the op and kernel tables, a flame graph of the call tree,
+        the memory curves and, where recorded, the processes and this rank's
+        communication. ``trace``: the Chrome trace of this profile, when one was
+        written; the page links it and opens it in Perfetto on request. See
+        docs/report.md."""
+        from .exporters.html import export_html
+
+        processes = self.processes() if self.subprocesses else None  # -- subprocesses --
+        # a live profile's memory sampler holds the allocator and host curves
+        sampler = getattr(self, "_memory_sampler", None)
+        return export_html(self.results, path, sampler=sampler, processes=processes,
+                           trace=trace, title=title)
+
     def save(self, path) -> str:
         """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""
         from .exporters.saved import save

@@ -411,6 +411,9 @@ def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
     outputs = [(stem + ".pt.trace.json.gz",
                 lambda p: prof.export_chrome_trace(p, min_duration_us=trace_min_us)),
                (stem + ".gpuprof", prof.save), (stem + ".stacks.txt", prof.export_stacks)]
+    # -- html report (docs/report.md): beside the trace, which it links --
+    outputs.append((os.path.join(out_dir, "report.html"),
+                    lambda p: prof.export_html(p, trace=outputs[0][0])))
     for path, write in outputs:
         write(path)
     return [path for path, _ in outputs]
@@ -478,6 +481,12 @@ def cmd_report(args) -> int:
         flag = "--steps" if args.steps else "--memory" if args.memory else "--sort"
         raise _CliError(f"{flag} needs a saved profile (.gpuprof), and {traces[0]!r} is a "
                         "Chrome trace (its report lists events by total time)")
+    if args.html and (len(args.files) != 1 or traces):  # -- html report --
+        raise _CliError("--html writes one page of one saved profile (.gpuprof); give one "
+                        "file (a trace opens in https://ui.perfetto.dev)"
+                        if len(args.files) != 1 else
+                        "--html needs a saved profile (.gpuprof), not a trace; open the trace "
+                        "in https://ui.perfetto.dev")
     loaded = {}
     for f in args.files:
         if _is_trace(f):
@@ -498,6 +507,9 @@ def cmd_report(args) -> int:
             print(_trace_report(f, args.kernels, args.limit))
             continue
         prof = loaded[f]
+        if args.html:  # -- html report (docs/report.md) --
+            _write_html(lambda p=prof: p.export_html(args.html), args.html)
+            return 0
         if args.kernels:
             print(prof.kernel_table(row_limit=args.limit))
         elif args.steps:
@@ -560,8 +572,23 @@ def cmd_compare(args) -> int:
             loaded.append(gpuprof.load(f))
         except (OSError, ValueError, KeyError) as e:
             raise _CliError(f"{flag}: cannot read {f!r}: {e}") from None
-    print(gpuprof.compare(*loaded, limit=args.limit))
+    result = gpuprof.compare(*loaded, limit=args.limit)
+    if args.html:  # -- html report --
+        _write_html(lambda: result.export_html(args.html), args.html)
+        return 0
+    print(result)
     return 0
+
+
+# -- html report (docs/report.md) --
+def _write_html(write, path: str) -> None:
+    """Run ``write()``; an unwritable ``path`` is a bad argument (one line, exit 2)."""
+    try:
+        write()
+    except OSError as e:
+        raise _CliError(f"--html: {e}") from None
+    print(f"gpuprof: wrote {path}", file=sys.stderr)
+# -- end html report --
 
 
 # -- merge (gpuprof.distributed) --
@@ -662,8 +689,8 @@ def _parser() -> argparse.ArgumentParser:
     outp = r.add_argument_group("output")
     outp.add_argument("--output", "-o", metavar="DIR",
                       help="write the Chrome trace (.pt.trace.json.gz), the saved profile "
-                      "(.gpuprof) and the stacks (.stacks.txt) into DIR, created if missing "
-                      "(default: no files)")
+                      "(.gpuprof), the stacks (.stacks.txt) and the HTML report (report.html) "
+                      "into DIR, created if missing (default: no files)")
     outp.add_argument("--trace-min-us", type=_seconds(False), default=0.0, metavar="US",
                       help="leave Python and C calls shorter than US microseconds that launched "
                       "no CUDA work out of the trace (counted in its header; default: 0, every "
@@ -699,6 +726,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--memory", action="store_true",
                    help="the memory summary (profiles recorded with --memory) instead of ops "
                    "(default: ops)")
+    g.add_argument("--html", metavar="OUT", help="write the report of one saved profile as one "
+                   "HTML page to OUT (docs/report.md) instead of printing tables (default: off)")
     rep.set_defaults(fn=cmd_report)
 
     c = sub.add_parser("compare", help="compare two saved profiles",
@@ -708,6 +737,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("after", metavar="AFTER", help="the saved profile (.gpuprof) to compare to")
     c.add_argument("--limit", type=_positive, default=15, metavar="N",
                    help="rows of each list of changes (default: 15)")
+    c.add_argument("--html", metavar="OUT", help="write the comparison as one HTML page to OUT "
+                   "(docs/report.md) instead of printing it (default: off)")
     c.set_defaults(fn=cmd_compare)
 
     # -- merge (gpuprof.distributed) --

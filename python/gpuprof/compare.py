@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import os
 
 from ._results import Results, _display_name
 from .diagnose import diagnose
@@ -66,6 +67,13 @@ class Comparison:
     findings_gone: list[str]
     findings_new: list[str]
     findings_kept: list[str]
+    # for the HTML page (export_html): each side's diagnosis (Diagnosis.to_dict()), the
+    # mean per step of gpuprof.diagnose.step_breakdown's parts, and the sides' names
+    diagnosis_before: dict = dataclasses.field(default_factory=dict, repr=False)
+    diagnosis_after: dict = dataclasses.field(default_factory=dict, repr=False)
+    breakdown_before: dict = dataclasses.field(default_factory=dict, repr=False)
+    breakdown_after: dict = dataclasses.field(default_factory=dict, repr=False)
+    labels: tuple[str, str] = ("before", "after")
 
     @property
     def speedup(self) -> float:
@@ -102,6 +110,14 @@ class Comparison:
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(str(self))}</pre>"
+
+    def export_html(self, path, *, title: str | None = None) -> str:
+        """Write this comparison as one self-contained HTML page (docs/report.md):
+        step time and where it goes on each side, the op and kernel changes as
+        sortable tables, and the findings gone, new and kept. Returns ``path``."""
+        from .exporters.html import export_compare_html
+
+        return export_compare_html(self, path, title=title)
 
 
 def _pct(before: float, after: float) -> str:
@@ -147,11 +163,31 @@ def compare(before, after, limit: int = 15) -> Comparison:
     rb, ra = _results(before), _results(after)
     sb, nb = _per_step(rb)
     sa, na = _per_step(ra)
-    kb = {f.kind for f in diagnose(rb)}
-    ka = {f.kind for f in diagnose(ra)}
+    db, da = diagnose(rb), diagnose(ra)
+    kb = {f.kind for f in db}
+    ka = {f.kind for f in da}
     return Comparison(
         step_before_ns=sb, step_after_ns=sa,
         ops=_deltas(_op_times(rb, nb), _op_times(ra, na), limit),
         kernels=_deltas(_kernel_times(rb, nb), _kernel_times(ra, na), limit),
         findings_gone=sorted(kb - ka), findings_new=sorted(ka - kb),
-        findings_kept=sorted(kb & ka))
+        findings_kept=sorted(kb & ka),
+        diagnosis_before=db.to_dict(), diagnosis_after=da.to_dict(),
+        breakdown_before=_mean_breakdown(rb), breakdown_after=_mean_breakdown(ra),
+        labels=(_label(before, "before"), _label(after, "after")))
+
+
+def _mean_breakdown(res: Results) -> dict[str, float]:
+    """Mean per step of each part of gpuprof.diagnose.step_breakdown."""
+    from .diagnose import step_breakdown
+
+    b = step_breakdown(res)
+    return {f: float(b[f].mean()) if len(b) else 0.0
+            for f in ("step_ns", "gpu_busy_ns", "comm_ns", "data_wait_ns", "sync_wait_ns",
+                      "idle_ns")}
+
+
+def _label(x, default: str) -> str:
+    """A side's name: "before" or "after", with the saved file's name when there is one."""
+    path = x if isinstance(x, str) else getattr(x, "path", None)
+    return f"{default} ({os.path.basename(path)})" if isinstance(path, str) and path else default

@@ -20,7 +20,7 @@ from ._spans import python_caller, span_at
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 from .tables import format_time
 
-__all__ = ["Diagnosis", "Finding", "diagnose"]
+__all__ = ["STEP_BREAKDOWN_DTYPE", "Diagnosis", "Finding", "diagnose", "step_breakdown"]
 
 # GP_APICLASS_* (cuda/gp_cuda.h)
 API_LAUNCH, API_GRAPH, API_MEMCPY, API_MEMCPY_SYNC, API_MEMSET, API_SYNC, API_ALLOC, API_FREE = (
@@ -117,8 +117,8 @@ def _op_label(ops: np.ndarray, row: int) -> str:
 class _View:
     """What the checks share: arrays of the last window, steps, spans."""
 
-    def __init__(self, res: Results):
-        w = res._windows[-1]
+    def __init__(self, res: Results, window: int = -1):
+        w = res._windows[window]
         self.res = res  # -- subprocesses: res.subprocesses, the child processes' windows --
         self.raw = w.raw
         self.ops = w.ops()
@@ -150,13 +150,18 @@ class _View:
         return ""
 
 
-def _sync_points(v: _View):
-    sp = v.spans
+def _sync_spans(v: _View) -> np.ndarray:
+    """Indices of the spans that are synchronizing CUDA API calls."""
     api_rows = np.flatnonzero((v.raw_ops["kind"] == 5)
                               & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC)))
-    if not len(api_rows):
+    return np.flatnonzero(np.isin(v.spans["op_row"], api_rows))
+
+
+def _sync_points(v: _View):
+    sp = v.spans
+    idx = _sync_spans(v)
+    if not len(idx):
         return []
-    idx = np.flatnonzero(np.isin(sp["op_row"], api_rows))
     # What a sync costs the step: the host's wait when the GPU then idles anyway
     # (host-bound), but only the GPU's bubble after it when the host was ahead
     # (GPU-bound: the wait overlapped queued work, and the drained queue is the
@@ -219,23 +224,29 @@ def _sync_fix(via: set) -> str:
             "asynchronously with non_blocking copies into pinned memory.")
 
 
-def _data_stall(v: _View):
+def _loader_spans(v: _View) -> np.ndarray:
+    """Indices of the spans where the training loop fetches data: calls of a
+    ``__next__`` or a generator made directly under a step."""
     ops = v.ops
     is_next = np.array([str(n).endswith("__next__") for n in ops["name"]], dtype=bool)
     is_gen = (v.raw_ops["flags"] & OPF_GENERATOR) != 0
     cand = np.flatnonzero((is_next | is_gen) & (ops["kind"] == "python"))
     if not len(cand):
-        return []
-    # Count only loader calls made directly under a step (the training loop's fetch).
+        return cand
     sp = v.spans
     step_rows = np.flatnonzero(ops["kind"] == "step")
     under_step = np.isin(sp["op_row"], cand) & (sp["parent"] >= 0)
     if len(step_rows):
         parents = sp["parent"][under_step]
         ok = np.isin(sp["op_row"][parents], step_rows)
-        idx = np.flatnonzero(under_step)[ok]
-    else:
-        idx = np.flatnonzero(under_step)
+        return np.flatnonzero(under_step)[ok]
+    return np.flatnonzero(under_step)
+
+
+def _data_stall(v: _View):
+    ops = v.ops
+    sp = v.spans
+    idx = _loader_spans(v)
     if not len(idx):
         return []
     wait = int((sp["end_ns"][idx] - sp["start_ns"][idx]).sum())
@@ -549,3 +560,81 @@ def diagnose(results: Results) -> Diagnosis:
     summary = {"steps": len(v.steps), "step_ns_mean": v.step_ns // v.n_steps,
                "gpu_busy_share": busy / max(v.step_ns, 1), "gpu": bool(len(v.gpu))}
     return Diagnosis(findings, summary)
+
+
+# -- where each step's time goes: one part per instant, for the step bars of reports --
+
+STEP_BREAKDOWN_DTYPE = np.dtype([
+    ("step", "i8"), ("window", "i4"), ("start_ns", "i8"), ("end_ns", "i8"), ("step_ns", "i8"),
+    ("gpu_busy_ns", "i8"), ("comm_ns", "i8"), ("data_wait_ns", "i8"), ("sync_wait_ns", "i8"),
+    ("idle_ns", "i8"),
+])
+
+
+def step_breakdown(results: Results) -> np.ndarray:
+    """Each recorded step's wall time cut into five parts that add up to it.
+
+    Every nanosecond of a step counts once, under the first of these that holds:
+
+    - ``gpu_busy_ns``: a kernel other than communication, a copy or a memset runs;
+    - ``comm_ns``: only communication (NCCL) kernels run: communication that
+      compute does not hide;
+    - ``data_wait_ns``: the GPU is idle while the training loop waits in its data
+      iterator (a ``__next__`` or generator called directly under the step, as
+      the ``data_stall`` finding counts it);
+    - ``sync_wait_ns``: the GPU is idle after the host synchronized with it,
+      from the end of the synchronizing call until the GPU's next operation, at
+      most as long as the call waited (the cost the ``sync_point`` finding
+      counts);
+    - ``idle_ns``: the GPU is idle for any other reason (the host runs Python,
+      launches work, or nothing was recorded).
+
+    Args:
+        results: a :class:`gpuprof.Results` (``prof.results``).
+
+    Returns:
+        A structured array (:data:`STEP_BREAKDOWN_DTYPE`), one row per row of
+        ``results.steps()``, with ``window`` the index of the recorded window and
+        ``step_ns = end_ns - start_ns``.
+    """
+    from .distributed import _covered, _intersect, _union
+
+    parts = []
+    for wi in range(len(results._windows)):
+        v = _View(results, wi)
+        st = v.steps
+        out = np.zeros(len(st), dtype=STEP_BREAKDOWN_DTYPE)
+        out["step"], out["window"] = st["step"], wi
+        out["start_ns"], out["end_ns"] = st["start_ns"], st["end_ns"]
+        out["step_ns"] = out["end_ns"] - out["start_ns"]
+        lo, hi = out["start_ns"], out["end_ns"]
+        g = v.gpu
+        work = np.isin(g["kind"], ("kernel", "memcpy", "memset"))
+        comm_m = work & (g["category"] == "communication")
+        busy = _union(g["start_ns"][work & ~comm_m], g["end_ns"][work & ~comm_m])
+        comm = _union(g["start_ns"][comm_m], g["end_ns"][comm_m])
+        gpu_any = _union(np.concatenate([busy[0], comm[0]]), np.concatenate([busy[1], comm[1]]))
+        sp = v.spans
+        li = _loader_spans(v)
+        loader = _union(sp["start_ns"][li], sp["end_ns"][li])
+        # the GPU's idle bubble after each sync: until its next operation starts,
+        # at most as long as the sync waited
+        si = _sync_spans(v)
+        s_end = sp["end_ns"][si].astype(np.int64)
+        starts = np.sort(g["start_ns"][work])
+        nxt = np.searchsorted(starts, s_end)
+        nxt_start = np.where(nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)],
+                             np.iinfo(np.int64).max)
+        bubble = _union(s_end, np.minimum(s_end + (s_end - sp["start_ns"][si]), nxt_start))
+        gpu_or_loader = _union(np.concatenate([gpu_any[0], loader[0]]),
+                               np.concatenate([gpu_any[1], loader[1]]))
+        out["gpu_busy_ns"] = _covered(busy, lo, hi)
+        out["comm_ns"] = _covered(gpu_any, lo, hi) - out["gpu_busy_ns"]
+        out["data_wait_ns"] = (_covered(loader, lo, hi)
+                               - _covered(_intersect(loader, gpu_any), lo, hi))
+        out["sync_wait_ns"] = (_covered(bubble, lo, hi)
+                               - _covered(_intersect(bubble, gpu_or_loader), lo, hi))
+        out["idle_ns"] = (out["step_ns"] - out["gpu_busy_ns"] - out["comm_ns"]
+                          - out["data_wait_ns"] - out["sync_wait_ns"])
+        parts.append(out)
+    return np.concatenate(parts)

@@ -377,50 +377,54 @@ def _cut(s: str, width: int) -> str:
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None,
-           note: str | None):
-    """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
+def op_columns(ka: KeyAverages, unit: str | None = None) -> list[tuple]:
+    """The columns of ``ka.table()`` after Name (Source Location aside), in order: one
+    ``(title, values, format)`` each, ``values`` a number per row of ``ka.rows``
+    and ``format(value)`` its cell. The HTML report builds its op table from these
+    too, so both show the same columns and figures."""
     r = ka.rows
     total_self_cpu = float(ka.total_self_cpu_ns)
     total_self_cuda = float(ka.total_self_cuda_ns)
-    cols = [("Name", None), ("Self CPU %", "r"), ("Self CPU", "r"), ("CPU total %", "r"),
-            ("CPU total", "r"), ("CPU time avg", "r")]
+    avg = r["cpu_total_ns"] / np.maximum(r["calls"].astype(np.int64), 1)
+
+    def time(v):
+        return format_time(v, unit)
+
+    cols = [("Self CPU %", r["cpu_self_ns"], lambda v: _pct(v, total_self_cpu)),
+            ("Self CPU", r["cpu_self_ns"], time),
+            ("CPU total %", r["cpu_total_ns"], lambda v: _pct(v, total_self_cpu)),
+            ("CPU total", r["cpu_total_ns"], time),
+            ("CPU time avg", avg, time)]
     if ka.cuda:
-        cols += [("Self CUDA", "r"), ("Self CUDA %", "r"), ("CUDA total", "r"),
-                 ("CUDA time avg", "r")]
+        cuda_avg = r["cuda_total_ns"] / np.maximum(r["calls"].astype(np.int64), 1)
+        cols += [("Self CUDA", r["cuda_self_ns"], time),
+                 ("Self CUDA %", r["cuda_self_ns"], lambda v: _pct(v, total_self_cuda)),
+                 ("CUDA total", r["cuda_total_ns"], time),
+                 ("CUDA time avg", cuda_avg, time)]
     if ka.cpu_memory:
-        cols += [("CPU Mem", "r"), ("Self CPU Mem", "r")]
+        cols += [("CPU Mem", r["cpu_mem_total_bytes"], format_bytes),
+                 ("Self CPU Mem", r["cpu_mem_self_bytes"], format_bytes)]
     if ka.cuda_memory:
-        cols += [("CUDA Mem", "r"), ("Self CUDA Mem", "r")]
-    cols += [("# of Calls", "r")]
+        cols += [("CUDA Mem", r["cuda_mem_total_bytes"], format_bytes),
+                 ("Self CUDA Mem", r["cuda_mem_self_bytes"], format_bytes)]
+    cols += [("# of Calls", r["calls"], lambda v: str(int(v)))]
     if ka.cuda:
-        cols += [("# Kernels", "r")]
+        cols += [("# Kernels", r["kernels"], lambda v: str(int(v)))]
+    return cols
+
+
+def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None,
+           note: str | None):
+    """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
+    total_self_cpu = float(ka.total_self_cpu_ns)
+    total_self_cuda = float(ka.total_self_cuda_ns)
+    numeric = op_columns(ka, unit)
+    cols = [("Name", None)] + [(title, "r") for title, _, _ in numeric]
     if ka.stacks is not None:
         cols += [("Source Location", None)]
     lines_cells = []
     for i in order:
-        calls = int(r["calls"][i])
-        avg_div = max(calls, 1)
-        cells = [_cut(ka.display[i], name_w),
-                 _pct(r["cpu_self_ns"][i], total_self_cpu),
-                 format_time(r["cpu_self_ns"][i], unit),
-                 _pct(r["cpu_total_ns"][i], total_self_cpu),
-                 format_time(r["cpu_total_ns"][i], unit),
-                 format_time(r["cpu_total_ns"][i] / avg_div, unit)]
-        if ka.cuda:
-            cells += [format_time(r["cuda_self_ns"][i], unit),
-                      _pct(r["cuda_self_ns"][i], total_self_cuda),
-                      format_time(r["cuda_total_ns"][i], unit),
-                      format_time(r["cuda_total_ns"][i] / avg_div, unit)]
-        if ka.cpu_memory:
-            cells += [format_bytes(r["cpu_mem_total_bytes"][i]),
-                      format_bytes(r["cpu_mem_self_bytes"][i])]
-        if ka.cuda_memory:
-            cells += [format_bytes(r["cuda_mem_total_bytes"][i]),
-                      format_bytes(r["cuda_mem_self_bytes"][i])]
-        cells += [str(calls)]
-        if ka.cuda:
-            cells += [str(int(r["kernels"][i]))]
+        cells = [_cut(ka.display[i], name_w)] + [fmt(values[i]) for _, values, fmt in numeric]
         if ka.stacks is not None:
             stack = ka.stacks[i]
             cells += [_cut(stack[0] if stack else "", src_w)]

@@ -100,11 +100,10 @@ def test_run_step_fn_of_an_imported_module_and_outputs(tmp_path):
     r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--output", str(out),
                 script("uses_steps_module.py"))
     assert r.returncode == 0, r.stderr
-    # (without a schedule the tail of the program after the last step is a step too)
     assert "7 found (step boundaries: returns of steps_module:train_step)" in r.stdout
-    assert len(saved(out).steps()) >= 7
+    assert len(saved(out).steps()) == 7  # the tail after the last step is no step
     wrote = [ln for ln in r.stderr.splitlines() if ln.startswith("gpuprof: wrote ")]
-    assert len(wrote) == 3
+    assert len(wrote) == 4  # trace, saved profile, stacks, report.html
     rep = gpuprof("report", glob.glob(str(out / "*.gpuprof"))[0], "--steps")
     assert rep.returncode == 0, rep.stderr
     assert len([ln for ln in rep.stdout.splitlines()[1:] if ln.strip()]) >= 7
@@ -492,3 +491,48 @@ def test_run_without_subprocesses_prints_no_process_lines():
     assert r.returncode == 0, r.stderr
     assert "processes: main" not in r.stdout
     assert "slow_item (pool_workers.py:" not in r.stdout
+
+
+# -- html report (docs/report.md) --
+def html_data(path):
+    import json
+    import re
+
+    text = open(path, encoding="utf-8").read()
+    m = re.search(r'<script type="application/json" id="gpuprof-data">(.*?)</script>', text, re.S)
+    return json.loads(m.group(1))
+
+
+def test_run_output_writes_report_html_beside_the_trace_and_report_and_compare_write_pages(
+        tmp_path):
+    out = tmp_path / "out"
+    r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--output", str(out),
+                os.path.join(SCRIPTS, "uses_steps_module.py"))
+    assert r.returncode == 0, r.stderr
+    assert f"gpuprof: wrote {out / 'report.html'}" in r.stderr
+    data = html_data(out / "report.html")
+    trace = [f for f in os.listdir(out) if f.endswith(".pt.trace.json.gz")][0]
+    assert data["trace"] == {"href": trace, "name": trace, "exists": True}
+    saved = str(out / [f for f in os.listdir(out) if f.endswith(".gpuprof")][0])
+    import gpuprof as gp
+
+    # 7 detected steps (the stretch after the last step() is no step)
+    assert data["summary"]["steps"] == len(gp.load(saved).steps()) == 7
+
+    rep = gpuprof("report", saved, "--html", str(tmp_path / "r.html"))
+    assert rep.returncode == 0 and rep.stdout == "", rep.stderr
+    assert html_data(tmp_path / "r.html")["ops"]["rows"] == data["ops"]["rows"]
+
+    cmp = gpuprof("compare", saved, saved, "--html", str(tmp_path / "c.html"))
+    assert cmp.returncode == 0 and cmp.stdout == "", cmp.stderr
+    c = html_data(tmp_path / "c.html")
+    assert c["page"] == "compare" and c["speedup"] == 1.0
+
+    for args in (("report", saved, "--html", str(tmp_path / "missing" / "r.html")),
+                 ("compare", saved, saved, "--html", str(tmp_path))):
+        bad = gpuprof(*args)
+        lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+        assert bad.returncode == 2 and len(lines) == 1 and "--html" in lines[0], bad.stderr
+    bad = gpuprof("report", str(out / trace), "--html", str(tmp_path / "t.html"))
+    assert bad.returncode == 2 and "needs a saved profile" in bad.stderr
+# -- end html report --

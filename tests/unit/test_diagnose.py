@@ -15,7 +15,7 @@ import pytest
 from gpuprof import _gpuprof
 from gpuprof._accessors import ResultAccessors
 from gpuprof._results import Results
-from gpuprof.diagnose import Diagnosis, diagnose
+from gpuprof.diagnose import Diagnosis, diagnose, step_breakdown
 
 C = _gpuprof._test_constants()
 gpuprof.cuda_status()  # loads libcupti when present: API names come from it
@@ -548,3 +548,61 @@ def test_prof_diagnose_reads_the_results():
 
     res = loader_profile(cover_us=0)
     assert Loaded(res).diagnose().to_dict() == diagnose(res).to_dict()
+
+
+# ---- step_breakdown: the parts of each step's wall time ----------------------------------
+
+PARTS = ("gpu_busy_ns", "comm_ns", "data_wait_ns", "sync_wait_ns", "idle_ns")
+
+
+def breakdown(res):
+    b = step_breakdown(res)
+    # every nanosecond counts once: the parts add up to the step, and GPU busy plus
+    # communication is the step's GPU activity as prof.steps() counts it
+    assert (sum(b[p] for p in PARTS) == b["step_ns"]).all()
+    assert (b["gpu_busy_ns"] + b["comm_ns"] == res.steps()["gpu_busy_ns"]).all()
+    assert all((b[p] >= 0).all() for p in PARTS)
+    assert b["step"].tolist() == res.steps()["step"].tolist()
+    return {p: b[p].tolist() for p in PARTS}
+
+
+def test_step_breakdown_counts_the_loader_wait_the_gpu_does_not_cover():
+    # each step waits 40 us in the loader; its kernel runs [42, 100) us
+    assert breakdown(loader_profile(cover_us=0)) == {
+        "gpu_busy_ns": [58 * US] * N_STEPS, "comm_ns": [0] * N_STEPS,
+        "data_wait_ns": [40 * US] * N_STEPS, "sync_wait_ns": [0] * N_STEPS,
+        "idle_ns": [2 * US] * N_STEPS}
+    # the previous step's kernel keeps the GPU busy for the first 30 us of the wait
+    parts = breakdown(loader_profile(cover_us=30))
+    assert parts["data_wait_ns"] == [10 * US] * N_STEPS
+    assert parts["gpu_busy_ns"] == [88 * US] * N_STEPS
+
+
+@needs_classes
+def test_step_breakdown_counts_the_bubble_after_a_sync_as_sync_wait():
+    # kernel [3, 60) us, sync [5, 61): the GPU then idles until the next step's kernel at
+    # 103 us (39 us in this step, 3 in the next); the last step's bubble ends with the step
+    parts = breakdown(sync_profile(56, range(N_STEPS)))
+    assert parts["sync_wait_ns"] == [39 * US] + [42 * US] * (N_STEPS - 1)
+    assert parts["gpu_busy_ns"] == [57 * US] * N_STEPS
+    assert parts["idle_ns"] == [4 * US] + [1 * US] * (N_STEPS - 1)
+    # the same total as the sync_point finding's cost
+    f = found(sync_profile(56, range(N_STEPS)), "sync_point")
+    assert sum(parts["sync_wait_ns"]) == f.evidence["cost_ns"]
+
+
+@pytest.mark.parametrize("nccl_us, exposed_us", [((50, 90), 40), ((30, 60), 15)])
+def test_step_breakdown_counts_only_communication_that_compute_does_not_hide(nccl_us,
+                                                                               exposed_us):
+    parts = breakdown(comm_profile(nccl_us))
+    assert parts["comm_ns"] == [exposed_us * US] * N_STEPS
+    assert parts["gpu_busy_ns"] == [40 * US] * N_STEPS  # the compute kernel [5, 45)
+    assert parts["data_wait_ns"] == parts["sync_wait_ns"] == [0] * N_STEPS
+
+
+def test_step_breakdown_numbers_the_window_of_each_step():
+    a, b = loader_profile(cover_us=0), sync_profile(1, {0})
+    both = Results(a.windows + b.windows, cuda=a.cuda, meta={"device_properties": []})
+    rows = step_breakdown(both)
+    assert rows["window"].tolist() == [0] * N_STEPS + [1] * N_STEPS
+    assert rows["data_wait_ns"][:N_STEPS].tolist() == [40 * US] * N_STEPS

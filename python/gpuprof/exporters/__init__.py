@@ -7,6 +7,8 @@
 - :func:`export_stacks` (``stacks``): collapsed stacks for flame graphs.
 - :func:`save` / :func:`load` (``saved``): the recorded arrays in one
   ``.gpuprof`` file, reopened later without the program.
+- :func:`export_html` / :func:`export_compare_html` (``html``): one
+  self-contained HTML page of a profile or of a comparison (docs/report.md).
 
 See docs/traces.md.
 """
@@ -14,6 +16,7 @@ See docs/traces.md.
 from __future__ import annotations
 
 from .chrome import export_chrome_trace
+from .html import export_compare_html, export_html
 from .saved import LoadedProfile, load, save
 from .stacks import export_stacks
 from .tensorboard import tensorboard_trace_handler
@@ -21,6 +24,8 @@ from .tensorboard import tensorboard_trace_handler
 __all__ = [
     "LoadedProfile",
     "export_chrome_trace",
+    "export_compare_html",
+    "export_html",
     "export_stacks",
     "load",
     "save",
