@@ -531,9 +531,14 @@ def test_diagnosis_names_the_workers_hottest_function():
     assert "workers spent" in str(d)
 
 
+def work(x):
+    spin(0.01)  # well above what a forked worker spends importing (~20 ms in all, loaded)
+    return x * x
+
+
 def consume(q):
     while q.get() is not None:
-        slow(0)
+        work(0)
 
 
 def test_worker_hotspot_leaves_out_waiting_for_work():
@@ -546,17 +551,17 @@ def test_worker_hotspot_leaves_out_waiting_for_work():
         p.start()
         for _ in range(10):
             q.put(1)
-            time.sleep(0.02)
+            time.sleep(0.05)
         q.put(None)
         p.join()
     from gpuprof.processes import worker_hotspot
 
     hot = worker_hotspot(prof.results)
     assert hot["workers"] == 1
-    assert hot["workers_hottest"].startswith(("slow (", "spin (", "time.perf_counter")), hot
-    # 10 x 2 ms of work in ~200 ms
+    assert hot["workers_hottest"].startswith(("work (", "spin (", "time.perf_counter")), hot
+    # 10 x 10 ms of work in ~500 ms
     assert hot["workers_busy_share"] < 0.5, hot
-    assert calls(prof.ops(pid=p.pid), "slow") == 10
+    assert calls(prof.ops(pid=p.pid), "work") == 10
 
 
 def test_worker_hotspot_without_children_is_empty():
