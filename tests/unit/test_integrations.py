@@ -14,6 +14,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -475,6 +476,31 @@ def test_logged_metrics_are_shares_of_the_step_and_leave_out_what_was_not_measur
         "gpuprof/gpu_busy_pct": 75.0, "gpuprof/sync_wait_pct": 10.0, "gpuprof/comm_pct": 5.0,
         "gpuprof/kernels": 57.0, "gpuprof/peak_memory_mib": 3.0}
     assert set(logged_metrics(row, gpu=True)) == set(METRIC_NAMES)
+
+
+def test_the_summary_table_gives_median_and_max_of_each_metric():
+    from gpuprof.integrations._session import metrics_table
+
+    rows = np.zeros(3, dtype=STEP_METRICS_DTYPE)
+    rows["step"] = [99, 199, 299]
+    rows["step_ns"] = [2_000_000, 4_000_000, 3_000_000]
+    rows["data_wait_ns"] = [200_000, 400_000, 1_500_000]  # 10%, 10%, 50%
+    rows["gpu_busy_ns"] = [1_000_000, 1_000_000, 3_000_000]  # 50%, 25%, 100%
+    rows["kernels"] = [10, 30, 20]
+    rows["peak_memory_bytes"] = [-1, 100 * 2**20, 300 * 2**20]  # the first not measured
+    def cells(table):
+        """{metric: [median, max]} of the table's text."""
+        rows = [re.split(r"\s{2,}", line) for line in str(table).splitlines()[4:-2]]
+        return {name: [median, high] for name, median, high in rows}
+
+    cpu = metrics_table(rows, gpu=False)
+    # peak memory is shown wherever it was measured (it is PyTorch's, not GPU capture's)
+    assert cells(cpu) == {"Step time": ["3.000ms", "4.000ms"], "Data wait": ["10.0%", "50.0%"],
+                          "Peak memory": ["200.0 MiB", "300.0 MiB"]}  # the measured steps
+    assert str(cpu).endswith("over 3 recorded steps, steps 99-299\n")
+    gpu = cells(metrics_table(rows, gpu=True))
+    assert gpu["GPU busy"] == ["50.0%", "100.0%"] and gpu["Kernels"] == ["20", "30"]
+    assert gpu["Sync wait"] == gpu["Communication"] == ["0.0%", "0.0%"]
 
 
 def test_importing_gpuprof_integrations_imports_no_framework():

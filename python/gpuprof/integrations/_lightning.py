@@ -99,7 +99,7 @@ class GpuprofProfilerMixin:
     def stop(self, action_name: str) -> None:
         if action_name == BATCH:
             if self._session.active:
-                self._session.step(self._logger_step())
+                self._session.step(self._logger_step)  # called for recorded steps only
         elif action_name == FETCH and self._in_fetch:
             self._in_fetch = False
             self._fetch_range.__exit__(None, None, None)

@@ -135,6 +135,9 @@ def _check_options(who: str, log_metrics, row_limit, sort_by) -> None:
                          f"key ({', '.join(sorted(SORT_KEYS))}); got {sort_by!r}")
 
 
+_LOOKAHEAD = 10_000  # steps a wait is looked through at once (see StepSession._next_busy)
+
+
 def _action(value) -> int:
     """A schedule's answer as an int (gpuprof's and torch's ProfilerAction, or an int)."""
     return int(getattr(value, "value", value))
@@ -200,6 +203,7 @@ class StepSession:
         self._failed: str | None = None  # why metrics stopped (warned once)
         self.active = False  # between start() and stop()
         self._k = 0  # the run's step now running
+        self._quiet_until = 0  # the schedule waits at the steps before this one
         # the tags of the last steps (a window's are read when it closes)
         self._tags: collections.deque = collections.deque(
             maxlen=schedule.active if isinstance(schedule, Schedule) else 100_000)
@@ -232,31 +236,42 @@ class StepSession:
         self._view_complete = False
         self._k = 0
         self._offset = 0
+        self._quiet_until = 0
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
         self._torch = torch if cuda is not None and cuda.is_available() else None
         self.active = True
-        action = self._action_at(0) if self._cycling or self._torch is not None else None
-        if self._cycling:
-            if action != 0:
+        action = self._action_at(0)
+        if not self._cycling or action != 0:
+            if self._cycling:
                 self.live = self._new_profile()
-                self.live.start()
-        else:
             self.live.start()
+        if action == 0:
+            self._quiet_until = self._next_busy(0)
         self._arm_peak(0, action)
 
     def step(self, tag=None) -> None:
-        """End the running step (reading its peak device memory first)."""
+        """End the running step, reading its peak device memory first.
+
+        ``tag`` is what the logger receives with this step's metrics: a value, or a
+        callable giving it (called only for a step the schedule records); by default
+        the step's number.
+        """
         k = self._k
         live = self.live
         if self._peak_armed:
             self._peaks[k] = self._torch.cuda.max_memory_allocated(self._device)
+        if k >= self._quiet_until:
+            self._tags.append((k, k if tag is None else tag() if callable(tag) else tag))
         if live.running:
-            self._tags.append((k, tag))
             live.step()
         self._k = k = k + 1
+        if k < self._quiet_until:  # the schedule waits: nothing to ask or do
+            if self._pending:  # (a window closed at the step that just ended)
+                self._flush()
+            return
+        action = self._action_at(k)
         if self._cycling:
-            action = self._action_at(k)
             if live.running:
                 if action == 0:  # the window closed and the schedule waits
                     live.stop()
@@ -264,13 +279,21 @@ class StepSession:
                 self._offset = k
                 self.live = self._new_profile()
                 self.live.start()
-        elif self._torch is not None:
-            action = self._action_at(k)
-        else:
-            action = None
+        if action == 0:
+            self._quiet_until = self._next_busy(k)
         if self._pending:
             self._flush()
         self._arm_peak(k, action)
+
+    def _next_busy(self, step: int) -> int:
+        """The first step after ``step`` that the schedule does not wait at (looking at
+        most _LOOKAHEAD steps ahead). Asking once per wait rather than at every step
+        matters: the first call in a step of a large training loop runs from cold
+        caches, at several times the cost of a warm one."""
+        for j in range(step + 1, step + 1 + _LOOKAHEAD):
+            if self._action_at(j) != 0:
+                return j
+        return step + 1 + _LOOKAHEAD
 
     def stop(self) -> None:
         self.active = False

@@ -89,7 +89,7 @@ class profile:
 
     def step(self) -> None:
         """End a step."""
-        self._session.step(self._session.steps_run)
+        self._session.step()
 
     def stop(self) -> None:
         """Stop recording and write the files."""

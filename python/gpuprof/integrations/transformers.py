@@ -120,7 +120,7 @@ class GpuprofCallback(_transformers.TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._session.active:
-            self._session.step(state.global_step)
+            self._session.step()
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self._session.active:
