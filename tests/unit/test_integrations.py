@@ -163,13 +163,14 @@ def test_lightning_data_wait_is_small_when_batches_are_in_memory(tmp_path):
     L = lightning_or_skip()
     from gpuprof.integrations.lightning import GpuprofProfiler
 
-    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=1, warmup=1, active=3, repeat=1),
+    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=1, warmup=1, active=5, repeat=1),
                                output=False)
-    fit(L, tmp_path, profiler, max_steps=6, batch_size=64, logger=False)
+    fit(L, tmp_path, profiler, max_steps=8, batch_size=64, logger=False)
     steps = profiler.steps()
-    assert list(steps["step"]) == [2, 3, 4]
+    assert list(steps["step"]) == [2, 3, 4, 5, 6]
     assert (steps["data_wait_ns"] > 0).all()  # the fetch is timed...
-    assert (steps["data_wait_ns"] < 0.5 * steps["step_ns"]).all()  # ...and short
+    # ...and short (the median: on a loaded machine one fetch may be descheduled)
+    assert np.median(steps["data_wait_ns"] / steps["step_ns"]) < 0.5
     assert profiler.files == []
 
 
@@ -214,6 +215,28 @@ def test_lightning_training_that_raises_stops_recording_and_keeps_the_files(tmp_
     assert list(profiler.steps()["step"]) == [2, 3]  # the complete window stays
     assert [os.path.basename(f).split(".")[-1] for f in profiler.files] == ["gz", "gpuprof"]
     assert len(gpuprof.load(profiler.files[1]).steps()) == 2
+
+
+def test_lightning_calls_only_the_end_of_training_hook_of_the_profilers_callback(tmp_path):
+    L = lightning_or_skip()
+    from gpuprof.integrations.lightning import GpuprofProfiler
+
+    class Watched(GpuprofProfiler):
+        """Sees every action Lightning profiles (hook calls included)."""
+
+        def start(self, action_name):
+            self.seen.add(action_name)
+            super().start(action_name)
+
+    profiler = Watched(schedule=gpuprof.schedule(wait=1, warmup=1, active=1), output=False)
+    profiler.seen = set()
+    fit(L, tmp_path, profiler, max_steps=4, logger=False)
+    # no per-batch hook of its own (each would cost every batch a profiled hook call):
+    # only the end of training, and Callback's setup and teardown, once per fit
+    assert sorted(a for a in profiler.seen if "GpuprofProfiler" in a) == [
+        "[Callback]GpuprofProfiler.on_train_end", "[Callback]GpuprofProfiler.setup",
+        "[Callback]GpuprofProfiler.teardown"]
+    assert list(profiler.steps()["step"]) == [2]
 
 
 def test_lightning_short_fit_says_no_window_was_recorded(tmp_path):
