@@ -14,6 +14,7 @@ import glob
 import gzip
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -237,6 +238,19 @@ def test_lightning_calls_only_the_end_of_training_hook_of_the_profilers_callback
         "[Callback]GpuprofProfiler.on_train_end", "[Callback]GpuprofProfiler.setup",
         "[Callback]GpuprofProfiler.teardown"]
     assert list(profiler.steps()["step"]) == [2]
+
+
+def test_lightning_profiler_pickles_as_ddp_spawn_needs(tmp_path):
+    L = lightning_or_skip()
+    from gpuprof.integrations.lightning import GpuprofProfiler
+
+    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=1, warmup=1, active=1), output=False)
+    fit(L, tmp_path, profiler, max_steps=4, logger=False)  # the Trainer's references are set
+    copy = pickle.loads(pickle.dumps(profiler))
+    assert list(copy.steps()["step"]) == list(profiler.steps()["step"]) == [2]
+    fit(L, tmp_path, copy, max_steps=6, logger=False)  # the copy profiles a new fit
+    assert list(copy.steps()["step"]) == [2, 5]
+    assert sys.getprofile() is None
 
 
 def test_lightning_short_fit_says_no_window_was_recorded(tmp_path):

@@ -124,6 +124,18 @@ class GpuprofProfilerMixin:
         self._fitting = False
         super().teardown(stage=stage)
 
+    # -- pickling (Lightning's ddp_spawn pickles the Trainer and its profiler) ---------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_trainer"] = None  # weak references; the Trainer sets them again
+        state.pop("_lightning_module", None)
+        state["_fetch_range"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._fetch_range = record_function(FETCH)
+
     # -- internals -------------------------------------------------------------------------
     def end_training(self) -> None:
         """Stop recording and write the files (once per fit); Lightning calls it when

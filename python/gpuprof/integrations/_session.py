@@ -189,8 +189,10 @@ class StepSession:
             raise TypeError(f"{who}: schedule must be gpuprof.schedule(...) or a callable "
                             f"step -> ProfilerAction, got {schedule!r}")
         self._profile_kwargs = profile_kwargs
-        # Validates every profile argument now, before training starts.
-        self.live = self._new_profile()
+        self._new_profile()  # checks every profile argument now, before training starts
+        # the recording profile, made by start(); None keeps the session picklable
+        # (Lightning's ddp_spawn pickles the Trainer and its profiler)
+        self.live = None
         self.log = log if log_metrics else None
         self.data_fetch = tuple(data_fetch)
         self.row_limit = row_limit
@@ -242,9 +244,8 @@ class StepSession:
         self._torch = torch if cuda is not None and cuda.is_available() else None
         self.active = True
         action = self._action_at(0)
+        self.live = self._new_profile()
         if not self._cycling or action != 0:
-            if self._cycling:
-                self.live = self._new_profile()
             self.live.start()
         if action == 0:
             self._quiet_until = self._next_busy(0)
@@ -298,7 +299,7 @@ class StepSession:
     def stop(self) -> None:
         self.active = False
         self._peak_armed = False
-        if self.live.running:
+        if self.live is not None and self.live.running:
             with warnings.catch_warnings():
                 # the window cut short by the end of training: dropped, as documented
                 warnings.filterwarnings("ignore", message="gpuprof: the loop ended at step",
@@ -360,6 +361,14 @@ class StepSession:
         tags = dict(self._tags)
         for row in rows:
             self.log(logged_metrics(row, gpu), tags.get(int(row["step"])))
+
+    def __getstate__(self) -> dict:
+        if self.active:
+            raise TypeError(f"{self.who}: cannot be pickled while it records (between the "
+                            "start and the end of training)")
+        state = dict(self.__dict__)
+        state["live"] = None  # a stopped profile: its results are in the view
+        return state
 
     # -- results ---------------------------------------------------------------------
     @property
