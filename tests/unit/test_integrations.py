@@ -540,6 +540,34 @@ def test_the_summary_table_gives_median_and_max_of_each_metric():
     assert gpu["Sync wait"] == gpu["Communication"] == ["0.0%", "0.0%"]
 
 
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "integrations.md")
+
+
+@pytest.mark.parametrize("example, needs", [
+    (0, ("lightning",)), (1, ("transformers", "accelerate")), (2, ("accelerate",))])
+def test_the_examples_of_docs_integrations_md_run(example, needs, tmp_path):
+    """Each framework's copy-paste example, as the page shows it, in a fresh process."""
+    for package in needs:
+        pytest.importorskip(package, reason=f"{package} is not installed (make frameworks)")
+    with open(DOCS, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) == 3
+    # one thread per process: on a small shared machine, PyTorch's thread pool spinning on
+    # tiny matrices takes most of the time
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", blocks[example]], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # each printed the step metrics of its recorded steps: one in 100, from step 99
+    if example == 1:  # log_history entries, logged at global steps 100 and 200
+        assert "'step': 100}" in r.stdout and "'step': 200}" in r.stdout
+        assert (tmp_path / "out" / "gpuprof-train.gpuprof").exists()
+    else:  # rows of steps()
+        assert re.search(r"\(\s*99, \d+", r.stdout) and re.search(r"\(199, \d+", r.stdout)
+    if example == 2:
+        assert len(list((tmp_path / "runs" / "gpuprof").iterdir())) == 2
+
+
 def test_importing_gpuprof_integrations_imports_no_framework():
     code = ("import sys, gpuprof, gpuprof.integrations; "
             "print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning', "
