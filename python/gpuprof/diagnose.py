@@ -20,7 +20,8 @@ from ._spans import python_caller, span_at
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 from .tables import format_time
 
-__all__ = ["STEP_BREAKDOWN_DTYPE", "Diagnosis", "Finding", "diagnose", "step_breakdown"]
+__all__ = ["STEP_BREAKDOWN_DTYPE", "Diagnosis", "Finding", "data_wait_per_step", "data_wait_spans",
+           "diagnose", "step_breakdown"]
 
 # GP_APICLASS_* (cuda/gp_cuda.h)
 API_LAUNCH, API_GRAPH, API_MEMCPY, API_MEMCPY_SYNC, API_MEMSET, API_SYNC, API_ALLOC, API_FREE = (
@@ -117,8 +118,9 @@ def _op_label(ops: np.ndarray, row: int) -> str:
 class _View:
     """What the checks share: arrays of the last window, steps, spans."""
 
-    def __init__(self, res: Results, window: int = -1):
+    def __init__(self, res: Results, window: int = -1, data_fetch=()):
         w = res._windows[window]
+        self.data_fetch = tuple(data_fetch)  # ops whose calls are waits for data
         self.res = res  # -- subprocesses: res.subprocesses, the child processes' windows --
         self.raw = w.raw
         self.ops = w.ops()
@@ -224,29 +226,89 @@ def _sync_fix(via: set) -> str:
             "asynchronously with non_blocking copies into pinned memory.")
 
 
-def _loader_spans(v: _View) -> np.ndarray:
-    """Indices of the spans where the training loop fetches data: calls of a
-    ``__next__`` or a generator made directly under a step."""
-    ops = v.ops
-    is_next = np.array([str(n).endswith("__next__") for n in ops["name"]], dtype=bool)
-    is_gen = (v.raw_ops["flags"] & OPF_GENERATOR) != 0
-    cand = np.flatnonzero((is_next | is_gen) & (ops["kind"] == "python"))
-    if not len(cand):
-        return cand
-    sp = v.spans
+def data_wait_spans(spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray,
+                    data_fetch=()) -> np.ndarray:
+    """Indices (in start order) of the spans of one window in which the training loop
+    waited for its next batch.
+
+    Two kinds count: a data iterator's ``__next__`` or a generator resumed directly
+    under a step, as ``for batch in loader:`` fetches; and the ops named in
+    ``data_fetch``, where a framework fetches its batches further down its own loop
+    (a ``record_function`` label, or a Python function's name as ``ops()`` shows it).
+    A span inside another counted one is not counted again.
+
+    Args:
+        spans: the window's raw ``spans`` array.
+        ops: the window's ``ops()`` rows (what ``spans["op_row"]`` indexes).
+        raw_ops: the window's raw ``ops`` array (for the generator flag).
+        data_fetch: op names whose calls are waits for data.
+    """
+    names = ops["name"]
+    is_next = np.array([str(n).endswith("__next__") for n in names], dtype=bool)
+    is_gen = (raw_ops["flags"] & OPF_GENERATOR) != 0
+    loader = np.flatnonzero((is_next | is_gen) & (ops["kind"] == "python"))
+    wanted = set(data_fetch)
+    fetch = np.flatnonzero(np.array([n in wanted for n in names], dtype=bool)) if wanted \
+        else np.zeros(0, dtype=np.int64)
+    if not len(spans) or not (len(loader) or len(fetch)):
+        return np.zeros(0, dtype=np.int64)
+    # Loader calls made directly under a step (the training loop's own fetch).
     step_rows = np.flatnonzero(ops["kind"] == "step")
-    under_step = np.isin(sp["op_row"], cand) & (sp["parent"] >= 0)
+    under_step = np.isin(spans["op_row"], loader) & (spans["parent"] >= 0)
     if len(step_rows):
-        parents = sp["parent"][under_step]
-        ok = np.isin(sp["op_row"][parents], step_rows)
-        return np.flatnonzero(under_step)[ok]
-    return np.flatnonzero(under_step)
+        parents = spans["parent"][under_step]
+        direct = np.flatnonzero(under_step)[np.isin(spans["op_row"][parents], step_rows)]
+    else:
+        direct = np.flatnonzero(under_step)
+    named = np.flatnonzero(np.isin(spans["op_row"], fetch))
+    idx = np.union1d(direct, named)
+    if not len(named) or len(idx) < 2:
+        return idx
+    # Outermost only: spans are in start order, and a span inside another one of the
+    # same thread starts after it and ends before it does.
+    keep = []
+    open_end: dict[int, int] = {}
+    for i in idx.tolist():
+        t = int(spans["thread"][i])
+        if int(spans["start_ns"][i]) < open_end.get(t, -1):
+            continue
+        keep.append(i)
+        open_end[t] = int(spans["end_ns"][i])
+    return np.asarray(keep, dtype=np.int64)
+
+
+def data_wait_per_step(results: Results, window: int = -1, data_fetch=()) -> np.ndarray:
+    """Host time each step of a window waited for data (the spans of
+    :func:`data_wait_spans` on the step's thread, clipped to the step), one int64 per
+    row of that window's ``steps``, in ns. The data-stall finding counts the same
+    spans."""
+    raw = results.windows[window]
+    steps = raw["steps"]
+    out = np.zeros(len(steps), dtype=np.int64)
+    if not len(steps):
+        return out
+    spans = raw["spans"]
+    idx = data_wait_spans(spans, results.window_ops(window), raw["ops"], data_fetch)
+    if not len(idx):
+        return out
+    order = np.argsort(steps["start_ns"], kind="stable")
+    starts = steps["start_ns"][order]
+    for i in idx.tolist():
+        s, e = int(spans["start_ns"][i]), int(spans["end_ns"][i])
+        k = int(np.searchsorted(starts, s, side="right")) - 1
+        if k < 0:
+            continue
+        row = int(order[k])
+        if int(steps["thread"][row]) != int(spans["thread"][i]) or s >= int(steps["end_ns"][row]):
+            continue
+        out[row] += min(e, int(steps["end_ns"][row])) - s
+    return out
 
 
 def _data_stall(v: _View):
     ops = v.ops
     sp = v.spans
-    idx = _loader_spans(v)
+    idx = data_wait_spans(sp, ops, v.raw_ops, v.data_fetch)
     if not len(idx):
         return []
     wait = int((sp["end_ns"][idx] - sp["start_ns"][idx]).sum())
@@ -265,6 +327,11 @@ def _data_stall(v: _View):
         return []
     top = np.bincount(sp["op_row"][idx], weights=(sp["end_ns"][idx] - sp["start_ns"][idx]))
     row = int(np.argmax(top))
+    if ops["kind"][row] == "python":
+        where = source_location(str(ops["file"][row]), int(ops["line"][row]))
+    else:  # a framework's fetch range: the Python line that opened it
+        file, line, _ = v.caller(int(idx[np.flatnonzero(sp["op_row"][idx] == row)[0]]))
+        where = source_location(file, line)
     # the hottest function inside the loader
     inner = _hottest_below(v, set(int(i) for i in idx))
     ev = {"wait_ns": wait, "wait_per_step_ns": wait // v.n_steps,
@@ -279,13 +346,14 @@ def _data_stall(v: _View):
         f"{format_time(wait // v.n_steps)} per step"
         + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
            f"{hot['workers_hottest']}" if hot else ""),
-        ev, source_location(str(ops["file"][row]), int(ops["line"][row])),
+        ev, where,
         "Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
         "workers or the GPU, and cache decoded samples.")]
 
 
 def _hottest_below(v: _View, roots: set[int]) -> str:
+    """The op with the most self time below the ``roots`` spans (not counting them)."""
     sp = v.spans
     self_ns: dict[int, int] = {}
     # spans are in start order and children follow parents: propagate membership
@@ -293,12 +361,16 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
     for i in range(len(sp)):
         p = int(sp["parent"][i])
         inside[i] = i in roots or (p >= 0 and inside[p])
-    idx = np.flatnonzero(inside)
-    for i in idx:
+    dur = (sp["end_ns"] - sp["start_ns"]).astype(np.int64)
+    nested = np.zeros(len(sp), dtype=np.int64)
+    has_parent = sp["parent"] >= 0
+    np.add.at(nested, sp["parent"][has_parent], dur[has_parent])
+    own = dur - nested  # self time: a loader's outer frames only pass the wait down
+    for i in np.flatnonzero(inside):
         if i in roots:
             continue
         row = int(sp["op_row"][i])
-        self_ns[row] = self_ns.get(row, 0) + int(sp["end_ns"][i] - sp["start_ns"][i])
+        self_ns[row] = self_ns.get(row, 0) + int(own[i])
     if not self_ns:
         return ""
     return _op_label(v.ops, max(self_ns, key=self_ns.get))
@@ -545,14 +617,23 @@ def _diagnose_ranks(m) -> Diagnosis:
 # -- end cross-rank checks --
 
 
-def diagnose(results: Results) -> Diagnosis:
+def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
     """Run every check over the last recorded window; for merged ranks
-    (:func:`gpuprof.merge`), the cross-rank checks."""
+    (:func:`gpuprof.merge`), the cross-rank checks.
+
+    ``data_fetch``: names of ops (``record_function`` labels or Python functions, as
+    ``ops()`` names them) in which a framework's loop fetches its batches; their calls
+    count as waits for data, next to the loader calls made directly under a step (see
+    :func:`data_wait_spans`).
+    """
     from .distributed import MergedRun
 
     if isinstance(results, MergedRun):
         return _diagnose_ranks(results)
-    v = _View(results)
+    if isinstance(data_fetch, str) or not all(isinstance(n, str) for n in data_fetch):
+        raise TypeError(f"diagnose(): data_fetch must be a list of op names (str), "
+                        f"got {data_fetch!r}")
+    v = _View(results, data_fetch=data_fetch)
     findings = []
     for check in CHECKS:
         findings += check(v)
@@ -615,7 +696,7 @@ def step_breakdown(results: Results) -> np.ndarray:
         comm = _union(g["start_ns"][comm_m], g["end_ns"][comm_m])
         gpu_any = _union(np.concatenate([busy[0], comm[0]]), np.concatenate([busy[1], comm[1]]))
         sp = v.spans
-        li = _loader_spans(v)
+        li = data_wait_spans(sp, v.ops, v.raw_ops)
         loader = _union(sp["start_ns"][li], sp["end_ns"][li])
         # the GPU's idle bubble after each sync: until its next operation starts,
         # at most as long as the sync waited

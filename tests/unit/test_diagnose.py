@@ -9,13 +9,14 @@ records. Severities are computed here from the planted timeline, not read back.
 import json
 import os
 import sys
+import time
 
 import gpuprof
 import pytest
 from gpuprof import _gpuprof
 from gpuprof._accessors import ResultAccessors
 from gpuprof._results import Results
-from gpuprof.diagnose import Diagnosis, diagnose, step_breakdown
+from gpuprof.diagnose import Diagnosis, data_wait_per_step, diagnose, step_breakdown
 
 C = _gpuprof._test_constants()
 gpuprof.cuda_status()  # loads libcupti when present: API names come from it
@@ -195,6 +196,67 @@ def test_no_data_stall_when_the_gpu_backlog_covers_the_wait(cover_us):
     assert ops[ops["name"] == name]["cpu_total_ns"][0] == N_STEPS * LOADER_WAIT
     # ...but the GPU has queued work for all of it (or for all but 3%, under the 5% bar)
     assert found(res, "data_stall") is None
+
+
+# ---- the data wait per step, on real profiles ---------------------------------------------
+
+FETCH_S = 0.005
+
+
+class SlowBatches:
+    """An iterator whose every batch takes FETCH_S (sleeping, as a loader waits on I/O)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n == 0:
+            raise StopIteration
+        self.n -= 1
+        time.sleep(FETCH_S)
+        return self.n
+
+
+def busy(seconds=0.001):
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        pass
+
+
+def test_data_wait_per_step_is_the_loops_own_fetch():
+    with gpuprof.profile() as prof:
+        for _ in SlowBatches(4):
+            busy()
+            prof.step()
+    steps = prof.steps()
+    wait = data_wait_per_step(prof.results)
+    assert len(wait) == len(steps) == 4
+    # each step fetched its batch (the for loop's __next__, directly under the step)
+    assert all(FETCH_S * 1e9 <= w < s for w, s in zip(wait, steps["cpu_ns"]))
+
+
+def test_data_fetch_names_the_op_a_framework_fetches_in():
+    batches = SlowBatches(4)
+    with gpuprof.profile() as prof:
+        for _ in range(4):
+            with gpuprof.record_function("fetch"):
+                next(batches)  # not directly under the step: next() calls __next__
+            busy()
+            prof.step()
+    assert list(data_wait_per_step(prof.results)) == [0, 0, 0, 0]
+    wait = data_wait_per_step(prof.results, data_fetch=("fetch",))
+    # the range counts once (the __next__ inside it is not counted again)
+    assert all(FETCH_S * 1e9 <= w < s for w, s in zip(wait, prof.steps()["cpu_ns"]))
+    assert "data_stall" not in diagnose(prof.results).kinds()
+    f = [f for f in diagnose(prof.results, data_fetch=("fetch",)) if f.kind == "data_stall"][0]
+    assert f.evidence["wait_ns"] == int(wait.sum())
+    # the hottest function inside is the one with the most self time, not the outermost
+    assert f.evidence["hottest_inside"] == "time.sleep"
+    with pytest.raises(TypeError, match="data_fetch must be a list of op names"):
+        diagnose(prof.results, data_fetch="fetch")
 
 
 # ---- sync_point -------------------------------------------------------------------------
