@@ -269,6 +269,7 @@ class profile(ResultAccessors):
         self._cuda_state: dict = {"active": False, "mode": "off", "error": cuda_off_reason}
         self._metadata: dict[str, str] = {}  # add_metadata(): top-level keys of the trace
         self._partial = None  # the cut-short window stop() dropped (docs/schedule.md)
+        self._windows_before = 0
         cuda = ProfilerActivity.CUDA in acts
         if cuda:
             ok, reason = _cuda.ensure_cupti()
@@ -321,6 +322,7 @@ class profile(ResultAccessors):
                                "stop it first, gpuprof will not silently replace it")
         self._windows = []
         self._partial = None
+        self._windows_before = self._core.windows  # windows of earlier start()/stop() runs
         # -- subprocesses: folder, state file and fork/spawn hooks before the hook goes on --
         if self._subprocs is not None:
             self._subprocs.begin()
@@ -411,7 +413,7 @@ class profile(ResultAccessors):
             return None
         if self._core.action not in (2, 3):  # RECORD, RECORD_AND_SAVE
             return None
-        complete = self._core.windows
+        complete = self._core.windows - self._windows_before  # in this run
         if complete and not self.acc_events:
             self._partial = True  # _window_ready stores the dropped window here
         return self._core.step_num, complete

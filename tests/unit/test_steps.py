@@ -113,6 +113,25 @@ def test_cut_short_first_window_is_kept_with_a_warning():
     assert list(prof.steps()["step"]) == [2, 3]
 
 
+def test_a_restarted_profile_cut_short_in_its_first_window_keeps_it():
+    # windows of an earlier start()/stop() run of the same profile do not count as
+    # "a complete window came before" in the next run
+    prof = gpuprof.profile(activities=CPU, schedule=gpuprof.schedule(wait=0, warmup=1, active=2))
+    prof.start()
+    for _ in range(3):
+        work(100)
+        prof.step()
+    prof.stop()
+    assert list(prof.steps()["step"]) == [1, 2]
+    prof.start()
+    with pytest.warns(UserWarning, match="first recording window"):
+        for _ in range(2):
+            work(100)
+            prof.step()
+        prof.stop()
+    assert list(prof.steps()["step"]) == [1]
+
+
 def test_whole_cycles_do_not_warn():
     sched = gpuprof.schedule(wait=1, warmup=1, active=3)
     with warnings.catch_warnings():
