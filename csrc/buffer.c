@@ -10,11 +10,9 @@
 #include <unistd.h>
 
 atomic_int gp_buffer_phase = GP_PHASE_OFF;
-_Thread_local GpThreadBuf *gp_buffer_tls = NULL;
-_Thread_local int gp_buffer_tls_ignore = 0;
-_Thread_local uint64_t gp_buffer_tls_session = 0;
+_Thread_local GpTls gp_buffer_tls __attribute__((tls_model("initial-exec")));
 /* Incremented by every session begin; 0 means "never", so a fresh thread's
- * zeroed gp_buffer_tls_session never matches. */
+ * zeroed gp_buffer_tls.session never matches. */
 atomic_uint_fast64_t gp_buffer_session = 0;
 
 /* Registry and chunk pool: guarded by registry_lock. The counters read by
@@ -159,7 +157,7 @@ GpThreadBuf *
 gp_buffer_thread_slow(void)
 {
     uint64_t session = atomic_load(&gp_buffer_session);
-    if (gp_buffer_tls_ignore)
+    if (gp_buffer_tls.ignore)
         return NULL;
     if (!session_open) {
         atomic_fetch_add(&orphan_drops, 1);
@@ -183,8 +181,8 @@ gp_buffer_thread_slow(void)
         atomic_fetch_add(&orphan_drops, 1);
         return NULL;
     }
-    gp_buffer_tls = tb;
-    gp_buffer_tls_session = session;
+    gp_buffer_tls.buf = tb;
+    gp_buffer_tls.session = session;
     return tb;
 }
 
@@ -201,7 +199,7 @@ void
 gp_buffer_ignore_current(void)
 {
     uint64_t ident = (uint64_t)pthread_self();
-    gp_buffer_tls_ignore = 1;
+    gp_buffer_tls.ignore = 1;
     pthread_mutex_lock(&registry_lock);
     /* sys.monitoring may have registered this thread already, at the very
      * call that got here: leave that buffer out of the results. */
@@ -211,7 +209,7 @@ gp_buffer_ignore_current(void)
     if (n_ignored < MAX_IGNORED && !is_ignored_locked(ident))
         ignored_idents[n_ignored++] = ident;
     pthread_mutex_unlock(&registry_lock);
-    gp_buffer_tls = NULL;
+    gp_buffer_tls.buf = NULL;
 }
 
 GpThreadBuf *

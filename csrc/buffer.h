@@ -88,14 +88,19 @@ typedef struct GpThreadBuf {
 enum { GP_PHASE_OFF = 0, GP_PHASE_WAIT = 1, GP_PHASE_WARMUP = 2, GP_PHASE_ACTIVE = 3 };
 extern atomic_int gp_buffer_phase;
 
-/* Thread-local pointer to this thread's buffer for the current session, or
- * NULL. Validity is tied to gp_buffer_session: a pointer from an older session
- * is never dereferenced. */
-extern _Thread_local GpThreadBuf *gp_buffer_tls;
-/* Set on gpuprof's own helper threads (the memory sampler): they never get a
- * buffer, so nothing they run is recorded. */
-extern _Thread_local int gp_buffer_tls_ignore;
-extern _Thread_local uint64_t gp_buffer_tls_session;
+/* This thread's buffer for the current session, or NULL. Validity is tied
+ * to gp_buffer_session: a pointer from an older session is never
+ * dereferenced. One struct, in the initial-exec TLS model: the hook reads it
+ * with one %fs-relative load instead of a __tls_get_addr call per field
+ * (24 bytes of the static TLS that the loader keeps for modules opened
+ * later). */
+typedef struct GpTls {
+    GpThreadBuf *buf;
+    uint64_t session; /* gp_buffer_session when buf was set */
+    int ignore;       /* gpuprof's own helper threads (the memory sampler): they
+                         never get a buffer, so nothing they run is recorded */
+} GpTls;
+extern _Thread_local GpTls gp_buffer_tls __attribute__((tls_model("initial-exec")));
 extern atomic_uint_fast64_t gp_buffer_session;
 
 /* Begin a recording session with a budget of max_events events in total
@@ -111,10 +116,11 @@ GpThreadBuf *gp_buffer_thread_slow(void);
 GP_INLINE GpThreadBuf *
 gp_buffer_thread(void)
 {
-    if (GP_LIKELY(gp_buffer_tls != NULL &&
-                  gp_buffer_tls_session ==
-                      atomic_load_explicit(&gp_buffer_session, memory_order_relaxed)))
-        return gp_buffer_tls;
+    GpThreadBuf *tb = gp_buffer_tls.buf;
+    if (GP_LIKELY(tb != NULL && gp_buffer_tls.session == atomic_load_explicit(
+                                                            &gp_buffer_session,
+                                                            memory_order_relaxed)))
+        return tb;
     return gp_buffer_thread_slow();
 }
 

@@ -71,9 +71,14 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     uint64_t ts = gp_clock_now();
     switch (what) {
     case PyTrace_CALL: {
+#if PY_VERSION_HEX < 0x030B0000
+        PyCodeObject *code = frame->f_code; /* borrowed: the frame struct is public before 3.11 */
+        uint32_t op = gp_intern_code(code);
+#else
         PyCodeObject *code = PyFrame_GetCode(frame);
         uint32_t op = gp_intern_code(code);
         Py_DECREF(code);
+#endif
         if (GP_UNLIKELY(op == 0)) {
             intern_failures++;
             return 0;
@@ -111,14 +116,14 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
         break;
     }
     case PyTrace_C_RETURN:
-    case PyTrace_C_EXCEPTION: {
-        const PyMethodDef *ml;
-        PyObject *owner;
-        if (!cfunc_key(arg, &ml, &owner))
-            return 0;
+    case PyTrace_C_EXCEPTION:
+        /* Profile functions see C calls of builtin functions and method
+         * descriptors only (3.12+'s legacy shim binds the latter first),
+         * which cfunc_key always names; a return whose call went unrecorded
+         * (out of memory) closes nothing: the aggregation never looks past
+         * the calling Python frame for it. */
         gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);
         break;
-    }
     default:
         break;
     }
