@@ -606,7 +606,8 @@ replay_event(Agg *a, const GpEvent *ev)
 /* API records from activity-only mode for one thread, as events sorted by
  * time (enter at start, exit at end). */
 static GpEvent *
-api_events_for_thread(const GpAggInput *in, const GpThreadBuf *tb, uint8_t *used, size_t *n_out)
+api_events_for_thread(const GpAggInput *in, const GpWindowThread *tb, uint8_t *used,
+                      size_t *n_out)
 {
     size_t n = 0;
     for (size_t i = 0; i < in->n_gpu; i++)
@@ -657,7 +658,8 @@ collect_foreign_ends(Agg *a)
 {
     size_t n = 0, cap = 0;
     GpEvent *v = NULL;
-    for (const GpThreadBuf *tb = gp_buffer_threads(); tb; tb = tb->next_thread) {
+    for (uint32_t t = 0; t < a->in->n_threads; t++) {
+        const GpWindowThread *tb = &a->in->threads[t];
         for (const GpChunk *c = tb->head; c; c = c->next) {
             for (uint32_t k = 0; k < c->n; k++) {
                 const GpEvent *ev = &c->ev[k];
@@ -681,7 +683,7 @@ collect_foreign_ends(Agg *a)
 /* Merge the foreign ends of ranges `tb` started into its sorted extra
  * events (*evp)[0..*n), replacing *evp. 0, or -1 when out of memory. */
 static int
-merge_foreign_ends(const Agg *a, const GpThreadBuf *tb, GpEvent **evp, size_t *n)
+merge_foreign_ends(const Agg *a, const GpWindowThread *tb, GpEvent **evp, size_t *n)
 {
     GpEvent *ev = *evp;
     size_t k = 0;
@@ -709,7 +711,7 @@ merge_foreign_ends(const Agg *a, const GpThreadBuf *tb, GpEvent **evp, size_t *n
 }
 
 static int
-replay_thread(Agg *a, const GpThreadBuf *tb, GpThreadRow *tr)
+replay_thread(Agg *a, const GpWindowThread *tb, GpThreadRow *tr)
 {
     size_t n_api = 0;
     GpEvent *api = api_events_for_thread(a->in, tb, a->api_used, &n_api);
@@ -1164,7 +1166,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     memset(out, 0, sizeof(*out));
     a.in = in;
     a.t = out;
-    size_t n_threads = gp_buffer_thread_count();
+    size_t n_threads = in->n_threads;
     size_t *span_lo = calloc(n_threads + 1, sizeof(size_t));
     size_t *span_hi = calloc(n_threads + 1, sizeof(size_t));
     a.row_of_op = malloc((in->n_ops + 1) * sizeof(int32_t));
@@ -1172,7 +1174,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     if (!span_lo || !span_hi || !a.row_of_op || map_init(&a.nodes, 1024) < 0 ||
         map_init(&a.corr, 1024) < 0 || map_init(&a.nvtx_rows, 64) < 0)
         goto done;
-    if (gp_nvtx_cross_thread_ends() > 0 && collect_foreign_ends(&a) < 0)
+    if (in->nvtx_cross_thread_ends && collect_foreign_ends(&a) < 0)
         goto done;
     memset(a.row_of_op, 0xff, (in->n_ops + 1) * sizeof(int32_t));
     a.api_used = calloc(in->n_gpu + 1, 1);
@@ -1184,8 +1186,8 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
         qsort(in->gpu, in->n_gpu, sizeof(GpGpuRecord), cmp_gpu_start);
     /* Every span starts with an event: the event count bounds the spans. */
     size_t n_events = 0;
-    for (const GpThreadBuf *tb = gp_buffer_threads(); tb; tb = tb->next_thread)
-        n_events += tb->n_events;
+    for (size_t t = 0; t < n_threads; t++)
+        n_events += in->threads[t].n_events;
     for (size_t i = 0; i < in->n_gpu; i++)
         n_events += in->gpu[i].kind == GP_GPU_API;
     if (vec_reserve_huge((void **)&out->spans.v, &out->spans.cap, n_events + 16,
@@ -1194,7 +1196,8 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
 
     uint32_t step_thread = UINT32_MAX;
     uint32_t ti = 0;
-    for (const GpThreadBuf *tb = gp_buffer_threads(); tb && ti < n_threads; tb = tb->next_thread) {
+    for (size_t k = 0; k < n_threads; k++) {
+        const GpWindowThread *tb = &in->threads[k];
         if (tb->ignored)
             continue;
         GpThreadRow *tr = VEC_PUSH(out->threads);

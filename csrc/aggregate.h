@@ -169,8 +169,10 @@ typedef struct GpTables {
     int64_t attributed_gpu_ns;
 } GpTables;
 
-/* Inputs beyond the thread buffers. */
+/* One window's inputs. */
 typedef struct GpAggInput {
+    const GpWindowThread *threads; /* the window's events per thread (buffer.h) */
+    uint32_t n_threads;
     const uint8_t *op_kinds; /* indexed by op id */
     const uint8_t *op_flags;
     uint32_t n_ops;
@@ -180,10 +182,12 @@ typedef struct GpAggInput {
     uint64_t window_end_ns;
     uint64_t step_thread_ident; /* thread that calls step(): blocked-thread attribution */
     const char *(*kernel_name)(uint32_t name_id); /* gp_cuda_string or a test's */
+    int nvtx_cross_thread_ends; /* some NVTX range ended on another thread than it began */
 } GpAggInput;
 
-/* Build the tables for one window from every registered thread buffer.
- * *out must be zeroed or freed. GP_OK or GP_ERR_NOMEM (out is then freed). */
+/* Build the tables of one window from its events (in->threads) and GPU
+ * records. *out must be zeroed or freed. GP_OK or GP_ERR_NOMEM (out is then
+ * freed). */
 GpStatus gp_aggregate_run(const GpAggInput *in, GpTables *out);
 
 /* Release every array of *t and zero it. */

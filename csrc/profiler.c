@@ -322,7 +322,16 @@ op_stop(GpProfilerObject *self)
     cuda_window_off(self);
     size_t n_gpu = 0;
     GpGpuRecord *gpu = self->cuda_on ? gp_cuda_take_records(&n_gpu) : NULL;
+    GpWindowEvents ev;
+    GpStatus st = gp_buffer_take_window(&ev);
+    if (st != GP_OK) {
+        free(gpu);
+        gp_status_raise(st, "gpuprof: closing the recorded window");
+        return -1;
+    }
     GpAggInput in = {
+        .threads = ev.threads,
+        .n_threads = ev.n_threads,
         .op_kinds = gp_intern.kinds,
         .op_flags = gp_intern.flags,
         .n_ops = gp_intern.n_ops,
@@ -332,11 +341,12 @@ op_stop(GpProfilerObject *self)
         .window_end_ns = window_end,
         .step_thread_ident = self->step_thread,
         .kernel_name = gp_cuda_string,
+        .nvtx_cross_thread_ends = gp_nvtx_cross_thread_ends() > 0,
     };
     GpTables t;
-    GpStatus st = gp_aggregate_run(&in, &t);
+    st = gp_aggregate_run(&in, &t);
     free(gpu);
-    gp_buffer_reset();
+    gp_buffer_release_window(&ev); /* the chunks go back for reuse */
     if (st != GP_OK) {
         gp_status_raise(st, "gpuprof: aggregating the recorded window");
         return -1;

@@ -180,12 +180,7 @@ test_aggregate(PyObject *module, PyObject *args)
             unsigned int kind, arg, payload = 0;
             if (!PyArg_ParseTuple(PyList_GET_ITEM(events, k), "KII|I", &ts, &kind, &arg, &payload))
                 goto done;
-            GpChunk *c = tb->tail;
-            if (c == NULL || c->n == GP_CHUNK_EVENTS) {
-                if (gp_buffer_grow(tb, ts) == NULL)
-                    continue; /* dropped, counted by the buffer */
-            }
-            gp_buffer_push(tb, ts, arg, GP_EV_MAKE(kind, payload));
+            gp_buffer_push(tb, ts, arg, GP_EV_MAKE(kind, payload)); /* drops are counted */
         }
     }
     Py_ssize_t n_gpu = PyList_GET_SIZE(gpu);
@@ -198,7 +193,15 @@ test_aggregate(PyObject *module, PyObject *args)
         if (gpu_from_dict(PyList_GET_ITEM(gpu, i), &recs[i]) < 0)
             goto done;
     test_kernel_names = knames;
+    GpWindowEvents ev;
+    GpStatus st = gp_buffer_take_window(&ev);
+    if (st != GP_OK) {
+        gp_status_raise(st, "_test_aggregate");
+        goto done;
+    }
     GpAggInput in = {
+        .threads = ev.threads,
+        .n_threads = ev.n_threads,
         .op_kinds = gp_intern.kinds,
         .op_flags = gp_intern.flags,
         .n_ops = gp_intern.n_ops,
@@ -208,10 +211,12 @@ test_aggregate(PyObject *module, PyObject *args)
         .window_end_ns = wend,
         .step_thread_ident = step_thread,
         .kernel_name = test_kernel_name,
+        .nvtx_cross_thread_ends = 1,
     };
     GpTables t;
-    GpStatus st = gp_aggregate_run(&in, &t);
+    st = gp_aggregate_run(&in, &t);
     test_kernel_names = NULL;
+    gp_buffer_release_window(&ev);
     if (st != GP_OK) {
         gp_status_raise(st, "_test_aggregate");
         goto done;
