@@ -651,15 +651,18 @@ cmp_event_ts(const void *x, const void *y)
     return (a->ts > b->ts) - (a->ts < b->ts);
 }
 
-/* NVTX ends recorded on another thread than their start, sorted by time:
- * each is replayed on the thread that started the range. */
+/* NVTX ends recorded on another thread than their start, with ns
+ * timestamps, sorted by time: each is replayed on the thread that started
+ * the range. */
 static int
-collect_foreign_ends(Agg *a)
+collect_foreign_ends(Agg *a, const GpClockMap *clock)
 {
     size_t n = 0, cap = 0;
     GpEvent *v = NULL;
     for (uint32_t t = 0; t < a->in->n_threads; t++) {
         const GpWindowThread *tb = &a->in->threads[t];
+        GpClockCursor cur;
+        gp_clock_cursor_init(&cur, clock);
         for (const GpChunk *c = tb->head; c; c = c->next) {
             for (uint32_t k = 0; k < c->n; k++) {
                 const GpEvent *ev = &c->ev[k];
@@ -669,7 +672,9 @@ collect_foreign_ends(Agg *a)
                     free(v);
                     return -1;
                 }
-                v[n++] = *ev;
+                v[n] = *ev;
+                v[n].ts = gp_clock_ns(&cur, ev->ts);
+                n++;
             }
         }
     }
@@ -711,7 +716,7 @@ merge_foreign_ends(const Agg *a, const GpWindowThread *tb, GpEvent **evp, size_t
 }
 
 static int
-replay_thread(Agg *a, const GpWindowThread *tb, GpThreadRow *tr)
+replay_thread(Agg *a, const GpWindowThread *tb, GpThreadRow *tr, const GpClockMap *clock)
 {
     size_t n_api = 0;
     GpEvent *api = api_events_for_thread(a->in, tb, a->api_used, &n_api);
@@ -724,10 +729,16 @@ replay_thread(Agg *a, const GpWindowThread *tb, GpThreadRow *tr)
     a->stack.n = 0;
     a->busy = 0;
     a->self_sum = 0;
-    int64_t end = tb->drop_ts ? (int64_t)tb->drop_ts : (int64_t)a->in->window_end_ns;
+    GpClockCursor cur;
+    gp_clock_cursor_init(&cur, clock);
+    int64_t end = tb->drop_ts ? (int64_t)gp_clock_ns(&cur, tb->drop_ts)
+                              : (int64_t)a->in->window_end_ns;
+    gp_clock_cursor_init(&cur, clock);
     int64_t last = -1;
     const GpChunk *c = tb->head;
     size_t ci = 0;
+    uint64_t next_ns = 0; /* ns of the next buffered event, read once */
+    int have_next = 0;
     for (;;) {
         const GpEvent *ev;
         while (c && ci >= c->n) {
@@ -735,11 +746,19 @@ replay_thread(Agg *a, const GpWindowThread *tb, GpThreadRow *tr)
             ci = 0;
         }
         const GpEvent *next_buf = c ? &c->ev[ci] : NULL;
-        if (ai < n_api && (next_buf == NULL || api[ai].ts < next_buf->ts)) {
-            ev = &api[ai++];
+        if (next_buf && !have_next) {
+            next_ns = gp_clock_ns(&cur, next_buf->ts);
+            have_next = 1;
+        }
+        GpEvent buffered;
+        if (ai < n_api && (next_buf == NULL || api[ai].ts < next_ns)) {
+            ev = &api[ai++]; /* activity API records and foreign NVTX ends: ns already */
         } else if (next_buf) {
-            ev = next_buf;
+            buffered = *next_buf;
+            buffered.ts = next_ns;
+            ev = &buffered;
             ci++;
+            have_next = 0;
         } else {
             break;
         }
@@ -1166,6 +1185,9 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     memset(out, 0, sizeof(*out));
     a.in = in;
     a.t = out;
+    GpClockMap clock;
+    if (gp_clock_map_init(&clock, in->anchors, in->n_anchors) != GP_OK)
+        return GP_ERR_NOMEM;
     size_t n_threads = in->n_threads;
     size_t *span_lo = calloc(n_threads + 1, sizeof(size_t));
     size_t *span_hi = calloc(n_threads + 1, sizeof(size_t));
@@ -1174,7 +1196,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     if (!span_lo || !span_hi || !a.row_of_op || map_init(&a.nodes, 1024) < 0 ||
         map_init(&a.corr, 1024) < 0 || map_init(&a.nvtx_rows, 64) < 0)
         goto done;
-    if (in->nvtx_cross_thread_ends && collect_foreign_ends(&a) < 0)
+    if (in->nvtx_cross_thread_ends && collect_foreign_ends(&a, &clock) < 0)
         goto done;
     memset(a.row_of_op, 0xff, (in->n_ops + 1) * sizeof(int32_t));
     a.api_used = calloc(in->n_gpu + 1, 1);
@@ -1212,7 +1234,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
             step_thread = ti;
         a.thread = ti;
         span_lo[ti] = out->spans.n;
-        if (replay_thread(&a, tb, tr) < 0)
+        if (replay_thread(&a, tb, tr, &clock) < 0)
             goto done;
         span_hi[ti] = out->spans.n;
         ti++;
@@ -1249,6 +1271,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
             out->ops.v[i].cpu_min_ns = 0;
     st = GP_OK;
 done:
+    gp_clock_map_free(&clock);
     free(span_lo);
     free(span_hi);
     free(a.row_of_op);

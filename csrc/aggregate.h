@@ -173,6 +173,8 @@ typedef struct GpTables {
 typedef struct GpAggInput {
     const GpWindowThread *threads; /* the window's events per thread (buffer.h) */
     uint32_t n_threads;
+    const GpClockAnchor *anchors;  /* raw -> ns of the events; NULL: ts are already ns */
+    size_t n_anchors;
     const uint8_t *op_kinds; /* indexed by op id */
     const uint8_t *op_flags;
     uint32_t n_ops;

@@ -15,7 +15,7 @@ _Thread_local GpTls gp_buffer_tls __attribute__((tls_model("initial-exec")));
  * zeroed gp_buffer_tls.session never matches. */
 atomic_uint_fast64_t gp_buffer_session = 0;
 
-/* Registry and chunk pool: guarded by registry_lock. The counters
+/* Registry, chunk pool and anchors: guarded by registry_lock. The counters
  * read by the footer are atomics so they can be read without the lock. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static GpThreadBuf *registry_head = NULL;    /* registry_lock */
@@ -33,6 +33,11 @@ static GpChunk *free_chunks = NULL;          /* registry_lock */
 static uint64_t slab_count = 0;              /* registry_lock */
 static char *slab_cursor = NULL;             /* registry_lock: next chunk to carve */
 static uint32_t slab_left = 0;               /* registry_lock: chunks left in the slab */
+
+/* The current window's clock anchors (clock.h): start, steps, chunk changes.
+ * Full: later anchors are skipped (the map stays correct, only coarser). */
+static GpClockAnchor *anchors = NULL;        /* registry_lock */
+static size_t n_anchors = 0, cap_anchors = 0; /* registry_lock */
 
 /* A slab from mmap. Its pages are faulted in as chunks are first written
  * and stay for the process: later windows and sessions write into memory
@@ -101,6 +106,13 @@ lazyfree(GpChunk *c)
 #endif
 }
 
+static void
+add_anchor_locked(GpClockAnchor a)
+{
+    if (n_anchors < cap_anchors)
+        anchors[n_anchors++] = a;
+}
+
 static atomic_uint_fast64_t orphan_drops = 0; /* events lost for want of a thread buffer */
 #define MAX_IGNORED 16
 static uint64_t ignored_idents[MAX_IGNORED]; /* registry_lock; cleared at session end */
@@ -114,9 +126,19 @@ gp_buffer_session_begin(uint64_t max_events)
     if (max_events < GP_CHUNK_EVENTS)
         max_events = GP_CHUNK_EVENTS;
     uint64_t budget = (max_events + GP_CHUNK_EVENTS - 1) / GP_CHUNK_EVENTS;
+    /* One anchor per chunk change, plus the window's start, end and steps
+     * (those beyond the room are skipped). */
+    size_t cap = (size_t)budget + 4096;
+    GpClockAnchor *a = malloc(cap * sizeof(GpClockAnchor));
+    if (a == NULL)
+        return GP_ERR_NOMEM;
     pthread_mutex_lock(&registry_lock);
     budget_chunks = budget;
     chunks_in_use = 0;
+    free(anchors);
+    anchors = a;
+    cap_anchors = cap;
+    n_anchors = 0;
     pthread_mutex_unlock(&registry_lock);
     atomic_store(&orphan_drops, 0);
     atomic_fetch_add(&gp_buffer_session, 1);
@@ -139,6 +161,9 @@ gp_buffer_session_end(void)
     registry_count = 0;
     chunks_in_use = 0;
     n_ignored = 0;
+    free(anchors);
+    anchors = NULL;
+    n_anchors = cap_anchors = 0;
     lazyfree(free_chunks);
     pthread_mutex_unlock(&registry_lock);
     /* Invalidate every thread's cached pointer without touching their TLS. */
@@ -268,12 +293,16 @@ gp_buffer_grow(GpThreadBuf *tb, uint64_t ts)
     }
     if (tb->tail)
         tb->tail->n = GP_CHUNK_EVENTS; /* full: the cursor reached its end */
+    /* The anchor is read outside the lock: another thread may be waiting. */
+    GpClockAnchor anchor = gp_clock_anchor();
     GpChunk *c = NULL;
     pthread_mutex_lock(&registry_lock);
     if (chunks_in_use < budget_chunks) {
         c = take_chunk_locked();
-        if (c)
+        if (c) {
             chunks_in_use++;
+            add_anchor_locked(anchor);
+        }
     }
     pthread_mutex_unlock(&registry_lock);
     if (c == NULL) {
@@ -321,6 +350,16 @@ gp_buffer_quiesce(void)
     pthread_mutex_unlock(&registry_lock);
 }
 
+GpClockAnchor
+gp_buffer_anchor(void)
+{
+    GpClockAnchor a = gp_clock_anchor();
+    pthread_mutex_lock(&registry_lock);
+    add_anchor_locked(a);
+    pthread_mutex_unlock(&registry_lock);
+    return a;
+}
+
 /* Events written into a thread's tail chunk (the cursor is past the last). */
 static uint32_t
 tail_count(const GpThreadBuf *tb)
@@ -348,11 +387,15 @@ gp_buffer_take_window(GpWindowEvents *w)
     memset(w, 0, sizeof(*w));
     pthread_mutex_lock(&registry_lock);
     GpWindowThread *threads = calloc(registry_count + 1, sizeof(GpWindowThread));
-    if (threads == NULL) {
+    GpClockAnchor *a = malloc((n_anchors + 1) * sizeof(GpClockAnchor));
+    if (threads == NULL || a == NULL) {
+        free(threads);
+        free(a);
         for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread) {
             chunks_in_use -= free_chain_locked(tb->head);
             clear_thread_locked(tb);
         }
+        n_anchors = 0;
         pthread_mutex_unlock(&registry_lock);
         return GP_ERR_NOMEM;
     }
@@ -375,8 +418,12 @@ gp_buffer_take_window(GpWindowEvents *w)
         clear_thread_locked(tb);
     }
     chunks_in_use -= w->chunks < chunks_in_use ? w->chunks : chunks_in_use;
+    memcpy(a, anchors, n_anchors * sizeof(GpClockAnchor));
     w->threads = threads;
     w->n_threads = i;
+    w->anchors = a;
+    w->n_anchors = n_anchors;
+    n_anchors = 0;
     pthread_mutex_unlock(&registry_lock);
     atomic_store(&orphan_drops, 0);
     return GP_OK;
@@ -395,6 +442,7 @@ gp_buffer_release_window(GpWindowEvents *w)
         pthread_mutex_unlock(&registry_lock);
     }
     free(w->threads);
+    free(w->anchors);
     memset(w, 0, sizeof(*w));
 }
 
@@ -406,6 +454,7 @@ gp_buffer_reset(void)
         chunks_in_use -= free_chain_locked(tb->head);
         clear_thread_locked(tb);
     }
+    n_anchors = 0;
     pthread_mutex_unlock(&registry_lock);
     atomic_store(&orphan_drops, 0);
 }

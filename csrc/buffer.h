@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "common.h"
 
 /* Event kinds (low 8 bits of GpEvent.kind). */
@@ -60,7 +61,7 @@ enum {
 
 /* One recorded event: 16 bytes. */
 typedef struct GpEvent {
-    uint64_t ts;   /* profiler clock, ns */
+    uint64_t ts;   /* raw clock (clock.h): TSC ticks or CLOCK_MONOTONIC ns */
     uint32_t arg;  /* op id, correlation id or step number, by kind */
     uint32_t kind; /* GP_EV_* in the low byte, payload above */
 } GpEvent;
@@ -89,7 +90,7 @@ typedef struct GpThreadBuf {
     int claimed;                     /* a live thread owns it (registry lock); a buffer made
                                         by the snapshot waits unclaimed for its thread */
     uint64_t dropped;                /* owner thread */
-    uint64_t drop_ts;                /* first dropped event's ts, 0 if none */
+    uint64_t drop_ts;                /* first dropped event's ts (raw clock), 0 if none */
     atomic_int writing;              /* non-GIL writers (CUDA callbacks) set it while writing */
 } GpThreadBuf;
 
@@ -145,11 +146,11 @@ GpThreadBuf *gp_buffer_thread_for(uint64_t ident);
 void gp_buffer_ignore_current(void);
 
 /* Slow path of gp_buffer_push: a new chunk from the budget, or NULL (drop).
- * Returns the chunk's first slot; `ts` is the time of the event that needs
- * it (kept as drop_ts when it is dropped). */
+ * Returns the chunk's first slot; `ts` is the raw time of the event that
+ * needs it (kept as drop_ts when it is dropped). */
 GpEvent *gp_buffer_grow(GpThreadBuf *tb, uint64_t ts);
 
-/* Append one event. Owner thread only. */
+/* Append one event; `ts` on the raw clock (clock.h). Owner thread only. */
 GP_INLINE void
 gp_buffer_push(GpThreadBuf *tb, uint64_t ts, uint32_t arg, uint32_t kind)
 {
@@ -168,12 +169,17 @@ gp_buffer_push(GpThreadBuf *tb, uint64_t ts, uint32_t arg, uint32_t kind)
     tb->cur = e + 1;
 }
 
-/* Record a CUDA API enter/exit from any thread, GIL or not (cuda/ calls it). */
+/* Record a CUDA API enter/exit from any thread, GIL or not (cuda/ calls it);
+ * `ts` on the raw clock (gp_clock_raw). */
 void gp_buffer_record_api(uint64_t ts, uint32_t correlation, uint32_t api_key, int enter);
 
 /* Wait until no non-GIL writer is inside a write. Call after the phase left
  * WARMUP/ACTIVE. */
 void gp_buffer_quiesce(void);
+
+/* Read a clock anchor now, keep it for the current window's raw -> ns map
+ * (window start and end, steps; chunk changes add their own) and return it. */
+GpClockAnchor gp_buffer_anchor(void);
 
 /* One thread's events of a taken window. */
 typedef struct GpWindowThread {
@@ -184,7 +190,7 @@ typedef struct GpWindowThread {
     GpChunk *head;     /* owned by the GpWindowEvents; each chunk's n is set */
     uint64_t n_events;
     uint64_t dropped;
-    uint64_t drop_ts;  /* 0 if none */
+    uint64_t drop_ts;  /* raw clock, 0 if none */
 } GpWindowThread;
 
 /* A closed window's events, taken out of the thread buffers: they no longer
@@ -193,10 +199,13 @@ typedef struct GpWindowThread {
 typedef struct GpWindowEvents {
     GpWindowThread *threads; /* registration order */
     uint32_t n_threads;
+    GpClockAnchor *anchors;  /* the window's clock anchors (raw -> ns) */
+    size_t n_anchors;
     uint64_t chunks;         /* chunks held */
 } GpWindowEvents;
 
-/* Move every thread's events into *w and start an empty window. Writers must be quiesced. GP_OK, or GP_ERR_NOMEM with
+/* Move every thread's events (and the window's anchors) into *w and start
+ * an empty window. Writers must be quiesced. GP_OK, or GP_ERR_NOMEM with
  * the events dropped (given back) and *w empty. */
 GpStatus gp_buffer_take_window(GpWindowEvents *w);
 

@@ -68,7 +68,7 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
         return 0;
-    uint64_t ts = gp_clock_now();
+    uint64_t ts = gp_clock_raw();
     switch (what) {
     case PyTrace_CALL: {
 #if PY_VERSION_HEX < 0x030B0000
@@ -288,7 +288,7 @@ gp_hook_marker(uint32_t kind, uint32_t arg)
     GpThreadBuf *tb = gp_buffer_thread();
     if (tb == NULL)
         return;
-    gp_buffer_push(tb, gp_clock_now(), arg, kind);
+    gp_buffer_push(tb, gp_clock_raw(), arg, kind);
 }
 
 uint64_t
@@ -335,7 +335,7 @@ mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
         Py_RETURN_NONE;
-    uint64_t ts = gp_clock_now();
+    uint64_t ts = gp_clock_raw();
     uint32_t op = gp_intern_code((PyCodeObject *)args[0]);
     if (GP_UNLIKELY(op == 0)) {
         intern_failures++;
@@ -376,7 +376,7 @@ push_return(void)
 {
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL))
-        gp_buffer_push(tb, gp_clock_now(), 0, GP_EV_RETURN);
+        gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_RETURN);
 }
 
 /* PY_RETURN and PY_YIELD (local events: DISABLE allowed). */
@@ -418,7 +418,7 @@ gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
         Py_RETURN_NONE;
-    uint64_t ts = gp_clock_now();
+    uint64_t ts = gp_clock_raw();
     uint32_t op = gp_intern_cfunc(ml, owner);
     if (GP_UNLIKELY(op == 0)) {
         intern_failures++;
@@ -445,7 +445,7 @@ gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL))
-        gp_buffer_push(tb, gp_clock_now(), 0, GP_EV_CRETURN);
+        gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_CRETURN);
     Py_RETURN_NONE;
 }
 

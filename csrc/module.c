@@ -178,6 +178,7 @@ static PyMethodDef module_methods[] = {
 static int
 module_exec(PyObject *module)
 {
+    gp_clock_init();
     if (gp_arrays_init() < 0)
         return -1;
     if (PyModule_AddFunctions(module, gp_testing_methods) < 0)
@@ -190,6 +191,8 @@ module_exec(PyObject *module)
     if (rc < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "HAVE_CUPTI", gp_cuda_compiled()) < 0)
+        return -1;
+    if (PyModule_AddStringConstant(module, "EVENT_CLOCK", gp_clock_raw_name()) < 0)
         return -1;
     return 0;
 }

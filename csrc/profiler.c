@@ -286,8 +286,9 @@ op_start(GpProfilerObject *self)
     quiet_and_reset();
     if (self->cuda_on)
         cuda_discard(); /* warm-up records delivered so far */
-    self->window_start = gp_clock_now();
-    if (gp_hook_snapshot(self->window_start) < 0)
+    GpClockAnchor start = gp_buffer_anchor();
+    self->window_start = start.ns;
+    if (gp_hook_snapshot(start.raw) < 0)
         return -1;
     cuda_window_on(self);
     set_phase(GP_PHASE_ACTIVE);
@@ -317,7 +318,7 @@ op_stop(GpProfilerObject *self)
         return 0;
     }
     set_phase(GP_PHASE_WAIT);
-    uint64_t window_end = gp_clock_now();
+    uint64_t window_end = gp_buffer_anchor().ns;
     gp_buffer_quiesce();
     cuda_window_off(self);
     size_t n_gpu = 0;
@@ -332,6 +333,8 @@ op_stop(GpProfilerObject *self)
     GpAggInput in = {
         .threads = ev.threads,
         .n_threads = ev.n_threads,
+        .anchors = ev.anchors,
+        .n_anchors = ev.n_anchors,
         .op_kinds = gp_intern.kinds,
         .op_flags = gp_intern.flags,
         .n_ops = gp_intern.n_ops,
@@ -765,6 +768,8 @@ Profiler_step(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     gp_hook_marker(GP_EV_STEP_END, (uint32_t)self->step_num);
     emit_step_end();
+    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP)
+        gp_buffer_anchor(); /* keeps the raw -> ns map exact over long windows */
     int64_t next = self->step_num + 1;
     GpAction cur;
     if (action_for(self, next, &cur) < 0)

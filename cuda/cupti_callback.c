@@ -123,11 +123,11 @@ on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
         GP_API_KEY(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? GP_API_RUNTIME : GP_API_DRIVER, cbid);
     if (cb->callbackSite == CUPTI_API_ENTER) {
         if (tls_depth++ == 0)
-            gp_buffer_record_api(gp_clock_now(), cb->correlationId, key, 1);
+            gp_buffer_record_api(gp_clock_raw(), cb->correlationId, key, 1);
     } else if (tls_depth > 0) {
         /* An exit at depth 0 belongs to a call entered before the window. */
         if (--tls_depth == 0)
-            gp_buffer_record_api(gp_clock_now(), cb->correlationId, key, 0);
+            gp_buffer_record_api(gp_clock_raw(), cb->correlationId, key, 0);
     }
 }
 
