@@ -185,6 +185,7 @@ typedef struct GpAggInput {
     uint64_t step_thread_ident; /* thread that calls step(): blocked-thread attribution */
     const char *(*kernel_name)(uint32_t name_id); /* gp_cuda_string or a test's */
     int nvtx_cross_thread_ends; /* some NVTX range ended on another thread than it began */
+    int general_only;        /* tests: every event through the general replay path */
 } GpAggInput;
 
 /* Build the tables of one window from its events (in->threads) and GPU

@@ -104,10 +104,13 @@ fail:
     return -1;
 }
 
-/* _test_aggregate(ops, threads, gpu, window_start, window_end, kernel_names, step_thread)
+/* _test_aggregate(ops, threads, gpu, window_start, window_end, kernel_names, step_thread,
+ *                 max_events, general_only)
  *   ops: list of (kind, name_or_code, flags); op ids are 2, 3, ... in order
  *   threads: list of (ident, os_tid, events); events: list of (ts, kind, arg, payload)
  *   gpu: list of dicts with GpGpuRecord field names
+ *   general_only: replay every event through the general path (the fast
+ *     path for calls and returns must give the same tables)
  * Returns the result dict a profiler window would produce. */
 static PyObject *
 test_aggregate(PyObject *module, PyObject *args)
@@ -115,9 +118,10 @@ test_aggregate(PyObject *module, PyObject *args)
     (void)module;
     PyObject *ops, *threads, *gpu, *knames;
     unsigned long long wstart, wend, step_thread = 0, max_events = 1 << 20;
-    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KK", &PyList_Type, &ops, &PyList_Type, &threads,
+    int general_only = 0;
+    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KKp", &PyList_Type, &ops, &PyList_Type, &threads,
                           &PyList_Type, &gpu, &wstart, &wend, &PyList_Type, &knames, &step_thread,
-                          &max_events))
+                          &max_events, &general_only))
         return NULL;
     if (atomic_load(&gp_buffer_phase) != GP_PHASE_OFF) {
         PyErr_SetString(PyExc_RuntimeError, "_test_aggregate: a profiler is running");
@@ -217,6 +221,7 @@ test_aggregate(PyObject *module, PyObject *args)
         .step_thread_ident = step_thread,
         .kernel_name = test_kernel_name,
         .nvtx_cross_thread_ends = 1,
+        .general_only = general_only,
     };
     GpTables t;
     st = gp_aggregate_run(&in, &t);
