@@ -1497,7 +1497,9 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     memset(out, 0, sizeof(*out));
     a.in = in;
     a.t = out;
-    a.want_spans = 1; /* every window builds its spans */
+    /* Blocked-thread attribution of GPU work looks spans up: with GPU
+     * records the spans are always built. */
+    a.want_spans = in->want_spans || in->n_gpu > 0;
     GpClockMap clock;
     GpStatus st = gp_clock_map_init(&clock, in->anchors, in->n_anchors);
     if (st != GP_OK)
@@ -1588,6 +1590,7 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     for (size_t i = 0; i < out->ops.n; i++)
         if (out->ops.v[i].cpu_min_ns == INT64_MAX)
             out->ops.v[i].cpu_min_ns = 0;
+    out->has_spans = a.want_spans;
     st = GP_OK;
 done:
     gp_clock_map_free(&clock);

@@ -12,6 +12,7 @@
 #include "hook.h"
 #include "intern.h"
 #include "schedule.h"
+#include "window.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -97,30 +98,9 @@ dict_steal(PyObject *d, const char *key, PyObject *value)
     return rc;
 }
 
-/* Resolve each C-call span's call site to its caller's line. */
-static void
-resolve_call_sites(GpTables *t)
-{
-    for (size_t i = 0; i < t->spans.n; i++) {
-        GpSpanRow *s = &t->spans.v[i];
-        if (s->site == 0)
-            continue;
-        int32_t p = s->parent;
-        while (p >= 0 && t->spans.v[p].kind != GP_OP_PYTHON)
-            p = t->spans.v[p].parent;
-        if (p < 0)
-            continue;
-        uint32_t op = t->ops.v[t->spans.v[p].op_row].op;
-        if (op >= gp_intern.n_ops || gp_intern.kinds[op] != GP_OP_PYTHON)
-            continue;
-        s->line = PyCode_Addr2Line((PyCodeObject *)gp_intern.refs[op], (int)(s->site - 1));
-    }
-}
-
 PyObject *
 gp_profiler_result_dict(GpTables *t)
 {
-    resolve_call_sites(t);
     PyObject *d = PyDict_New();
     PyObject *names = NULL, *files = NULL, *lines = NULL, *knames = NULL;
     if (d == NULL)
@@ -197,7 +177,6 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "kernels", gp_arrays_build(GP_ROWS_KERNELS, t->kernels.v, t->kernels.n)) < 0 ||
         dict_steal(d, "gpu", gp_arrays_build(GP_ROWS_GPU, t->gpu.v, t->gpu.n)) < 0 ||
         dict_steal(d, "steps", gp_arrays_build(GP_ROWS_STEPS, t->steps.v, t->steps.n)) < 0 ||
-        dict_steal(d, "spans", gp_arrays_build(GP_ROWS_SPANS, t->spans.v, t->spans.n)) < 0 ||
         dict_steal(d, "threads", gp_arrays_build(GP_ROWS_THREADS, t->threads.v, t->threads.n)) < 0 ||
         dict_steal(d, "window_start_ns", PyLong_FromLongLong(t->window_start_ns)) < 0 ||
         dict_steal(d, "window_end_ns", PyLong_FromLongLong(t->window_end_ns)) < 0 ||
@@ -206,6 +185,11 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "attributed_gpu_ns", PyLong_FromLongLong(t->attributed_gpu_ns)) < 0 ||
         dict_steal(d, "unattributed_gpu_ns", PyLong_FromLongLong(t->unattributed_gpu_ns)) < 0 ||
         dict_steal(d, "epoch_offset_ns", PyLong_FromLongLong(gp_clock_epoch_offset())) < 0)
+        goto fail_after_names;
+    if (t->has_spans &&
+        dict_steal(d, "spans",
+                   gp_window_spans_array(t, (PyObject *const *)gp_intern.refs, gp_intern.kinds,
+                                         gp_intern.n_ops)) < 0)
         goto fail_after_names;
     return d;
 fail:
@@ -344,19 +328,29 @@ op_stop(GpProfilerObject *self)
         .window_end_ns = window_end,
         .step_thread_ident = self->step_thread,
         .kernel_name = gp_cuda_string,
+        .want_spans = 0,
         .nvtx_cross_thread_ends = gp_nvtx_cross_thread_ends() > 0,
     };
     GpTables t;
     st = gp_aggregate_run(&in, &t);
     free(gpu);
-    gp_buffer_release_window(&ev); /* the chunks go back for reuse */
     if (st != GP_OK) {
+        gp_buffer_release_window(&ev);
         gp_status_raise(st, "gpuprof: aggregating the recorded window");
         return -1;
     }
     t.dropped_gpu = self->cuda_on ? (int64_t)gp_cuda_dropped() : 0;
     PyObject *result = gp_profiler_result_dict(&t);
+    int spans_built = t.has_spans;
     gp_aggregate_free(&t);
+    if (result != NULL && !spans_built) {
+        /* The spans come later, from the events (csrc/window.h). */
+        PyObject *kept = gp_window_keep(&ev, &in);
+        if (kept == NULL || PyDict_SetItemString(result, "_events", kept) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(kept);
+    }
+    gp_buffer_release_window(&ev); /* no-op when kept */
     if (result == NULL)
         return -1;
     Py_SETREF(self->result, result);

@@ -13,6 +13,7 @@
 #include "intern.h"
 #include "profiler.h"
 #include "schedule.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -105,10 +106,12 @@ fail:
 }
 
 /* _test_aggregate(ops, threads, gpu, window_start, window_end, kernel_names, step_thread,
- *                 max_events, general_only)
+ *                 max_events, spans_now, general_only)
  *   ops: list of (kind, name_or_code, flags); op ids are 2, 3, ... in order
  *   threads: list of (ident, os_tid, events); events: list of (ts, kind, arg, payload)
  *   gpu: list of dicts with GpGpuRecord field names
+ *   spans_now: build the spans at once (else the dict keeps the events in
+ *     "_events", for _complete_window, as a CPU-only window does)
  *   general_only: replay every event through the general path (the fast
  *     path for calls and returns must give the same tables)
  * Returns the result dict a profiler window would produce. */
@@ -118,10 +121,10 @@ test_aggregate(PyObject *module, PyObject *args)
     (void)module;
     PyObject *ops, *threads, *gpu, *knames;
     unsigned long long wstart, wend, step_thread = 0, max_events = 1 << 20;
-    int general_only = 0;
-    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KKp", &PyList_Type, &ops, &PyList_Type, &threads,
+    int spans_now = 1, general_only = 0;
+    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KKpp", &PyList_Type, &ops, &PyList_Type, &threads,
                           &PyList_Type, &gpu, &wstart, &wend, &PyList_Type, &knames, &step_thread,
-                          &max_events, &general_only))
+                          &max_events, &spans_now, &general_only))
         return NULL;
     if (atomic_load(&gp_buffer_phase) != GP_PHASE_OFF) {
         PyErr_SetString(PyExc_RuntimeError, "_test_aggregate: a profiler is running");
@@ -203,7 +206,8 @@ test_aggregate(PyObject *module, PyObject *args)
         gp_status_raise(st, "_test_aggregate");
         goto done;
     }
-    /* The test's timestamps are ns already: no anchors, so no conversion. */
+    /* The test's timestamps are ns already: no anchors, so no conversion
+     * (also when the spans are built later from the kept events). */
     free(ev.anchors);
     ev.anchors = NULL;
     ev.n_anchors = 0;
@@ -220,19 +224,28 @@ test_aggregate(PyObject *module, PyObject *args)
         .window_end_ns = wend,
         .step_thread_ident = step_thread,
         .kernel_name = test_kernel_name,
-        .nvtx_cross_thread_ends = 1,
+        .want_spans = spans_now,
         .general_only = general_only,
+        .nvtx_cross_thread_ends = 1,
     };
     GpTables t;
     st = gp_aggregate_run(&in, &t);
     test_kernel_names = NULL;
-    gp_buffer_release_window(&ev);
     if (st != GP_OK) {
+        gp_buffer_release_window(&ev);
         gp_status_raise(st, "_test_aggregate");
         goto done;
     }
     result = gp_profiler_result_dict(&t);
+    int spans_built = t.has_spans;
     gp_aggregate_free(&t);
+    if (result != NULL && !spans_built) {
+        PyObject *kept = gp_window_keep(&ev, &in);
+        if (kept == NULL || PyDict_SetItemString(result, "_events", kept) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(kept);
+    }
+    gp_buffer_release_window(&ev);
 done:
     free(recs);
     if (session)

@@ -1,6 +1,6 @@
-"""Closing a window: the replay's fast path and its general path give the same
-tables; event memory reused across windows and sessions; event timestamps on
-the profiler clock."""
+"""Closing a window: the tables at once, the spans later from the events the
+window keeps, the same tables either way; event memory reused across windows
+and sessions; event timestamps on the profiler clock."""
 
 import gc
 import os
@@ -50,8 +50,9 @@ LEAF, MIDDLE, OUTER, HIDDEN, LABEL = 2, 3, 4, 5, 6
 PY_OPS = (LEAF, MIDDLE, OUTER, HIDDEN)
 
 
-def aggregate(threads, end, general_only=False):
-    return _gpuprof._test_aggregate(OPS, threads, [], 0, end, [], 1, 1 << 20, general_only)
+def aggregate(threads, end, **kw):
+    return _gpuprof._test_aggregate(OPS, threads, [], 0, end, [], 1, 1 << 20,
+                                    kw.get("spans_now", True), kw.get("general_only", False))
 
 
 def assert_same_window(a, b, spans=True):
@@ -115,6 +116,56 @@ def test_the_fast_path_and_the_general_path_build_the_same_tables(streams):
     assert_same_window(general, fast)
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(event_streams(), min_size=1, max_size=3))
+def test_spans_built_later_match_spans_built_at_once(streams):
+    threads = [(i + 1, 100 + i, ev) for i, (ev, _) in enumerate(streams)]
+    end = max(e for _, e in streams)
+    now = aggregate(threads, end)
+    later = aggregate(threads, end, spans_now=False)
+    assert "spans" not in later and "_events" in later
+    assert_same_window(now, later, spans=False)
+    assert _gpuprof._complete_window(later) is later
+    assert "_events" not in later
+    assert_same_window(now, later)
+    # a second call changes nothing
+    spans = later["spans"]
+    assert _gpuprof._complete_window(later)["spans"] is spans
+
+
+def test_a_cpu_window_keeps_its_events_until_its_spans_are_asked_for(no_gc):
+    with gpuprof.profile(activities=CPU) as prof:
+        outer(5)
+    raw = prof._core.result
+    assert "spans" not in raw and "_events" in raw
+    ops = prof.ops()  # the tables never need the spans
+    assert int(ops[ops["name"] == "leaf"]["calls"][0]) == 25
+    assert "spans" not in raw
+    spans = prof.results.spans()
+    assert "_events" not in raw and raw["spans"] is spans
+    names = prof.ops()["name"]
+    called = [names[r] for r in spans["op_row"]]
+    assert called.count("leaf") == 25 and called.count("outer") == 6
+    # every span's node and parent agree with the call tree built at stop()
+    tree = prof.results.call_tree()
+    assert (tree["op"][spans["node"]] == spans["op_row"]).all()
+    parents = spans["parent"]
+    has_parent = parents >= 0
+    assert (tree["parent"][spans["node"][has_parent]] == spans["node"][parents[has_parent]]).all()
+
+
+def test_exports_and_saving_build_the_spans(tmp_path):
+    with gpuprof.profile(activities=CPU) as prof:
+        middle(10)
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    assert "spans" in prof._core.result
+    with gpuprof.profile(activities=CPU) as prof:
+        middle(10)
+    prof.save(str(tmp_path / "p.gpuprof"))
+    loaded = gpuprof.load(str(tmp_path / "p.gpuprof"))
+    assert len(loaded.results.spans()) == len(prof.results.spans())
+
+
 def session_bytes(n):
     with gpuprof.profile(activities=CPU, max_events=2_000_000) as prof:
         for _ in range(n):
@@ -147,7 +198,7 @@ def test_windows_give_their_events_back_when_their_results_go(no_gc):
             middle(2000)
             prof.step()
     assert len(held) >= 19
-    # the pool stops growing at once
+    # the kept window and the one being recorded: the pool stops growing at once
     assert max(held[2:]) == max(held[:2])
 
 
