@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -168,7 +169,15 @@ class Results:
         if not windows:
             raise RuntimeError("no recorded window: the profiler has not completed a recording "
                                "window yet (check the schedule and call prof.step())")
-        self._windows = [_Window(w, self._device_props) for w in windows]
+        ref = weakref.ref(self)
+
+        def device_props() -> list[dict]:
+            # through a weak reference: no cycle keeps the windows alive, and with
+            # them the events a CPU-only window holds until its spans are built
+            res = ref()
+            return res._device_props() if res is not None else []
+
+        self._windows = [_Window(w, device_props) for w in windows]
         self.cuda = cuda or {"active": False, "mode": "off", "error": None}
         self.meta = dict(meta or {})
 
