@@ -52,6 +52,7 @@ from _runinfo import run_info  # noqa: E402
 from gpuprof import _gpuprof  # noqa: E402
 
 perf_ns = time.perf_counter_ns
+cpu_ns = time.thread_time_ns  # this thread's CPU time: not advanced while other load runs
 
 # ---------------------------------------------------------------------------
 # Workloads
@@ -361,7 +362,8 @@ def _rusage_delta(a, b) -> dict:
 def _timed(fn, start, stop, info=None):
     """Run fn between start() and stop() with GC off; return (ns, stop_ns).
 
-    When info is a dict, getrusage deltas of the run and of stop() go into it."""
+    When info is a dict, the same two spans in this thread's CPU time (cpu_ns,
+    stop_cpu_ns) and getrusage deltas of the run and of stop() go into it."""
     gc.collect()
     gc.disable()
     try:
@@ -369,17 +371,23 @@ def _timed(fn, start, stop, info=None):
         try:
             r0 = getrusage(RUSAGE_SELF)
             t0 = perf_ns()
+            c0 = cpu_ns()
             fn()
+            c1 = cpu_ns()
             t1 = perf_ns()
             r1 = getrusage(RUSAGE_SELF)
         finally:
             s0 = perf_ns()
+            sc0 = cpu_ns()
             stop()
+            sc1 = cpu_ns()
             s1 = perf_ns()
             r2 = getrusage(RUSAGE_SELF)
     finally:
         gc.enable()
     if info is not None:
+        info["cpu_ns"] = c1 - c0
+        info["stop_cpu_ns"] = sc1 - sc0
         info["rusage"] = _rusage_delta(r0, r1)
         info["stop_rusage"] = _rusage_delta(r1, r2)
     return t1 - t0, s1 - s0
@@ -666,8 +674,12 @@ def bench_workloads(workloads, modes, repeats) -> dict:
         for name, rs in runs.items():
             ns = [r["ns"] for r in rs]
             total = [r["ns"] + r["stop_ns"] for r in rs]  # recording plus stop()
+            cpu = [r["cpu_ns"] for r in rs]
+            cpu_total = [r["cpu_ns"] + r["stop_cpu_ns"] for r in rs]
             entry = {"median_ns": int(statistics.median(ns)), "min_ns": min(ns),
                      "median_total_ns": int(statistics.median(total)), "min_total_ns": min(total),
+                     "median_cpu_ns": int(statistics.median(cpu)),
+                     "median_total_cpu_ns": int(statistics.median(cpu_total)),
                      "runs": rs}
             if "events" in rs[0]:
                 entry["events"] = rs[0]["events"]
@@ -690,7 +702,8 @@ def derive(per_mode: dict) -> dict:
     is what a user timing the whole ``with`` block sees."""
     out: dict = {}
     for suffix, key in (("", "median_ns"), ("_with_stop", "median_total_ns"),
-                        ("_min", "min_ns"), ("_with_stop_min", "min_total_ns")):
+                        ("_min", "min_ns"), ("_with_stop_min", "min_total_ns"),
+                        ("_cpu", "median_cpu_ns"), ("_with_stop_cpu", "median_total_cpu_ns")):
         base = per_mode["none"][key]
         added = {n: m[key] - base for n, m in per_mode.items()}
         out["slowdown" + suffix] = {n: m[key] / base for n, m in per_mode.items()}
@@ -769,6 +782,7 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
     stop = int(statistics.median(r["stop_ns"] for r in runs))
     events = runs[0]["events"]
     per_event = [r["stop_ns"] / r["events"] for r in runs if r["events"]]
+    per_event_cpu = [r["stop_cpu_ns"] / r["events"] for r in runs if r["events"]]
     return {
         "workload": f"fib({n}) x {reps}",
         "max_events": max_events,
@@ -779,6 +793,8 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
         "stop_ns_per_event": stop / events if events else None,
         "stop_ns_per_event_runs": per_event,
         "stop_spread": max(per_event) / min(per_event) - 1 if per_event else None,
+        "stop_cpu_ns_per_event_runs": per_event_cpu,
+        "stop_cpu_spread": max(per_event_cpu) / min(per_event_cpu) - 1 if per_event_cpu else None,
         "median_record_ns": int(statistics.median(r["record_ns"] for r in runs)),
         "record_ns_per_event": statistics.median(r["record_ns"] for r in runs) / events
         if events else None,
@@ -885,6 +901,13 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None,
                 f"{d['gpuprof_over_cprofile']:.2f} recording only; added time: "
                 f"{d.get('gpuprof_added_over_cprofile_added_with_stop', nan):.2f}, "
                 f"{d.get('gpuprof_added_over_cprofile_added', nan):.2f}")
+        if "gpuprof_added_over_floor_added_with_stop_cpu" in d:
+            lines.append(
+                "  the same in this thread's CPU time (other load on the machine does not "
+                "count): gpuprof added / floor added "
+                f"{d['gpuprof_added_over_floor_added_with_stop_cpu']:.2f}x with stop(), "
+                f"{d['gpuprof_added_over_floor_added_cpu']:.2f}x recording only; gpuprof / "
+                f"cProfile {d.get('gpuprof_over_cprofile_with_stop_cpu', nan):.2f} with stop()")
         if res["modes"]["gpuprof"].get("dropped"):
             lines.append(f"  WARNING: gpuprof dropped {res['modes']['gpuprof']['dropped']} events")
     if throughput:
@@ -904,6 +927,9 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None,
                      + ", ".join(f"{r['stop_ns'] / 1e9:.3f} s" for r in t["runs"])
                      + " = " + ", ".join(f"{x:.1f}" for x in t["stop_ns_per_event_runs"])
                      + f" ns/event (largest / smallest - 1: {t['stop_spread'] * 100:.0f}%)")
+        lines.append("  the same in this thread's CPU time: "
+                     + ", ".join(f"{x:.1f}" for x in t["stop_cpu_ns_per_event_runs"])
+                     + f" ns/event (largest / smallest - 1: {t['stop_cpu_spread'] * 100:.0f}%)")
         lines.append(f"  key_averages().table() of that window: "
                      f"{t['median_table_ns'] / 1e9:.3f} s (each run: "
                      + ", ".join(f"{r['table_ns'] / 1e9:.3f} s" for r in t["runs"]) + ")")
