@@ -59,6 +59,7 @@ take_chunk_locked(void)
     if (free_chunks) {
         GpChunk *c = free_chunks;
         free_chunks = c->next;
+        c->lazy = 0;
         return c;
     }
     if (slab_left == 0) {
@@ -72,6 +73,7 @@ take_chunk_locked(void)
     GpChunk *c = (GpChunk *)slab_cursor;
     slab_cursor += sizeof(GpChunk);
     slab_left--;
+    c->lazy = 0;
     return c;
 }
 
@@ -98,12 +100,14 @@ free_chain_locked(GpChunk *head)
 static void
 lazyfree(GpChunk *c)
 {
+    for (; c; c = c->next) {
+        if (c->lazy)
+            continue; /* not written since: marking it again would only cost time */
 #ifdef MADV_FREE
-    for (; c; c = c->next)
         madvise((char *)c + 4096, sizeof(GpChunk) - 4096, MADV_FREE);
-#else
-    (void)c;
 #endif
+        c->lazy = 1;
+    }
 }
 
 static void

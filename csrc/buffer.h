@@ -72,7 +72,7 @@ typedef struct GpEvent {
 typedef struct GpChunk {
     struct GpChunk *next; /* owner thread until the window is taken */
     uint32_t n;           /* events written; set when the chunk is full or taken */
-    uint32_t pad;
+    uint32_t lazy;        /* its pages are marked MADV_FREE (pool: registry lock) */
     GpEvent ev[GP_CHUNK_EVENTS];
 } GpChunk;
 
