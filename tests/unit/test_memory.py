@@ -106,7 +106,7 @@ def _busy(n):
     return total
 
 
-def test_sampler_frames_and_calls_are_hidden(monkeypatch):
+def test_sampler_frames_and_calls_are_hidden(monkeypatch, no_gc):
     # stand-in frameworks so the adapters' calls run too
     _fake_torch(monkeypatch, {0: _torch_stats(1 * MiB, 2 * MiB, 1 * MiB)})
     _fake_cupy(monkeypatch, used=3 * MiB, total=4 * MiB)
