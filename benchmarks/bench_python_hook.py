@@ -52,6 +52,7 @@ from _runinfo import run_info  # noqa: E402
 from gpuprof import _gpuprof  # noqa: E402
 
 perf_ns = time.perf_counter_ns
+cpu_ns = time.thread_time_ns  # this thread's CPU time: not advanced while other load runs
 
 # ---------------------------------------------------------------------------
 # Workloads
@@ -361,7 +362,8 @@ def _rusage_delta(a, b) -> dict:
 def _timed(fn, start, stop, info=None):
     """Run fn between start() and stop() with GC off; return (ns, stop_ns).
 
-    When info is a dict, getrusage deltas of the run and of stop() go into it."""
+    When info is a dict, the same two spans in this thread's CPU time (cpu_ns,
+    stop_cpu_ns) and getrusage deltas of the run and of stop() go into it."""
     gc.collect()
     gc.disable()
     try:
@@ -369,17 +371,23 @@ def _timed(fn, start, stop, info=None):
         try:
             r0 = getrusage(RUSAGE_SELF)
             t0 = perf_ns()
+            c0 = cpu_ns()
             fn()
+            c1 = cpu_ns()
             t1 = perf_ns()
             r1 = getrusage(RUSAGE_SELF)
         finally:
             s0 = perf_ns()
+            sc0 = cpu_ns()
             stop()
+            sc1 = cpu_ns()
             s1 = perf_ns()
             r2 = getrusage(RUSAGE_SELF)
     finally:
         gc.enable()
     if info is not None:
+        info["cpu_ns"] = c1 - c0
+        info["stop_cpu_ns"] = sc1 - sc0
         info["rusage"] = _rusage_delta(r0, r1)
         info["stop_rusage"] = _rusage_delta(r1, r2)
     return t1 - t0, s1 - s0
@@ -665,7 +673,14 @@ def bench_workloads(workloads, modes, repeats) -> dict:
         per_mode = {}
         for name, rs in runs.items():
             ns = [r["ns"] for r in rs]
-            entry = {"median_ns": int(statistics.median(ns)), "min_ns": min(ns), "runs": rs}
+            total = [r["ns"] + r["stop_ns"] for r in rs]  # recording plus stop()
+            cpu = [r["cpu_ns"] for r in rs]
+            cpu_total = [r["cpu_ns"] + r["stop_cpu_ns"] for r in rs]
+            entry = {"median_ns": int(statistics.median(ns)), "min_ns": min(ns),
+                     "median_total_ns": int(statistics.median(total)), "min_total_ns": min(total),
+                     "median_cpu_ns": int(statistics.median(cpu)),
+                     "median_total_cpu_ns": int(statistics.median(cpu_total)),
+                     "runs": rs}
             if "events" in rs[0]:
                 entry["events"] = rs[0]["events"]
             if "dropped" in rs[0]:
@@ -682,34 +697,68 @@ def bench_workloads(workloads, modes, repeats) -> dict:
 
 
 def derive(per_mode: dict) -> dict:
-    base = per_mode["none"]["median_ns"]
-    out: dict = {"slowdown": {n: m["median_ns"] / base for n, m in per_mode.items()},
-                 "added_ns": {n: m["median_ns"] - base for n, m in per_mode.items()}}
-    added = out["added_ns"]
-    if "floor" in per_mode and added["floor"] > 0:
-        out["gpuprof_added_over_floor_added"] = added["gpuprof"] / added["floor"]
-        out["gpuprof_wait_added_over_floor_added"] = added["gpuprof-wait"] / added["floor"]
-        # What recording costs on top of an installed-but-idle hook: on CPython
-        # 3.11 any profile hook switches the eval loop to its tracing dispatch,
-        # which is most of the floor; this ratio isolates clock+store vs gpuprof.
-        idle = per_mode["gpuprof-wait"]["median_ns"]
-        floor_rec = per_mode["floor"]["median_ns"] - idle
-        if floor_rec > 0:
-            out["gpuprof_over_floor_above_idle_hook"] = \
-                (per_mode["gpuprof"]["median_ns"] - idle) / floor_rec
-    if "cProfile" in per_mode:
-        out["gpuprof_over_cprofile"] = per_mode["gpuprof"]["median_ns"] / \
-            per_mode["cProfile"]["median_ns"]
+    """Ratios of the medians. Every ratio comes twice: for the recording alone
+    ("median_ns") and for recording plus the stop call ("median_total_ns"), which
+    is what a user timing the whole ``with`` block sees."""
+    out: dict = {}
+    for suffix, key in (("", "median_ns"), ("_with_stop", "median_total_ns"),
+                        ("_min", "min_ns"), ("_with_stop_min", "min_total_ns"),
+                        ("_cpu", "median_cpu_ns"), ("_with_stop_cpu", "median_total_cpu_ns")):
+        base = per_mode["none"][key]
+        added = {n: m[key] - base for n, m in per_mode.items()}
+        out["slowdown" + suffix] = {n: m[key] / base for n, m in per_mode.items()}
+        out["added_ns" + suffix] = added
+        if "floor" in per_mode and added["floor"] > 0:
+            out["gpuprof_added_over_floor_added" + suffix] = added["gpuprof"] / added["floor"]
+            out["gpuprof_wait_added_over_floor_added" + suffix] = \
+                added["gpuprof-wait"] / added["floor"]
+            # What recording costs on top of an installed-but-idle hook: on CPython
+            # 3.10/3.11 any profile hook switches the eval loop to its tracing dispatch,
+            # which is most of the floor; this ratio isolates clock+store vs gpuprof.
+            idle = per_mode["gpuprof-wait"][key]
+            floor_rec = per_mode["floor"][key] - idle
+            if floor_rec > 0:
+                out["gpuprof_over_floor_above_idle_hook" + suffix] = \
+                    (per_mode["gpuprof"][key] - idle) / floor_rec
+        if "cProfile" in per_mode:
+            out["gpuprof_over_cprofile" + suffix] = per_mode["gpuprof"][key] / \
+                per_mode["cProfile"][key]
+            if added["cProfile"] > 0:
+                out["gpuprof_added_over_cprofile_added" + suffix] = \
+                    added["gpuprof"] / added["cProfile"]
     per_event = {}
     for name in ("floor", "gpuprof"):
         ev = per_mode.get(name, {}).get("events")
         if ev:
-            per_event[name] = added[name] / ev
+            per_event[name] = out["added_ns"][name] / ev
     out["added_ns_per_event"] = per_event
     return out
 
 
+def _proc_status_kib(field: str) -> int:
+    """A ``kB`` field of /proc/self/status (VmRSS, VmHWM), or -1 where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
+    """prof.stop() on a window of >= 10 M events, repeated; then the key_averages()
+    table of that window. Every run is a new session in this process, as a program
+    that profiles several times would make them."""
     def work():
         for _ in range(reps):
             fib(n)
@@ -723,15 +772,17 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
         threads = prof.results.threads()
         events = int(threads["events"].sum())
         t3 = perf_ns()
-        ops = prof.ops()
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
         t4 = perf_ns()
         runs.append({"record_ns": record_ns, "stop_ns": stop_ns, "events": events, **info,
-                     "dropped": int(threads["dropped"].sum()), "ops_ns": t4 - t3,
-                     "op_rows": int(len(ops))})
-        del prof, threads, ops
+                     "dropped": int(threads["dropped"].sum()), "table_ns": t4 - t3,
+                     "table_lines": table.count("\n") + 1})
+        del prof, threads, table
         gc.collect()
     stop = int(statistics.median(r["stop_ns"] for r in runs))
     events = runs[0]["events"]
+    per_event = [r["stop_ns"] / r["events"] for r in runs if r["events"]]
+    per_event_cpu = [r["stop_cpu_ns"] / r["events"] for r in runs if r["events"]]
     return {
         "workload": f"fib({n}) x {reps}",
         "max_events": max_events,
@@ -740,14 +791,55 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
         "event_bytes": int(_gpuprof._test_constants()["EVENT_BYTES"]),
         "median_stop_ns": stop,
         "stop_ns_per_event": stop / events if events else None,
+        "stop_ns_per_event_runs": per_event,
+        "stop_spread": max(per_event) / min(per_event) - 1 if per_event else None,
+        "stop_cpu_ns_per_event_runs": per_event_cpu,
+        "stop_cpu_spread": max(per_event_cpu) / min(per_event_cpu) - 1 if per_event_cpu else None,
         "median_record_ns": int(statistics.median(r["record_ns"] for r in runs)),
         "record_ns_per_event": statistics.median(r["record_ns"] for r in runs) / events
         if events else None,
         "median_stop_utime_s": statistics.median(r["stop_rusage"]["utime_s"] for r in runs),
         "median_stop_stime_s": statistics.median(r["stop_rusage"]["stime_s"] for r in runs),
         "median_stop_minflt": int(statistics.median(r["stop_rusage"]["minflt"] for r in runs)),
+        "median_table_ns": int(statistics.median(r["table_ns"] for r in runs)),
         "runs": runs,
     }
+
+
+def memory_probe(n: int, reps: int, max_events: int) -> dict:
+    """Peak memory of one window in a fresh process (run by ``--memory-probe``):
+    the peak RSS from just before start() to just after the key_averages() table,
+    minus the RSS before start(), per recorded event. In a fresh process nothing
+    of gpuprof's is there to reuse, so every byte the window needs is counted."""
+    prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], max_events=max_events)
+    fib(15)  # warm the workload's code
+    gc.collect()
+    gc.disable()
+    can_reset = _reset_peak_rss()
+    rss0 = _proc_status_kib("VmRSS")
+    with prof:
+        for _ in range(reps):
+            fib(n)
+    prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+    peak = _proc_status_kib("VmHWM")
+    rss1 = _proc_status_kib("VmRSS")
+    gc.enable()
+    events = int(prof.results.threads()["events"].sum())
+    return {"events": events, "rss_before_kib": rss0, "peak_kib": peak, "rss_after_kib": rss1,
+            "peak_reset": can_reset,
+            "peak_bytes_per_event": (peak - rss0) * 1024 / events if can_reset and events
+            else None}
+
+
+def run_memory_probe(n: int, reps: int, max_events: int) -> dict | None:
+    """memory_probe in a child process (this script with --memory-probe)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe",
+           f"{n},{reps},{max_events}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"memory probe failed: {proc.stderr.strip()[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -755,7 +847,8 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def report(meta: dict, floor_info: str, results: dict, throughput: dict | None) -> str:
+def report(meta: dict, floor_info: str, results: dict, throughput: dict | None,
+           memory: dict | None = None) -> str:
     lines = []
     m = meta["machine"]
     lines.append(f"bench_python_hook: Python {meta['python']['version']}, NumPy {meta['numpy']}, "
@@ -764,31 +857,57 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None) 
                  f"{' (dirty)' if meta['git']['dirty'] else ''}, "
                  f"median of {meta['repeats']} repeats")
     lines.append(f"floor hook: {floor_info}")
+    lines.append("rec = the workload alone; +stop = the workload plus the profiler's stop call "
+                 "(gpuprof: closing the window and building its tables)")
     for wname, res in results.items():
         d = res["derived"]
         lines.append("")
         lines.append(f"[{wname}] {res['description']}")
-        lines.append(f"  {'mode':<14}{'median ms':>11}{'min ms':>10}{'slowdown':>10}"
-                     f"{'added ms':>10}{'x floor':>9}{'events':>11}{'ns/event':>9}"
-                     f"{'sys ms':>8}{'faults':>8}")
+        lines.append(f"  {'mode':<19}{'rec ms':>9}{'min':>8}{'slowdown':>9}{'x floor':>8}"
+                     f"{'+stop ms':>10}{'min':>8}{'slowdown':>9}{'x floor':>8}{'events':>10}"
+                     f"{'ns/event':>9}{'sys ms':>7}{'faults':>7}")
         floor_added = d["added_ns"].get("floor")
+        floor_added_total = d["added_ns_with_stop"].get("floor")
         for name, mm in res["modes"].items():
             added = d["added_ns"][name]
-            xf = (f"{added / floor_added:8.2f}x" if floor_added and name != "none"
-                  else f"{'':>9}")
+            added_total = d["added_ns_with_stop"][name]
+            xf = (f"{added / floor_added:7.2f}x" if floor_added and name != "none"
+                  else f"{'':>8}")
+            xft = (f"{added_total / floor_added_total:7.2f}x"
+                   if floor_added_total and name != "none" else f"{'':>8}")
             ev = mm.get("events")
             npe = d["added_ns_per_event"].get(name)
-            lines.append(f"  {name:<14}{mm['median_ns'] / 1e6:11.1f}{mm['min_ns'] / 1e6:10.1f}"
-                         f"{d['slowdown'][name]:9.2f}x{added / 1e6:10.1f}{xf}"
-                         f"{ev if ev else '':>11}{f'{npe:.1f}' if npe else '':>9}"
-                         f"{mm['median_stime_s'] * 1e3:8.0f}{mm['median_minflt']:8d}")
+            lines.append(f"  {name:<19}{mm['median_ns'] / 1e6:9.1f}{mm['min_ns'] / 1e6:8.1f}"
+                         f"{d['slowdown'][name]:8.2f}x{xf}"
+                         f"{mm['median_total_ns'] / 1e6:10.1f}{mm['min_total_ns'] / 1e6:8.1f}"
+                         f"{d['slowdown_with_stop'][name]:8.2f}x{xft}"
+                         f"{ev if ev else '':>10}{f'{npe:.1f}' if npe else '':>9}"
+                         f"{mm['median_stime_s'] * 1e3:7.0f}{mm['median_minflt']:7d}")
+        nan = float("nan")
         if "gpuprof_added_over_floor_added" in d:
-            ratio = d["gpuprof_added_over_floor_added"]
-            lines.append(f"  gpuprof added / floor added: {ratio:.2f}x"
-                         "; above the idle hook (minus gpuprof-wait): "
-                         f"{d.get('gpuprof_over_floor_above_idle_hook', float('nan')):.2f}x")
+            lines.append(
+                "  gpuprof added / floor added: "
+                f"{d['gpuprof_added_over_floor_added_with_stop']:.2f}x with stop() "
+                f"({d.get('gpuprof_added_over_floor_added_with_stop_min', nan):.2f}x of the "
+                f"minimums), {d['gpuprof_added_over_floor_added']:.2f}x recording only; above "
+                "the idle hook (minus gpuprof-wait): "
+                f"{d.get('gpuprof_over_floor_above_idle_hook_with_stop', nan):.2f}x, "
+                f"{d.get('gpuprof_over_floor_above_idle_hook', nan):.2f}x")
         if "gpuprof_over_cprofile" in d:
-            lines.append(f"  gpuprof / cProfile time: {d['gpuprof_over_cprofile']:.2f}")
+            lines.append(
+                "  gpuprof / cProfile time: "
+                f"{d['gpuprof_over_cprofile_with_stop']:.2f} with stop() "
+                f"({d.get('gpuprof_over_cprofile_with_stop_min', nan):.2f} of the minimums), "
+                f"{d['gpuprof_over_cprofile']:.2f} recording only; added time: "
+                f"{d.get('gpuprof_added_over_cprofile_added_with_stop', nan):.2f}, "
+                f"{d.get('gpuprof_added_over_cprofile_added', nan):.2f}")
+        if "gpuprof_added_over_floor_added_with_stop_cpu" in d:
+            lines.append(
+                "  the same in this thread's CPU time (other load on the machine does not "
+                "count): gpuprof added / floor added "
+                f"{d['gpuprof_added_over_floor_added_with_stop_cpu']:.2f}x with stop(), "
+                f"{d['gpuprof_added_over_floor_added_cpu']:.2f}x recording only; gpuprof / "
+                f"cProfile {d.get('gpuprof_over_cprofile_with_stop_cpu', nan):.2f} with stop()")
         if res["modes"]["gpuprof"].get("dropped"):
             lines.append(f"  WARNING: gpuprof dropped {res['modes']['gpuprof']['dropped']} events")
     if throughput:
@@ -805,7 +924,24 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None) 
                      f"sys {t['median_stop_stime_s']:.2f} s, "
                      f"{t['median_stop_minflt']:,} minor faults)")
         lines.append("  stop() of each run: "
-                     + ", ".join(f"{r['stop_ns'] / 1e9:.2f} s" for r in t["runs"]))
+                     + ", ".join(f"{r['stop_ns'] / 1e9:.3f} s" for r in t["runs"])
+                     + " = " + ", ".join(f"{x:.1f}" for x in t["stop_ns_per_event_runs"])
+                     + f" ns/event (largest / smallest - 1: {t['stop_spread'] * 100:.0f}%)")
+        lines.append("  the same in this thread's CPU time: "
+                     + ", ".join(f"{x:.1f}" for x in t["stop_cpu_ns_per_event_runs"])
+                     + f" ns/event (largest / smallest - 1: {t['stop_cpu_spread'] * 100:.0f}%)")
+        lines.append(f"  key_averages().table() of that window: "
+                     f"{t['median_table_ns'] / 1e9:.3f} s (each run: "
+                     + ", ".join(f"{r['table_ns'] / 1e9:.3f} s" for r in t["runs"]) + ")")
+    if memory:
+        if memory.get("peak_bytes_per_event") is None:
+            lines.append("  peak memory of one window: not measured (cannot reset the peak RSS)")
+        else:
+            lines.append(f"  peak memory of one window, fresh process: "
+                         f"{(memory['peak_kib'] - memory['rss_before_kib']) / 1024:.0f} MiB for "
+                         f"{memory['events']:,} events = "
+                         f"{memory['peak_bytes_per_event']:.1f} bytes/event "
+                         "(peak RSS from start() to the printed table, minus the RSS before)")
     return "\n".join(lines)
 
 
@@ -818,7 +954,12 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="fib,parser,numpy",
                     help="comma-separated subset of fib,parser,numpy")
     ap.add_argument("--no-throughput", action="store_true", help="skip the aggregation run")
+    ap.add_argument("--memory-probe", metavar="N,REPS,MAX_EVENTS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.memory_probe:  # internal: one window in this fresh process, JSON on stdout
+        n, reps, max_ev = (int(x) for x in args.memory_probe.split(","))
+        print(json.dumps(memory_probe(n, reps, max_ev)))
+        return 0
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
     if args.repeats < 1:
@@ -856,16 +997,17 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
         results = bench_workloads(workloads, modes, args.repeats)
 
-    throughput = None
+    throughput = memory = None
     if not args.no_throughput:
         n, reps = sz["throughput"]
         throughput = bench_throughput(n, reps, sz["throughput_repeats"], max_events)
+        memory = run_memory_probe(n, reps, max_events)
         print("  aggregation: done", file=sys.stderr, flush=True)
 
-    text = report(meta, floor_info, results, throughput)
+    text = report(meta, floor_info, results, throughput, memory)
     print(text)
     out = {"meta": meta, "floor_build": floor_info, "workloads": results,
-           "aggregation": throughput, "report": text}
+           "aggregation": throughput, "window_memory": memory, "report": text}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

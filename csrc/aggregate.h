@@ -167,10 +167,15 @@ typedef struct GpTables {
     int64_t dropped_gpu;        /* GPU records lost (CUPTI + ours) */
     int64_t unattributed_gpu_ns;/* GPU time with no launching op */
     int64_t attributed_gpu_ns;
+    int has_spans;              /* spans were built (GpAggInput.want_spans or GPU records) */
 } GpTables;
 
-/* Inputs beyond the thread buffers. */
+/* One window's inputs. */
 typedef struct GpAggInput {
+    const GpWindowThread *threads; /* the window's events per thread (buffer.h) */
+    uint32_t n_threads;
+    const GpClockAnchor *anchors;  /* raw -> ns of the events; NULL: ts are already ns */
+    size_t n_anchors;
     const uint8_t *op_kinds; /* indexed by op id */
     const uint8_t *op_flags;
     uint32_t n_ops;
@@ -183,10 +188,17 @@ typedef struct GpAggInput {
      * closed it, so it is no step: no ProfilerStep entry, no steps() row. */
     int64_t unclosed_step;
     const char *(*kernel_name)(uint32_t name_id); /* gp_cuda_string or a test's */
+    int want_spans;          /* build the span table too (always with GPU records) */
+    int general_only;        /* tests: every event through the general replay path */
+    int nvtx_cross_thread_ends; /* some NVTX range ended on another thread than it began */
 } GpAggInput;
 
-/* Build the tables for one window from every registered thread buffer.
- * *out must be zeroed or freed. GP_OK or GP_ERR_NOMEM (out is then freed). */
+/* Build the tables of one window from its events (in->threads) and GPU
+ * records. The spans, the largest table (one row per call), are built only
+ * when asked for or when GPU records need them; the other tables do not
+ * depend on them, and a second run over the same events with want_spans
+ * gives the same op rows and nodes. *out must be zeroed or freed. GP_OK or
+ * GP_ERR_NOMEM (out is then freed). */
 GpStatus gp_aggregate_run(const GpAggInput *in, GpTables *out);
 
 /* Release every array of *t and zero it. */

@@ -7,6 +7,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "aggregate.h"
@@ -229,5 +230,39 @@ gp_arrays_build(GpRowType type, const void *rows, size_t n)
         return NULL;
     if (n)
         memcpy(PyArray_DATA((PyArrayObject *)arr), rows, n * row_types[type].itemsize);
+    return arr;
+}
+
+static void
+free_rows(PyObject *capsule)
+{
+    free(PyCapsule_GetPointer(capsule, "gpuprof._rows"));
+}
+
+PyObject *
+gp_arrays_adopt(GpRowType type, void *rows, size_t n)
+{
+    if (rows == NULL || n == 0) {
+        free(rows);
+        return gp_arrays_build(type, NULL, 0);
+    }
+    PyObject *base = PyCapsule_New(rows, "gpuprof._rows", free_rows);
+    if (base == NULL) {
+        free(rows);
+        return NULL;
+    }
+    npy_intp dims[1] = {(npy_intp)n};
+    Py_INCREF(descrs[type]); /* PyArray_NewFromDescr steals it */
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descrs[type], 1, dims, NULL, rows,
+                                         NPY_ARRAY_CARRAY, NULL);
+    if (arr == NULL) {
+        Py_DECREF(base);
+        return NULL;
+    }
+    /* Steals `base`, also when it fails (then the array frees it). */
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, base) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
     return arr;
 }

@@ -30,6 +30,12 @@ void gp_arrays_clear(void);
  * New reference, or NULL with an exception. */
 PyObject *gp_arrays_build(GpRowType type, const void *rows, size_t n);
 
+/* A new 1-D structured array over n rows of type `type` at `rows`, without
+ * a copy: it takes over `rows` (malloc'ed), which a capsule, the array's
+ * base, frees with the array. `rows` is freed on failure too.
+ * New reference, or NULL with an exception. */
+PyObject *gp_arrays_adopt(GpRowType type, void *rows, size_t n);
+
 /* The cached dtype of `type`: new reference. */
 PyObject *gp_arrays_dtype(GpRowType type);
 

@@ -10,73 +10,113 @@
 #include <unistd.h>
 
 atomic_int gp_buffer_phase = GP_PHASE_OFF;
-_Thread_local GpThreadBuf *gp_buffer_tls = NULL;
-_Thread_local int gp_buffer_tls_ignore = 0;
-_Thread_local uint64_t gp_buffer_tls_session = 0;
+_Thread_local GpTls gp_buffer_tls;
 /* Incremented by every session begin; 0 means "never", so a fresh thread's
- * zeroed gp_buffer_tls_session never matches. */
+ * zeroed gp_buffer_tls.session never matches. */
 atomic_uint_fast64_t gp_buffer_session = 0;
 
-/* Registry and chunk pool: guarded by registry_lock. The counters read by
- * the footer are atomics so they can be read without the lock. */
+/* Registry, chunk pool and anchors: guarded by registry_lock. The counters
+ * read by the footer are atomics so they can be read without the lock. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static GpThreadBuf *registry_head = NULL;    /* registry_lock */
 static uint32_t registry_count = 0;          /* registry_lock */
-static GpChunk *free_chunks = NULL;          /* registry_lock */
-static uint64_t chunks_allocated = 0;        /* registry_lock */
+static uint64_t chunks_in_use = 0;           /* registry_lock: held by this session's writers */
 static uint64_t budget_chunks = 0;           /* registry_lock; fixed per session */
 static int session_open = 0;                 /* GIL (begin/end run on the interpreter thread) */
 
-/* Chunks are carved from 2 MiB slabs advised as huge pages: recording ten
- * million events then costs a few hundred page faults instead of ~40,000,
- * which on a virtual machine is most of the recording overhead. */
+/* The pool: slabs live for the whole process (see buffer.h); free chunks
+ * are handed out most recently freed first, so the memory they bring is
+ * likely still in the caches and certainly already faulted in. */
 #define SLAB_BYTES (2u << 20)
 #define CHUNKS_PER_SLAB (SLAB_BYTES / sizeof(GpChunk))
-typedef struct Slab {
-    struct Slab *next;
-    void *mem;
-} Slab;
-static Slab *slabs = NULL;                   /* registry_lock */
+static GpChunk *free_chunks = NULL;          /* registry_lock */
+static uint64_t slab_count = 0;              /* registry_lock */
 static char *slab_cursor = NULL;             /* registry_lock: next chunk to carve */
 static uint32_t slab_left = 0;               /* registry_lock: chunks left in the slab */
 
-static GpChunk *
-carve_chunk_locked(void)
+/* The current window's clock anchors (clock.h): start, steps, chunk changes.
+ * Full: later anchors are skipped (the map stays correct, only coarser). */
+static GpClockAnchor *anchors = NULL;        /* registry_lock */
+static size_t n_anchors = 0, cap_anchors = 0; /* registry_lock */
+
+/* A slab from mmap. Its pages are faulted in as chunks are first written
+ * and stay for the process: later windows and sessions write into memory
+ * that is already there. (Huge pages were measured against this on the
+ * 2-vCPU VM of docs/benchmarks.md: they cut the faults of a 166 MiB first
+ * session from 42,000 to 82 but not its time, 16-300 ms of kernel time
+ * against 40-56 ms, the long tail being the kernel compacting memory for
+ * them; MADV_POPULATE_WRITE did not help either.) */
+static char *
+map_slab(void)
 {
+    void *p = mmap(NULL, SLAB_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static GpChunk *
+take_chunk_locked(void)
+{
+    if (free_chunks) {
+        GpChunk *c = free_chunks;
+        free_chunks = c->next;
+        c->lazy = 0;
+        return c;
+    }
     if (slab_left == 0) {
-        Slab *s = malloc(sizeof(Slab));
-        void *mem = s ? aligned_alloc(SLAB_BYTES, SLAB_BYTES) : NULL;
-        if (mem == NULL) {
-            free(s);
+        char *mem = map_slab();
+        if (mem == NULL)
             return NULL;
-        }
-#ifdef MADV_HUGEPAGE
-        madvise(mem, SLAB_BYTES, MADV_HUGEPAGE); /* advice only: failure is harmless */
-#endif
-        s->mem = mem;
-        s->next = slabs;
-        slabs = s;
+        slab_count++;
         slab_cursor = mem;
         slab_left = CHUNKS_PER_SLAB;
     }
     GpChunk *c = (GpChunk *)slab_cursor;
     slab_cursor += sizeof(GpChunk);
     slab_left--;
+    c->lazy = 0;
     return c;
 }
 
-static void
-free_slabs_locked(void)
+/* Give a chain of chunks back to the pool; returns how many. */
+static uint64_t
+free_chain_locked(GpChunk *head)
 {
-    while (slabs) {
-        Slab *next = slabs->next;
-        free(slabs->mem);
-        free(slabs);
-        slabs = next;
+    uint64_t n = 0;
+    while (head) {
+        GpChunk *next = head->next;
+        head->next = free_chunks;
+        free_chunks = head;
+        head = next;
+        n++;
     }
-    slab_cursor = NULL;
-    slab_left = 0;
+    return n;
 }
+
+/* Outside a session, free chunks are only memory kept for the next one:
+ * let the kernel take their pages back under memory pressure (MADV_FREE,
+ * Linux 4.5+; elsewhere this does nothing). Pages it has not taken back
+ * are reused without a fault; the first page of each chunk, which holds
+ * the free list's link, is kept. */
+static void
+lazyfree(GpChunk *c)
+{
+    for (; c; c = c->next) {
+        if (c->lazy)
+            continue; /* not written since: marking it again would only cost time */
+#ifdef MADV_FREE
+        madvise((char *)c + 4096, sizeof(GpChunk) - 4096, MADV_FREE);
+#endif
+        c->lazy = 1;
+    }
+}
+
+static void
+add_anchor_locked(GpClockAnchor a)
+{
+    if (n_anchors < cap_anchors)
+        anchors[n_anchors++] = a;
+}
+
 static atomic_uint_fast64_t orphan_drops = 0; /* events lost for want of a thread buffer */
 #define MAX_IGNORED 16
 static uint64_t ignored_idents[MAX_IGNORED]; /* registry_lock; cleared at session end */
@@ -89,8 +129,20 @@ gp_buffer_session_begin(uint64_t max_events)
         return GP_ERR_STATE;
     if (max_events < GP_CHUNK_EVENTS)
         max_events = GP_CHUNK_EVENTS;
+    uint64_t budget = (max_events + GP_CHUNK_EVENTS - 1) / GP_CHUNK_EVENTS;
+    /* One anchor per chunk change, plus the window's start, end and steps
+     * (those beyond the room are skipped). */
+    size_t cap = (size_t)budget + 4096;
+    GpClockAnchor *a = malloc(cap * sizeof(GpClockAnchor));
+    if (a == NULL)
+        return GP_ERR_NOMEM;
     pthread_mutex_lock(&registry_lock);
-    budget_chunks = (max_events + GP_CHUNK_EVENTS - 1) / GP_CHUNK_EVENTS;
+    budget_chunks = budget;
+    chunks_in_use = 0;
+    free(anchors);
+    anchors = a;
+    cap_anchors = cap;
+    n_anchors = 0;
     pthread_mutex_unlock(&registry_lock);
     atomic_store(&orphan_drops, 0);
     atomic_fetch_add(&gp_buffer_session, 1);
@@ -105,15 +157,18 @@ gp_buffer_session_end(void)
     GpThreadBuf *tb = registry_head;
     while (tb) {
         GpThreadBuf *next = tb->next_thread;
+        free_chain_locked(tb->head);
         free(tb);
         tb = next;
     }
     registry_head = NULL;
     registry_count = 0;
-    free_chunks = NULL; /* chunks live in the slabs */
-    free_slabs_locked();
-    chunks_allocated = 0;
+    chunks_in_use = 0;
     n_ignored = 0;
+    free(anchors);
+    anchors = NULL;
+    n_anchors = cap_anchors = 0;
+    lazyfree(free_chunks);
     pthread_mutex_unlock(&registry_lock);
     /* Invalidate every thread's cached pointer without touching their TLS. */
     atomic_fetch_add(&gp_buffer_session, 1);
@@ -161,7 +216,7 @@ GpThreadBuf *
 gp_buffer_thread_slow(void)
 {
     uint64_t session = atomic_load(&gp_buffer_session);
-    if (gp_buffer_tls_ignore)
+    if (gp_buffer_tls.ignore)
         return NULL;
     if (!session_open) {
         atomic_fetch_add(&orphan_drops, 1);
@@ -187,8 +242,8 @@ gp_buffer_thread_slow(void)
         atomic_fetch_add(&orphan_drops, 1);
         return NULL;
     }
-    gp_buffer_tls = tb;
-    gp_buffer_tls_session = session;
+    gp_buffer_tls.buf = tb;
+    gp_buffer_tls.session = session;
     return tb;
 }
 
@@ -205,7 +260,7 @@ void
 gp_buffer_ignore_current(void)
 {
     uint64_t ident = (uint64_t)pthread_self();
-    gp_buffer_tls_ignore = 1;
+    gp_buffer_tls.ignore = 1;
     pthread_mutex_lock(&registry_lock);
     /* sys.monitoring may have registered this thread already, at the very
      * call that got here: leave that buffer out of the results. */
@@ -215,7 +270,7 @@ gp_buffer_ignore_current(void)
     if (n_ignored < MAX_IGNORED && !is_ignored_locked(ident))
         ignored_idents[n_ignored++] = ident;
     pthread_mutex_unlock(&registry_lock);
-    gp_buffer_tls = NULL;
+    gp_buffer_tls.buf = NULL;
 }
 
 void
@@ -247,7 +302,7 @@ gp_buffer_thread_for(uint64_t ident)
     return tb;
 }
 
-GpChunk *
+GpEvent *
 gp_buffer_grow(GpThreadBuf *tb, uint64_t ts)
 {
     if (tb->dropped) {
@@ -256,20 +311,24 @@ gp_buffer_grow(GpThreadBuf *tb, uint64_t ts)
         tb->dropped++;
         return NULL;
     }
+    if (tb->tail)
+        tb->tail->n = GP_CHUNK_EVENTS; /* full: the cursor reached its end */
+    /* The anchor is read outside the lock: another thread may be waiting. */
+    GpClockAnchor anchor = gp_clock_anchor();
     GpChunk *c = NULL;
     pthread_mutex_lock(&registry_lock);
-    if (free_chunks) {
-        c = free_chunks;
-        free_chunks = c->next;
-    } else if (chunks_allocated < budget_chunks) {
-        c = carve_chunk_locked();
-        if (c)
-            chunks_allocated++;
+    if (chunks_in_use < budget_chunks) {
+        c = take_chunk_locked();
+        if (c) {
+            chunks_in_use++;
+            add_anchor_locked(anchor);
+        }
     }
     pthread_mutex_unlock(&registry_lock);
     if (c == NULL) {
         tb->dropped = 1;
         tb->drop_ts = ts;
+        tb->cur = tb->end; /* every later push comes here and counts a drop */
         return NULL;
     }
     c->next = NULL;
@@ -279,7 +338,9 @@ gp_buffer_grow(GpThreadBuf *tb, uint64_t ts)
     else
         tb->head = c;
     tb->tail = c;
-    return c;
+    tb->cur = c->ev;
+    tb->end = c->ev + GP_CHUNK_EVENTS;
+    return c->ev;
 }
 
 void
@@ -309,20 +370,111 @@ gp_buffer_quiesce(void)
     pthread_mutex_unlock(&registry_lock);
 }
 
+GpClockAnchor
+gp_buffer_anchor(void)
+{
+    GpClockAnchor a = gp_clock_anchor();
+    pthread_mutex_lock(&registry_lock);
+    add_anchor_locked(a);
+    pthread_mutex_unlock(&registry_lock);
+    return a;
+}
+
+/* Events written into a thread's tail chunk (the cursor is past the last). */
+static uint32_t
+tail_count(const GpThreadBuf *tb)
+{
+    if (tb->tail == NULL)
+        return 0;
+    if (tb->cur == NULL || tb->cur < tb->tail->ev || tb->cur > tb->tail->ev + GP_CHUNK_EVENTS)
+        return tb->tail->n;
+    return (uint32_t)(tb->cur - tb->tail->ev);
+}
+
+/* Empty a thread's buffer for the next window (its chunks moved or freed). */
+static void
+clear_thread_locked(GpThreadBuf *tb)
+{
+    tb->head = tb->tail = NULL;
+    tb->cur = tb->end = NULL;
+    tb->dropped = 0;
+    tb->drop_ts = 0;
+}
+
+GpStatus
+gp_buffer_take_window(GpWindowEvents *w)
+{
+    memset(w, 0, sizeof(*w));
+    pthread_mutex_lock(&registry_lock);
+    GpWindowThread *threads = calloc(registry_count + 1, sizeof(GpWindowThread));
+    GpClockAnchor *a = malloc((n_anchors + 1) * sizeof(GpClockAnchor));
+    if (threads == NULL || a == NULL) {
+        free(threads);
+        free(a);
+        for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread) {
+            chunks_in_use -= free_chain_locked(tb->head);
+            clear_thread_locked(tb);
+        }
+        n_anchors = 0;
+        pthread_mutex_unlock(&registry_lock);
+        return GP_ERR_NOMEM;
+    }
+    uint32_t i = 0;
+    for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread, i++) {
+        GpWindowThread *t = &threads[i];
+        if (tb->tail)
+            tb->tail->n = tail_count(tb);
+        t->ident = tb->ident;
+        t->os_tid = tb->os_tid;
+        t->index = tb->index;
+        t->ignored = tb->ignored;
+        t->head = tb->head;
+        t->dropped = tb->dropped;
+        t->drop_ts = tb->drop_ts;
+        for (const GpChunk *c = tb->head; c; c = c->next) {
+            t->n_events += c->n;
+            w->chunks++;
+        }
+        clear_thread_locked(tb);
+    }
+    chunks_in_use -= w->chunks < chunks_in_use ? w->chunks : chunks_in_use;
+    memcpy(a, anchors, n_anchors * sizeof(GpClockAnchor));
+    w->threads = threads;
+    w->n_threads = i;
+    w->anchors = a;
+    w->n_anchors = n_anchors;
+    n_anchors = 0;
+    pthread_mutex_unlock(&registry_lock);
+    atomic_store(&orphan_drops, 0);
+    return GP_OK;
+}
+
+void
+gp_buffer_release_window(GpWindowEvents *w)
+{
+    if (w->threads) {
+        if (!session_open) /* GIL: kept windows are released from Python */
+            for (uint32_t i = 0; i < w->n_threads; i++)
+                lazyfree(w->threads[i].head);
+        pthread_mutex_lock(&registry_lock);
+        for (uint32_t i = 0; i < w->n_threads; i++)
+            free_chain_locked(w->threads[i].head);
+        pthread_mutex_unlock(&registry_lock);
+    }
+    free(w->threads);
+    free(w->anchors);
+    memset(w, 0, sizeof(*w));
+}
+
 void
 gp_buffer_reset(void)
 {
     pthread_mutex_lock(&registry_lock);
     for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread) {
-        if (tb->tail) {
-            tb->tail->next = free_chunks;
-            free_chunks = tb->head;
-        }
-        tb->head = tb->tail = NULL;
-        tb->n_events = 0;
-        tb->dropped = 0;
-        tb->drop_ts = 0;
+        chunks_in_use -= free_chain_locked(tb->head);
+        clear_thread_locked(tb);
     }
+    n_anchors = 0;
     pthread_mutex_unlock(&registry_lock);
     atomic_store(&orphan_drops, 0);
 }
@@ -356,7 +508,8 @@ gp_buffer_events(void)
     uint64_t total = 0;
     pthread_mutex_lock(&registry_lock);
     for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread)
-        total += tb->n_events;
+        for (const GpChunk *c = tb->head; c; c = c->next)
+            total += c == tb->tail ? tail_count(tb) : c->n;
     pthread_mutex_unlock(&registry_lock);
     return total;
 }
@@ -371,9 +524,6 @@ uint64_t
 gp_buffer_bytes_held(void)
 {
     pthread_mutex_lock(&registry_lock);
-    uint64_t slab_count = 0;
-    for (Slab *sl = slabs; sl; sl = sl->next)
-        slab_count++;
     uint64_t bytes = slab_count * SLAB_BYTES + registry_count * sizeof(GpThreadBuf);
     pthread_mutex_unlock(&registry_lock);
     return bytes;

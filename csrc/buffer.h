@@ -6,6 +6,13 @@
  * them, and remembers when dropping began so aggregation can close the
  * thread's open frames there. No Python API here (STYLE.md section 3).
  *
+ * Chunks come from a process-wide pool of 2 MiB slabs that is never
+ * returned to the system: windows,
+ * sessions and schedule cycles reuse the same memory, so recording a window
+ * touches no fresh pages once a window of its size was seen. Windows whose
+ * results are still alive keep their chunks (gp_buffer_take_window) until
+ * those results let go of them.
+ *
  * Concurrency: a thread writes only its own buffer. Python-hook writes happen
  * with the GIL held; CUDA-API writes (cuda/) may happen without it, so they
  * bracket the write with `writing` (see gp_buffer_quiesce). Readers (the
@@ -18,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "common.h"
 
 /* Event kinds (low 8 bits of GpEvent.kind). */
@@ -53,23 +61,27 @@ enum {
 
 /* One recorded event: 16 bytes. */
 typedef struct GpEvent {
-    uint64_t ts;   /* profiler clock, ns */
+    uint64_t ts;   /* raw clock (clock.h): TSC ticks or CLOCK_MONOTONIC ns */
     uint32_t arg;  /* op id, correlation id or step number, by kind */
     uint32_t kind; /* GP_EV_* in the low byte, payload above */
 } GpEvent;
 
-/* 16 header bytes + 16383 events = 256 KiB: eight chunks fill one 2 MiB huge page. */
+/* 16 header bytes + 16383 events = 256 KiB: eight chunks to a 2 MiB slab. */
 #define GP_CHUNK_EVENTS 16383u
 
 typedef struct GpChunk {
-    struct GpChunk *next; /* owner thread until the window is read */
-    uint32_t n;           /* events written (owner thread) */
-    uint32_t pad;
+    struct GpChunk *next; /* owner thread until the window is taken */
+    uint32_t n;           /* events written; set when the chunk is full or taken */
+    uint32_t lazy;        /* its pages are marked MADV_FREE (pool: registry lock) */
     GpEvent ev[GP_CHUNK_EVENTS];
 } GpChunk;
 
 typedef struct GpThreadBuf {
     struct GpThreadBuf *next_thread; /* registry list; registry mutex */
+    /* Write cursor of the tail chunk: the next free slot and the chunk's end
+     * (both NULL before the first chunk, equal when full or dropping). */
+    GpEvent *cur, *end;              /* owner thread */
+    GpChunk *head, *tail;            /* owner thread writes; readers after quiesce */
     uint64_t ident;                  /* pthread_self(), matches threading.get_ident() */
     uint64_t os_tid;                 /* gettid(): trace lanes, CUPTI's threadId */
     uint32_t index;                  /* registration order in this session */
@@ -77,10 +89,8 @@ typedef struct GpThreadBuf {
     int ignored;                     /* gpuprof's own helper thread: left out of the results */
     int claimed;                     /* a live thread owns it (registry lock); a buffer made
                                         by the snapshot waits unclaimed for its thread */
-    GpChunk *head, *tail;            /* owner thread writes; readers after quiesce */
-    uint64_t n_events;               /* owner thread */
     uint64_t dropped;                /* owner thread */
-    uint64_t drop_ts;                /* first dropped event's ts, 0 if none */
+    uint64_t drop_ts;                /* first dropped event's ts (raw clock), 0 if none */
     atomic_int writing;              /* non-GIL writers (CUDA callbacks) set it while writing */
 } GpThreadBuf;
 
@@ -88,20 +98,30 @@ typedef struct GpThreadBuf {
 enum { GP_PHASE_OFF = 0, GP_PHASE_WAIT = 1, GP_PHASE_WARMUP = 2, GP_PHASE_ACTIVE = 3 };
 extern atomic_int gp_buffer_phase;
 
-/* Thread-local pointer to this thread's buffer for the current session, or
- * NULL. Validity is tied to gp_buffer_session: a pointer from an older session
- * is never dereferenced. */
-extern _Thread_local GpThreadBuf *gp_buffer_tls;
-/* Set on gpuprof's own helper threads (the memory sampler): they never get a
- * buffer, so nothing they run is recorded. */
-extern _Thread_local int gp_buffer_tls_ignore;
-extern _Thread_local uint64_t gp_buffer_tls_session;
+/* This thread's buffer for the current session, or NULL. Validity is tied
+ * to gp_buffer_session: a pointer from an older session is never
+ * dereferenced. One struct, so that the hook makes one __tls_get_addr call
+ * per event rather than one per field. Not in the initial-exec TLS model:
+ * that takes from the few hundred bytes of static TLS that glibc keeps for
+ * libraries opened later (glibc.rtld.optional_static_tls, 512 by default),
+ * and with 24 of them gone, `import gpuprof` before `import torch` made
+ * torch's libgomp fail to load ("cannot allocate memory in static TLS
+ * block", glibc 2.36, torch 2.13). */
+typedef struct GpTls {
+    GpThreadBuf *buf;
+    uint64_t session; /* gp_buffer_session when buf was set */
+    int ignore;       /* gpuprof's own helper threads (the memory sampler): they
+                         never get a buffer, so nothing they run is recorded */
+} GpTls;
+extern _Thread_local GpTls gp_buffer_tls;
 extern atomic_uint_fast64_t gp_buffer_session;
 
 /* Begin a recording session with a budget of max_events events in total
  * across threads and windows in flight. Returns GP_ERR_STATE if one is open. */
 GpStatus gp_buffer_session_begin(uint64_t max_events);
-/* End the session: free every buffer and chunk. Call with writers quiesced. */
+/* End the session: free every thread buffer; their chunks go back to the
+ * pool, which outlives sessions (the next one reuses the memory instead of
+ * touching fresh pages). Call with writers quiesced. */
 void gp_buffer_session_end(void);
 
 /* This thread's buffer, registering one on first use. NULL when out of
@@ -111,10 +131,11 @@ GpThreadBuf *gp_buffer_thread_slow(void);
 GP_INLINE GpThreadBuf *
 gp_buffer_thread(void)
 {
-    if (GP_LIKELY(gp_buffer_tls != NULL &&
-                  gp_buffer_tls_session ==
-                      atomic_load_explicit(&gp_buffer_session, memory_order_relaxed)))
-        return gp_buffer_tls;
+    GpThreadBuf *tb = gp_buffer_tls.buf;
+    if (GP_LIKELY(tb != NULL && gp_buffer_tls.session == atomic_load_explicit(
+                                                            &gp_buffer_session,
+                                                            memory_order_relaxed)))
+        return tb;
     return gp_buffer_thread_slow();
 }
 
@@ -133,35 +154,76 @@ void gp_buffer_ignore_current(void);
  * (a notebook kernel's own threads). At most 16 threads per session. */
 void gp_buffer_ignore_thread(uint64_t ident);
 
-/* Slow path of gp_buffer_push: a new chunk from the budget, or NULL (drop). */
-GpChunk *gp_buffer_grow(GpThreadBuf *tb, uint64_t ts);
+/* Slow path of gp_buffer_push: a new chunk from the budget, or NULL (drop).
+ * Returns the chunk's first slot; `ts` is the raw time of the event that
+ * needs it (kept as drop_ts when it is dropped). */
+GpEvent *gp_buffer_grow(GpThreadBuf *tb, uint64_t ts);
 
-/* Append one event. Owner thread only. */
+/* Append one event; `ts` on the raw clock (clock.h). Owner thread only. */
 GP_INLINE void
 gp_buffer_push(GpThreadBuf *tb, uint64_t ts, uint32_t arg, uint32_t kind)
 {
-    GpChunk *c = tb->tail;
-    if (GP_UNLIKELY(c == NULL || c->n == GP_CHUNK_EVENTS)) {
-        c = gp_buffer_grow(tb, ts);
-        if (c == NULL)
+    GpEvent *e = tb->cur;
+    if (GP_UNLIKELY(e == tb->end)) {
+        e = gp_buffer_grow(tb, ts);
+        if (e == NULL)
             return;
     }
-    GpEvent *e = &c->ev[c->n++];
+    /* Ask for the line 1 KiB ahead now, so the store that gets there does
+     * not wait for it (2-3 ns per event on the parser workload, measured). */
+    __builtin_prefetch(e + 64, 1);
     e->ts = ts;
     e->arg = arg;
     e->kind = kind;
-    tb->n_events++;
+    tb->cur = e + 1;
 }
 
-/* Record a CUDA API enter/exit from any thread, GIL or not (cuda/ calls it). */
+/* Record a CUDA API enter/exit from any thread, GIL or not (cuda/ calls it);
+ * `ts` on the raw clock (gp_clock_raw). */
 void gp_buffer_record_api(uint64_t ts, uint32_t correlation, uint32_t api_key, int enter);
 
 /* Wait until no non-GIL writer is inside a write. Call after the phase left
  * WARMUP/ACTIVE. */
 void gp_buffer_quiesce(void);
 
-/* Drop every recorded event (chunks back to the free list) but keep the
- * thread buffers. Writers must be quiesced. */
+/* Read a clock anchor now, keep it for the current window's raw -> ns map
+ * (window start and end, steps; chunk changes add their own) and return it. */
+GpClockAnchor gp_buffer_anchor(void);
+
+/* One thread's events of a taken window. */
+typedef struct GpWindowThread {
+    uint64_t ident;
+    uint64_t os_tid;
+    uint32_t index;    /* GpThreadBuf.index (NVTX range ends name it) */
+    int ignored;
+    GpChunk *head;     /* owned by the GpWindowEvents; each chunk's n is set */
+    uint64_t n_events;
+    uint64_t dropped;
+    uint64_t drop_ts;  /* raw clock, 0 if none */
+} GpWindowThread;
+
+/* A closed window's events, taken out of the thread buffers: they no longer
+ * count against the session's budget and stay valid after the session ends,
+ * until gp_buffer_release_window gives the chunks back for reuse. */
+typedef struct GpWindowEvents {
+    GpWindowThread *threads; /* registration order */
+    uint32_t n_threads;
+    GpClockAnchor *anchors;  /* the window's clock anchors (raw -> ns) */
+    size_t n_anchors;
+    uint64_t chunks;         /* chunks held */
+} GpWindowEvents;
+
+/* Move every thread's events (and the window's anchors) into *w and start
+ * an empty window. Writers must be quiesced. GP_OK, or GP_ERR_NOMEM with
+ * the events dropped (given back) and *w empty. */
+GpStatus gp_buffer_take_window(GpWindowEvents *w);
+
+/* Give a taken window's chunks back for reuse, free its arrays, zero *w.
+ * Any thread, any time (also after the session ended); takes the lock. */
+void gp_buffer_release_window(GpWindowEvents *w);
+
+/* Drop every recorded event (chunks back for reuse) but keep the thread
+ * buffers. Writers must be quiesced. */
 void gp_buffer_reset(void);
 
 /* In a child process right after fork(): drop the parent's session (the
@@ -176,7 +238,9 @@ uint32_t gp_buffer_thread_count(void);
 uint64_t gp_buffer_dropped(void);
 uint64_t gp_buffer_events(void);
 uint64_t gp_buffer_capacity_events(void);
-/* Bytes held in chunks (in use plus free list): must stay flat across cycles. */
+/* Bytes of event memory gpuprof holds (chunks recorded into, free for
+ * reuse, or kept by closed windows) plus the thread buffers: flat across
+ * windows, sessions and schedule cycles once the largest window was seen. */
 uint64_t gp_buffer_bytes_held(void);
 
 #endif /* GPUPROF_CSRC_BUFFER_H */

@@ -77,12 +77,17 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
         return 0;
-    uint64_t ts = gp_clock_now();
+    uint64_t ts = gp_clock_raw();
     switch (what) {
     case PyTrace_CALL: {
+#if PY_VERSION_HEX < 0x030B0000
+        PyCodeObject *code = frame->f_code; /* borrowed: the frame struct is public before 3.11 */
+        uint32_t op = gp_intern_code(code);
+#else
         PyCodeObject *code = PyFrame_GetCode(frame);
         uint32_t op = gp_intern_code(code);
         Py_DECREF(code);
+#endif
         if (GP_UNLIKELY(op == 0)) {
             intern_failures++;
             return 0;
@@ -120,14 +125,14 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
         break;
     }
     case PyTrace_C_RETURN:
-    case PyTrace_C_EXCEPTION: {
-        const PyMethodDef *ml;
-        PyObject *owner;
-        if (!cfunc_key(arg, NULL, &ml, &owner))
-            return 0;
+    case PyTrace_C_EXCEPTION:
+        /* Profile functions see C calls of builtin functions and method
+         * descriptors only (3.12+'s legacy shim binds the latter first),
+         * which cfunc_key always names; a return whose call went unrecorded
+         * (out of memory) closes nothing: the aggregation never looks past
+         * the calling Python frame for it. */
         gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);
         break;
-    }
     default:
         break;
     }
@@ -292,7 +297,7 @@ gp_hook_marker(uint32_t kind, uint32_t arg)
     GpThreadBuf *tb = gp_buffer_thread();
     if (tb == NULL)
         return;
-    gp_buffer_push(tb, gp_clock_now(), arg, kind);
+    gp_buffer_push(tb, gp_clock_raw(), arg, kind);
 }
 
 uint64_t
@@ -339,7 +344,7 @@ mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
         Py_RETURN_NONE;
-    uint64_t ts = gp_clock_now();
+    uint64_t ts = gp_clock_raw();
     uint32_t op = gp_intern_code((PyCodeObject *)args[0]);
     if (GP_UNLIKELY(op == 0)) {
         intern_failures++;
@@ -380,7 +385,7 @@ push_return(void)
 {
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL))
-        gp_buffer_push(tb, gp_clock_now(), 0, GP_EV_RETURN);
+        gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_RETURN);
 }
 
 /* PY_RETURN and PY_YIELD (local events: DISABLE allowed). */
@@ -423,7 +428,7 @@ gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_UNLIKELY(tb == NULL))
         Py_RETURN_NONE;
-    uint64_t ts = gp_clock_now();
+    uint64_t ts = gp_clock_raw();
     uint32_t op = gp_intern_cfunc(ml, owner);
     if (GP_UNLIKELY(op == 0)) {
         intern_failures++;
@@ -450,7 +455,7 @@ gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL))
-        gp_buffer_push(tb, gp_clock_now(), 0, GP_EV_CRETURN);
+        gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_CRETURN);
     Py_RETURN_NONE;
 }
 

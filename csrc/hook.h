@@ -22,7 +22,8 @@ void gp_hook_uninstall(void);
 void gp_hook_install_current(void);
 
 /* Write one GP_EV_FRAME event per Python frame of every thread, outermost
- * first, stamped `ts`, so that the window starts with the real stacks.
+ * first, stamped `ts` (raw clock), so that the window starts with the real
+ * stacks.
  * Recording must be off and writers quiesced. 0 / -1 with MemoryError. */
 int gp_hook_snapshot(uint64_t ts);
 

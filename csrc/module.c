@@ -11,6 +11,7 @@
 #include "profiler.h"
 #include "testing.h"
 #include "trace_json.h"
+#include "window.h"
 
 static PyObject *
 mod_thread_bootstrap(PyObject *module, PyObject *args)
@@ -194,6 +195,9 @@ static PyMethodDef module_methods[] = {
     {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},
     {"epoch_offset_ns", mod_epoch_offset_ns, METH_NOARGS,
      "Unix-epoch ns minus profiler-clock ns."},
+    {"_complete_window", gp_window_complete, METH_O,
+     "_complete_window(raw) -> raw: a window dict with its spans, built from the events it "
+     "kept (raw[\"_events\"], then removed) when it has none yet."},
     {"_write_trace", gp_trace_json_write, METH_VARARGS,
      "_write_trace(dest, window, meta) -> events: one window as a Chrome trace (trace_json.h)."},
     {"_trace_keep", gp_trace_json_keep, METH_VARARGS,
@@ -204,6 +208,7 @@ static PyMethodDef module_methods[] = {
 static int
 module_exec(PyObject *module)
 {
+    gp_clock_init();
     if (gp_arrays_init() < 0)
         return -1;
     if (PyModule_AddFunctions(module, gp_testing_methods) < 0)
@@ -216,6 +221,8 @@ module_exec(PyObject *module)
     if (rc < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "HAVE_CUPTI", gp_cuda_compiled()) < 0)
+        return -1;
+    if (PyModule_AddStringConstant(module, "EVENT_CLOCK", gp_clock_raw_name()) < 0)
         return -1;
     return 0;
 }

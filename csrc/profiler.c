@@ -12,6 +12,7 @@
 #include "hook.h"
 #include "intern.h"
 #include "schedule.h"
+#include "window.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -99,30 +100,9 @@ dict_steal(PyObject *d, const char *key, PyObject *value)
     return rc;
 }
 
-/* Resolve each C-call span's call site to its caller's line. */
-static void
-resolve_call_sites(GpTables *t)
-{
-    for (size_t i = 0; i < t->spans.n; i++) {
-        GpSpanRow *s = &t->spans.v[i];
-        if (s->site == 0)
-            continue;
-        int32_t p = s->parent;
-        while (p >= 0 && t->spans.v[p].kind != GP_OP_PYTHON)
-            p = t->spans.v[p].parent;
-        if (p < 0)
-            continue;
-        uint32_t op = t->ops.v[t->spans.v[p].op_row].op;
-        if (op >= gp_intern.n_ops || gp_intern.kinds[op] != GP_OP_PYTHON)
-            continue;
-        s->line = PyCode_Addr2Line((PyCodeObject *)gp_intern.refs[op], (int)(s->site - 1));
-    }
-}
-
 PyObject *
 gp_profiler_result_dict(GpTables *t)
 {
-    resolve_call_sites(t);
     PyObject *d = PyDict_New();
     PyObject *names = NULL, *files = NULL, *lines = NULL, *knames = NULL;
     if (d == NULL)
@@ -199,7 +179,6 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "kernels", gp_arrays_build(GP_ROWS_KERNELS, t->kernels.v, t->kernels.n)) < 0 ||
         dict_steal(d, "gpu", gp_arrays_build(GP_ROWS_GPU, t->gpu.v, t->gpu.n)) < 0 ||
         dict_steal(d, "steps", gp_arrays_build(GP_ROWS_STEPS, t->steps.v, t->steps.n)) < 0 ||
-        dict_steal(d, "spans", gp_arrays_build(GP_ROWS_SPANS, t->spans.v, t->spans.n)) < 0 ||
         dict_steal(d, "threads", gp_arrays_build(GP_ROWS_THREADS, t->threads.v, t->threads.n)) < 0 ||
         dict_steal(d, "window_start_ns", PyLong_FromLongLong(t->window_start_ns)) < 0 ||
         dict_steal(d, "window_end_ns", PyLong_FromLongLong(t->window_end_ns)) < 0 ||
@@ -208,6 +187,11 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "attributed_gpu_ns", PyLong_FromLongLong(t->attributed_gpu_ns)) < 0 ||
         dict_steal(d, "unattributed_gpu_ns", PyLong_FromLongLong(t->unattributed_gpu_ns)) < 0 ||
         dict_steal(d, "epoch_offset_ns", PyLong_FromLongLong(gp_clock_epoch_offset())) < 0)
+        goto fail_after_names;
+    if (t->has_spans &&
+        dict_steal(d, "spans",
+                   gp_window_spans_array(t, (PyObject *const *)gp_intern.refs, gp_intern.kinds,
+                                         gp_intern.n_ops)) < 0)
         goto fail_after_names;
     return d;
 fail:
@@ -288,8 +272,9 @@ op_start(GpProfilerObject *self)
     quiet_and_reset();
     if (self->cuda_on)
         cuda_discard(); /* warm-up records delivered so far */
-    self->window_start = gp_clock_now();
-    if (gp_hook_snapshot(self->window_start) < 0)
+    GpClockAnchor start = gp_buffer_anchor();
+    self->window_start = start.ns;
+    if (gp_hook_snapshot(start.raw) < 0)
         return -1;
     cuda_window_on(self);
     set_phase(GP_PHASE_ACTIVE);
@@ -319,12 +304,23 @@ op_stop(GpProfilerObject *self)
         return 0;
     }
     set_phase(GP_PHASE_WAIT);
-    uint64_t window_end = gp_clock_now();
+    uint64_t window_end = gp_buffer_anchor().ns;
     gp_buffer_quiesce();
     cuda_window_off(self);
     size_t n_gpu = 0;
     GpGpuRecord *gpu = self->cuda_on ? gp_cuda_take_records(&n_gpu) : NULL;
+    GpWindowEvents ev;
+    GpStatus st = gp_buffer_take_window(&ev);
+    if (st != GP_OK) {
+        free(gpu);
+        gp_status_raise(st, "gpuprof: closing the recorded window");
+        return -1;
+    }
     GpAggInput in = {
+        .threads = ev.threads,
+        .n_threads = ev.n_threads,
+        .anchors = ev.anchors,
+        .n_anchors = ev.n_anchors,
         .op_kinds = gp_intern.kinds,
         .op_flags = gp_intern.flags,
         .n_ops = gp_intern.n_ops,
@@ -335,18 +331,29 @@ op_stop(GpProfilerObject *self)
         .step_thread_ident = self->step_thread,
         .unclosed_step = self->stopping ? self->step_num + 1 : 0,
         .kernel_name = gp_cuda_string,
+        .want_spans = 0,
+        .nvtx_cross_thread_ends = gp_nvtx_cross_thread_ends() > 0,
     };
     GpTables t;
-    GpStatus st = gp_aggregate_run(&in, &t);
+    st = gp_aggregate_run(&in, &t);
     free(gpu);
-    gp_buffer_reset();
     if (st != GP_OK) {
+        gp_buffer_release_window(&ev);
         gp_status_raise(st, "gpuprof: aggregating the recorded window");
         return -1;
     }
     t.dropped_gpu = self->cuda_on ? (int64_t)gp_cuda_dropped() : 0;
     PyObject *result = gp_profiler_result_dict(&t);
+    int spans_built = t.has_spans;
     gp_aggregate_free(&t);
+    if (result != NULL && !spans_built) {
+        /* The spans come later, from the events (csrc/window.h). */
+        PyObject *kept = gp_window_keep(&ev, &in);
+        if (kept == NULL || PyDict_SetItemString(result, "_events", kept) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(kept);
+    }
+    gp_buffer_release_window(&ev); /* no-op when kept */
     if (result == NULL)
         return -1;
     Py_SETREF(self->result, result);
@@ -760,6 +767,8 @@ Profiler_step(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     gp_hook_marker(GP_EV_STEP_END, (uint32_t)self->step_num);
     emit_step_end();
+    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP)
+        gp_buffer_anchor(); /* keeps the raw -> ns map exact over long windows */
     int64_t next = self->step_num + 1;
     GpAction cur;
     if (action_for(self, next, &cur) < 0)

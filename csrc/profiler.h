@@ -16,7 +16,8 @@ extern PyType_Spec gp_profiler_spec;
 PyObject *gp_status_raise(GpStatus status, const char *context);
 
 /* A dict of NumPy arrays, name lists and scalars describing one window's
- * tables (the layout documented in python/gpuprof/_results.py).
+ * tables (the layout documented in python/gpuprof/_results.py); "spans"
+ * only when they were built (t->has_spans; they move into the dict).
  * Op names and C-call sites (span `line`) are resolved through the intern
  * table, which must be alive.
  * New reference, or NULL with an exception. */

@@ -13,6 +13,7 @@
 #include "intern.h"
 #include "profiler.h"
 #include "schedule.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -104,10 +105,15 @@ fail:
     return -1;
 }
 
-/* _test_aggregate(ops, threads, gpu, window_start, window_end, kernel_names, step_thread)
+/* _test_aggregate(ops, threads, gpu, window_start, window_end, kernel_names, step_thread,
+ *                 max_events, spans_now, general_only)
  *   ops: list of (kind, name_or_code, flags); op ids are 2, 3, ... in order
  *   threads: list of (ident, os_tid, events); events: list of (ts, kind, arg, payload)
  *   gpu: list of dicts with GpGpuRecord field names
+ *   spans_now: build the spans at once (else the dict keeps the events in
+ *     "_events", for _complete_window, as a CPU-only window does)
+ *   general_only: replay every event through the general path (the fast
+ *     path for calls and returns must give the same tables)
  * Returns the result dict a profiler window would produce. */
 static PyObject *
 test_aggregate(PyObject *module, PyObject *args)
@@ -115,9 +121,10 @@ test_aggregate(PyObject *module, PyObject *args)
     (void)module;
     PyObject *ops, *threads, *gpu, *knames;
     unsigned long long wstart, wend, step_thread = 0, max_events = 1 << 20;
-    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KK", &PyList_Type, &ops, &PyList_Type, &threads,
+    int spans_now = 1, general_only = 0;
+    if (!PyArg_ParseTuple(args, "O!O!O!KKO!|KKpp", &PyList_Type, &ops, &PyList_Type, &threads,
                           &PyList_Type, &gpu, &wstart, &wend, &PyList_Type, &knames, &step_thread,
-                          &max_events))
+                          &max_events, &spans_now, &general_only))
         return NULL;
     if (atomic_load(&gp_buffer_phase) != GP_PHASE_OFF) {
         PyErr_SetString(PyExc_RuntimeError, "_test_aggregate: a profiler is running");
@@ -180,12 +187,7 @@ test_aggregate(PyObject *module, PyObject *args)
             unsigned int kind, arg, payload = 0;
             if (!PyArg_ParseTuple(PyList_GET_ITEM(events, k), "KII|I", &ts, &kind, &arg, &payload))
                 goto done;
-            GpChunk *c = tb->tail;
-            if (c == NULL || c->n == GP_CHUNK_EVENTS) {
-                if (gp_buffer_grow(tb, ts) == NULL)
-                    continue; /* dropped, counted by the buffer */
-            }
-            gp_buffer_push(tb, ts, arg, GP_EV_MAKE(kind, payload));
+            gp_buffer_push(tb, ts, arg, GP_EV_MAKE(kind, payload)); /* drops are counted */
         }
     }
     Py_ssize_t n_gpu = PyList_GET_SIZE(gpu);
@@ -198,7 +200,21 @@ test_aggregate(PyObject *module, PyObject *args)
         if (gpu_from_dict(PyList_GET_ITEM(gpu, i), &recs[i]) < 0)
             goto done;
     test_kernel_names = knames;
+    GpWindowEvents ev;
+    GpStatus st = gp_buffer_take_window(&ev);
+    if (st != GP_OK) {
+        gp_status_raise(st, "_test_aggregate");
+        goto done;
+    }
+    /* The test's timestamps are ns already: no anchors, so no conversion
+     * (also when the spans are built later from the kept events). */
+    free(ev.anchors);
+    ev.anchors = NULL;
+    ev.n_anchors = 0;
     GpAggInput in = {
+        .threads = ev.threads,
+        .n_threads = ev.n_threads,
+        .anchors = NULL,
         .op_kinds = gp_intern.kinds,
         .op_flags = gp_intern.flags,
         .n_ops = gp_intern.n_ops,
@@ -208,16 +224,28 @@ test_aggregate(PyObject *module, PyObject *args)
         .window_end_ns = wend,
         .step_thread_ident = step_thread,
         .kernel_name = test_kernel_name,
+        .want_spans = spans_now,
+        .general_only = general_only,
+        .nvtx_cross_thread_ends = 1,
     };
     GpTables t;
-    GpStatus st = gp_aggregate_run(&in, &t);
+    st = gp_aggregate_run(&in, &t);
     test_kernel_names = NULL;
     if (st != GP_OK) {
+        gp_buffer_release_window(&ev);
         gp_status_raise(st, "_test_aggregate");
         goto done;
     }
     result = gp_profiler_result_dict(&t);
+    int spans_built = t.has_spans;
     gp_aggregate_free(&t);
+    if (result != NULL && !spans_built) {
+        PyObject *kept = gp_window_keep(&ev, &in);
+        if (kept == NULL || PyDict_SetItemString(result, "_events", kept) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(kept);
+    }
+    gp_buffer_release_window(&ev);
 done:
     free(recs);
     if (session)

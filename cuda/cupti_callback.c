@@ -279,20 +279,20 @@ on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
         GP_API_KEY(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? GP_API_RUNTIME : GP_API_DRIVER, cbid);
     if (cb->callbackSite == CUPTI_API_ENTER) {
         if (tls_depth++ == 0) {
-            uint64_t now = gp_clock_now();
-            gp_buffer_record_api(now, cb->correlationId, key, 1);
+            gp_buffer_record_api(gp_clock_raw(), cb->correlationId, key, 1);
             tls_sync.kind = 0;
+            /* A sync record is a GPU record: on the profiler clock, as
+             * CUPTI's timestamps are (the timestamp callback). */
             if (atomic_load_explicit(&sync_from_callbacks, memory_order_relaxed) &&
                 gp_cuda_api_class(key) == GP_APICLASS_SYNC)
-                sync_open(domain, cbid, cb, now);
+                sync_open(domain, cbid, cb, gp_clock_now());
         }
     } else if (tls_depth > 0) {
         /* An exit at depth 0 belongs to a call entered before the window. */
         if (--tls_depth == 0) {
-            uint64_t now = gp_clock_now();
-            gp_buffer_record_api(now, cb->correlationId, key, 0);
+            gp_buffer_record_api(gp_clock_raw(), cb->correlationId, key, 0);
             if (GP_UNLIKELY(tls_sync.kind == GP_GPU_SYNC)) {
-                tls_sync.end_ns = now;
+                tls_sync.end_ns = gp_clock_now();
                 gp_cupti_activity_add(&tls_sync);
                 tls_sync.kind = 0;
             }

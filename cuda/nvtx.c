@@ -351,7 +351,7 @@ record(uint32_t arg, uint32_t kind)
         return;
     atomic_store(&tb->writing, 1);
     if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP)
-        gp_buffer_push(tb, gp_clock_now(), arg, kind);
+        gp_buffer_push(tb, gp_clock_raw(), arg, kind);
     atomic_store(&tb->writing, 0);
 }
 

@@ -3,6 +3,10 @@
 The C core hands over one dict per window (``Profiler.result``):
 
   ops, nodes, kernels, gpu, steps, spans, threads   structured arrays (rows)
+  _events                                           instead of spans in a CPU-only
+                                                    window: its events, kept until the
+                                                    spans are first asked for
+                                                    (:func:`complete_window`)
   op_names, op_files, op_lines                      per op row
   kernel_names                                      per kernels row ``name`` id
   window_start_ns, window_end_ns                    profiler clock (CLOCK_MONOTONIC)
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import numpy as np
 
-__all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS"]
+from . import _gpuprof
+
+__all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS", "complete_window"]
 
 OP_KINDS = {0: "none", 1: "python", 2: "c", 3: "user", 4: "step", 5: "cuda_api"}
 KERNEL_CATEGORIES = {0: "compute", 1: "memcpy", 2: "memset", 3: "communication", 4: "sync"}
@@ -95,6 +102,13 @@ def outermost(parent: np.ndarray, key) -> np.ndarray:
     return out
 
 
+# ``raw`` with its ``spans``, returned: a CPU-only window builds them from its
+# kept events the first time they are needed (traces, the diagnosis, memory
+# attribution, saving), which also gives the events' memory back; the tables
+# never need them.
+complete_window = _gpuprof._complete_window
+
+
 def _display_name(name: str, file: str, line: int, kind: str) -> str:
     if kind == "python":
         return f"{name} ({os.path.basename(file)}:{line})"
@@ -105,18 +119,23 @@ class _Window:
     """One window's raw dict plus the public arrays built from it (lazily)."""
 
     def __init__(self, raw: dict, device_props=None):
-        self.raw = raw
+        self._raw = raw  # spans may still be missing: use .raw for them
         self._device_props = device_props  # callable -> device_props() list, for occupancy
         self._ops = None
         self._kernels = None
 
+    @property
+    def raw(self) -> dict:
+        """The window's dict, spans included (built now if they were not yet)."""
+        return complete_window(self._raw)
+
     def ops(self) -> np.ndarray:
         if self._ops is None:
-            r = self.raw["ops"]
+            r = self._raw["ops"]
             out = np.zeros(len(r), dtype=OPS_DTYPE)
-            out["name"] = np.array(self.raw["op_names"] + [None], dtype=object)[:-1]
-            out["file"] = np.array(self.raw["op_files"] + [None], dtype=object)[:-1]
-            out["line"] = self.raw["op_lines"]
+            out["name"] = np.array(self._raw["op_names"] + [None], dtype=object)[:-1]
+            out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
+            out["line"] = self._raw["op_lines"]
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
             for f in OPS_DTYPE.names[4:]:
                 out[f] = r[f]
@@ -125,8 +144,8 @@ class _Window:
 
     def kernels(self) -> np.ndarray:
         if self._kernels is None:
-            r = self.raw["kernels"]
-            names = self.raw["kernel_names"]
+            r = self._raw["kernels"]
+            names = self._raw["kernel_names"]
             out = np.zeros(len(r), dtype=KERNELS_DTYPE)
             out["name"] = np.array([names[i] for i in r["name"]] + [None], dtype=object)[:-1]
             for f in ("device", "calls", "total_ns", "min_ns", "max_ns", "bytes", "grid", "block",
@@ -140,7 +159,7 @@ class _Window:
         return self._kernels
 
     def gpu_events(self) -> np.ndarray:
-        g = self.raw["gpu"]
+        g = self._raw["gpu"]
         out = np.zeros(len(g), dtype=GPU_EVENTS_DTYPE)
         if len(g) == 0:
             return out
@@ -191,7 +210,7 @@ class _Window:
         return own, subtree_sums(nodes["parent"], own)
 
     def call_tree(self) -> np.ndarray:
-        n = self.raw["nodes"]
+        n = self._raw["nodes"]
         ops = self.ops()
         out = np.zeros(len(n), dtype=CALL_TREE_DTYPE)
         for f in ("id", "parent", "thread", "calls", "total_ns", "self_ns", "cuda_total_ns",
@@ -205,14 +224,42 @@ class _Window:
         return out
 
 
+class _DevicePropsOf:
+    """``results._device_props`` for its windows, through a weak reference: no cycle
+    keeps the windows alive, and with them the events a CPU-only window holds until
+    its spans are built. Pickles (Lightning's ddp_spawn pickles the profiler with its
+    results); the unpickled Results binds its windows to itself again."""
+
+    def __init__(self, results):
+        self._ref = weakref.ref(results)
+
+    def __call__(self) -> list[dict]:
+        res = self._ref()
+        return res._device_props() if res is not None else []
+
+    def __reduce__(self):
+        return (_no_device_props, ())
+
+
+def _no_device_props() -> list[dict]:
+    return []
+
+
 class Results:
     """Read-only view over one or more recorded windows."""
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        props = _DevicePropsOf(self)
+        for w in self._windows:
+            w._device_props = props
 
     def __init__(self, windows: list[dict], cuda: dict | None = None, meta: dict | None = None):
         if not windows:
             raise RuntimeError("no recorded window: the profiler has not completed a recording "
                                "window yet (check the schedule and call prof.step())")
-        self._windows = [_Window(w, self._device_props) for w in windows]
+        props = _DevicePropsOf(self)
+        self._windows = [_Window(w, props) for w in windows]
         self.cuda = cuda or {"active": False, "mode": "off", "error": None}
         self.meta = dict(meta or {})
         # host and allocator memory samples (profile_memory=True): the live sampler
@@ -233,25 +280,25 @@ class Results:
     @property
     def dropped_events(self) -> int:
         """CPU events lost because the event buffer was full (raise max_events)."""
-        return int(sum(w.raw["dropped_events"] for w in self._windows))
+        return int(sum(w._raw["dropped_events"] for w in self._windows))
 
     @property
     def dropped_gpu_records(self) -> int:
         """GPU activity records lost by CUPTI or gpuprof."""
-        return int(max(w.raw["dropped_gpu"] for w in self._windows))
+        return int(max(w._raw["dropped_gpu"] for w in self._windows))
 
     @property
     def windows(self) -> list[dict]:
         return [w.raw for w in self._windows]
 
     def window_bounds(self) -> tuple[int, int]:
-        return (int(self._windows[0].raw["window_start_ns"]),
-                int(self._windows[-1].raw["window_end_ns"]))
+        return (int(self._windows[0]._raw["window_start_ns"]),
+                int(self._windows[-1]._raw["window_end_ns"]))
 
     @property
     def attributed_gpu_fraction(self) -> float:
-        a = sum(w.raw["attributed_gpu_ns"] for w in self._windows)
-        u = sum(w.raw["unattributed_gpu_ns"] for w in self._windows)
+        a = sum(w._raw["attributed_gpu_ns"] for w in self._windows)
+        u = sum(w._raw["unattributed_gpu_ns"] for w in self._windows)
         return a / (a + u) if a + u else 1.0
 
     # -- arrays ---------------------------------------------------------------------
@@ -347,7 +394,7 @@ class Results:
         return out
 
     def steps(self) -> np.ndarray:
-        return np.concatenate([w.raw["steps"] for w in self._windows])
+        return np.concatenate([w._raw["steps"] for w in self._windows])
 
     def call_tree(self) -> np.ndarray:
         if len(self._windows) == 1:
@@ -367,7 +414,7 @@ class Results:
         return self._windows[-1].raw["spans"]
 
     def threads(self) -> np.ndarray:
-        return self._windows[-1].raw["threads"]
+        return self._windows[-1]._raw["threads"]
 
     def thread_names(self) -> dict[int, str]:
         names = {t.ident: t.name for t in threading.enumerate()}

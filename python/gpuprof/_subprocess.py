@@ -358,6 +358,7 @@ class _Child:
         meta = {"pid": self.pid, "ppid": os.getppid(), "how": self.how, "window": win,
                 "seq": self.seq, "process_name": _process_name()}
         path = os.path.join(self.ctx.dir, f"{self.pid}.{win}.{self.seq}.piece")
+        _gpuprof._complete_window(raw)  # the spans, from the events a CPU window keeps
         with contextlib.suppress(OSError):
             _save_piece(path, raw, meta)
 

@@ -142,7 +142,8 @@ class profile(ResultAccessors):
             record input shapes (a warning says so once; docs/api.md says why).
         acc_events: accumulate the results of every window instead of keeping the last.
         max_events: CPU event budget of one window (16 bytes each); past it events
-            are dropped and counted.
+            are dropped and counted. The memory stays with the process for the next
+            windows and sessions (docs/schedule.md, "Memory stays bounded").
         memory_sample_interval_s: with profile_memory, how often host RSS and the
             framework allocators (PyTorch, CuPy) are sampled, in seconds.
         subprocesses: also profile child processes started while profiling (forked,

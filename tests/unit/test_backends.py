@@ -56,3 +56,15 @@ def test_both_backends_count_the_same(hook):
 def test_bad_backend_name():
     r = _run("bogus")
     assert r.returncode != 0 and "GPUPROF_HOOK must be" in r.stderr
+
+
+def test_torch_imports_after_gpuprof():
+    # gpuprof's thread-local state must leave glibc's static TLS to libraries opened
+    # later: torch's libgomp needs it (initial-exec TLS in gpuprof broke this import).
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import gpuprof, torch; print(torch.ones(2).sum())"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
