@@ -323,6 +323,36 @@ def _wait_for_state(runtime, pid, timeout=120):
     return json.loads(path.read_text())
 
 
+def test_environment_arms_a_program_started_by_something_else(env, tmp_path):
+    """GPUPROF_ON_DEMAND=1 with gpuprof's start-up folder on PYTHONPATH: plain
+    `python script.py` is armed; its PyTorch optimizer steps are the steps."""
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    from gpuprof.boot import BOOT_DIR
+
+    env = dict(env, GPUPROF_ON_DEMAND="1",
+               PYTHONPATH=os.pathsep.join([BOOT_DIR, env["PYTHONPATH"]]))
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, TORCH_LOOP, str(stop)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        state = _wait_for_state(tmp_path / "runtime", proc.pid)
+        assert state["argv"][1:] == [TORCH_LOOP, str(stop)]
+        r = gpuprof(env, "capture", str(proc.pid), "--steps", "3", "--wait", "--output",
+                    str(tmp_path / "out"))
+        assert r.returncode == 0, r.stderr
+        assert re.search(rf"pid {proc.pid}: recorded 3 steps, steps \d+-\d+", r.stdout)
+        (saved,) = glob.glob(str(tmp_path / "out" / "*.gpuprof"))
+        loaded = gp.load(saved)
+        assert len(loaded.steps()) == 3
+        assert "torch._C._nn.linear" in set(loaded.ops()["name"])
+        assert "step boundaries: torch optimizer steps: SGD" in report_of(tmp_path / "out")
+    finally:
+        stop.write_text("")
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert re.fullmatch(r"rank 0: stopped after \d+ steps\n", out)
+
+
 def _torchrun(env, tmp_path, *script_args):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
