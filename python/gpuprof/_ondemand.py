@@ -527,14 +527,18 @@ class OnDemand:
         cap = self._work
         if cap is None or os.getpid() != self.pid:
             return
-        if cap.state == "pending":
-            with self._lock:
+        with self._lock:  # the stepping thread acts on "pending" and "recording" only
+            state = cap.state
+            if state in ("pending", "preparing"):
+                cap.state = "cancelled"
                 if self._work is cap:
                     self._work = None
-                cap.state = "cancelled"
+            elif state == "recording":
+                cap.state = "stopping"
+        if state in ("pending", "preparing"):
             cap.reply.done({"ok": False, "error": "the program ended before the capture "
                             "started (no step boundary came)", **self._who()})
-        elif cap.state == "recording":
+        elif state == "recording":
             if cap.steps is not None:
                 cap.cut_short = (f"the program ended after {cap.recorded} of the {cap.steps} "
                                  "steps")
@@ -673,10 +677,9 @@ class OnDemand:
             reply.reply({"ok": False, "state": "refused", "message": f"bad request: {e}",
                          **self._who()})
             return
-        replaced = None
         with self._lock:
             cur = self._work
-            if cur is not None and cur.state != "pending":
+            if cur is not None:
                 reply.reply({"ok": False, "state": "busy", "message": self._busy(cur),
                              **self._who()})
                 return
@@ -685,14 +688,8 @@ class OnDemand:
                     f"pid {self.pid} is already at step {self.found}, past step "
                     f"{cap.start_step} where the capture was to start"), **self._who()})
                 return
-            if cur is not None:
-                cur.state = "cancelled"
-                replaced = cur
             cap.state = "preparing"  # the stepping thread waits for "pending"
             self._work = cap
-        if replaced is not None:
-            replaced.reply.done({"ok": False, "error": "replaced by a later request before it "
-                                 "started", **self._who()})
         try:
             self._prepare(cap)
         except Exception as e:  # noqa: BLE001 - bad CUDA setup, memory sampler...
@@ -712,25 +709,30 @@ class OnDemand:
                              "recording (see the program's stderr)", **self._who()})
                 return
         reply.reply({"ok": True, "state": cap.state, "message": self._accepted(cap, timed),
-                     "replaced": replaced.rid if replaced is not None else None,
                      "output": cap.output, **self.status()})
 
     def _handle_cancel(self, req: dict, reply) -> None:
+        """Cancel the capture waiting to start: ``target`` is its request id, or "*"."""
         target = req.get("target")
         with self._lock:
             cap = self._work
-            ok = cap is not None and cap.rid == target and cap.state == "pending"
+            mine = cap is not None and (target == "*" or cap.rid == target)
+            ok = mine and cap.state == "pending"
             if ok:
                 self._work = None
                 cap.state = "cancelled"
         if ok:
             cap.reply.done({"ok": False, "error": "cancelled before it started", **self._who()})
-            reply.reply({"ok": True, "state": "cancelled", "message": "cancelled before it "
-                         "started", **self._who()})
+            msg = f"pid {self.pid}: cancelled the capture asked for at " \
+                  f"{time.strftime('%H:%M:%S', time.localtime(cap.requested_at))}, " \
+                  "which had not started"
+            reply.reply({"ok": True, "state": "cancelled", "message": msg, **self._who()})
+        elif mine:
+            reply.reply({"ok": False, "state": cap.state, "message": self._busy(cap, False) +
+                         "; it has started and ends by itself", **self._who()})
         else:
-            state = "not found" if cap is None or cap.rid != target else cap.state
-            reply.reply({"ok": False, "state": state, "message": f"not cancelled: {state}",
-                         **self._who()})
+            reply.reply({"ok": False, "state": "idle", "message": f"pid {self.pid} has no "
+                         "capture waiting to start", **self._who()})
 
     # -- descriptions ---------------------------------------------------------------------------
     def _who(self) -> dict:
@@ -761,20 +763,28 @@ class OnDemand:
         cap = self._work
         if cap is None:
             return f"idle, at step {self.found}"
-        return self._busy(cap)
+        return self._busy(cap, hint=False)
 
-    def _busy(self, cap: _Capture) -> str:
+    def _busy(self, cap: _Capture, hint: bool = True) -> str:
         by = f" by pid {cap.requested_by}" if cap.requested_by else ""
         when = time.strftime("%H:%M:%S", time.localtime(cap.requested_at))
+        if cap.state in ("pending", "preparing"):
+            start = (f"step {cap.start_step}" if cap.start_step is not None else
+                     "its next step boundary")
+            return (f"pid {self.pid} has a capture waiting to start (asked for at {when}{by}: "
+                    f"{cap.what()} from {start}; it is at step {self.found}, "
+                    f"{self.found - cap.found_at_request} step(s) since); cancel it with "
+                    f"`python -m gpuprof capture {self.pid} --cancel`")
+        again = "; try again when its files are written" if hint else ""
         if cap.state == "writing":
             return (f"pid {self.pid} is writing the files of its capture (asked for at "
-                    f"{when}{by}) into {cap.output}")
+                    f"{when}{by}) into {cap.output}{again}")
         if cap.steps is not None:
             progress = f"{cap.recorded} of {cap.steps} steps recorded"
         else:
             progress = f"{time.monotonic() - cap.t_start:.1f} of {cap.duration:g} s recorded"
         return (f"pid {self.pid} is already capturing (asked for at {when}{by}): {progress}, "
-                f"into {cap.output}")
+                f"into {cap.output}{again}")
 
     def _accepted(self, cap: _Capture, timed: bool) -> str:
         if timed:

@@ -23,7 +23,8 @@ import time
 
 from . import _ondemand_proto as proto
 
-__all__ = ["CaptureError", "Target", "find_target", "job_targets", "list_targets", "Capture"]
+__all__ = ["CaptureError", "Target", "find_target", "job_targets", "list_targets", "Capture",
+           "cancel"]
 
 POLL_S = 0.02  # how often the requester looks for answers
 
@@ -312,15 +313,12 @@ def _wait_shared(ex: _Exchange, timeout: float, expect: set[str] | None) -> dict
     return ex.answers()
 
 
-def _start_step(statuses: list[dict], received: list[float], latency_s: float) -> int:
-    """The step every rank starts at: past where the fastest can be once the request
-    has reached them all."""
-    now = time.monotonic()
-    rates = [float(s["rate"]) for s in statuses if s.get("rate")]
-    rate = max(rates) if rates else 0.0
-    projected = max(s["found"] + float(s.get("rate") or 0.0) * (now - t)
-                    for s, t in zip(statuses, received))
-    return int(math.ceil(projected)) + max(2, math.ceil(rate * latency_s)) + 1
+def _start_step(statuses: list[dict], latency_s: float) -> int:
+    """The step every rank starts at: past where the furthest rank can be, at the
+    fastest rate any rank has stepped at lately, once ``latency_s`` has passed (the
+    time for the request to reach them all)."""
+    rate = max([float(s.get("rate") or 0.0) for s in statuses] + [0.0])
+    return max(s["found"] for s in statuses) + max(2, math.ceil(rate * latency_s)) + 1
 
 
 class Capture:
@@ -386,8 +384,7 @@ class Capture:
                 break
             time.sleep(0.2)
         polled = max((t.poll_s for t in targets if t.signal() is None), default=0.0)
-        return self._agree(statuses, [time.monotonic()] * len(statuses),
-                           factor * (max(0.5, 3 * rtt) + polled))
+        return self._agree(statuses, factor * (max(0.5, 3 * rtt) + polled))
 
     def _cancel_local(self, docs: list[dict]) -> None:
         by_pid = {t.pid: t for t in self.targets}
@@ -438,8 +435,7 @@ class Capture:
                               "the others are not armed with this --trigger-dir, or did not "
                               f"answer within {self.timeout:g} s")
         poll = max(float(s.get("poll_interval_s") or 1.0) for s in statuses)
-        start_step = self._agree(statuses, [time.monotonic()] * len(statuses),
-                                 factor * (max(1.0, 2 * rtt) + 2 * poll))
+        start_step = self._agree(statuses, factor * (max(1.0, 2 * rtt) + 2 * poll))
         ex = self._ex = _Exchange(trigger_dir, shared=True)
         ex.send_shared({**self.req, "start_step": start_step})
         try:
@@ -463,11 +459,10 @@ class Capture:
             ex.close()
 
     # -- common -----------------------------------------------------------------------------------
-    def _agree(self, statuses: list[dict], received: list[float], latency_s: float) -> int:
+    def _agree(self, statuses: list[dict], latency_s: float) -> int:
         for s in statuses:
-            if s.get("state") not in ("idle", "pending"):
-                raise CaptureError(f"pid {s['pid']} on {s['host']}: {s['message']}; try again "
-                                   "when its files are written", code=1)
+            if s.get("state") != "idle":
+                raise CaptureError(f"{s['message']} (on {s['host']})", code=1)
             if not s.get("found"):
                 raise CaptureError(f"pid {s['pid']} on {s['host']} has found no step since it "
                                    f"was armed (step boundaries: {s.get('steps_from')}); "
@@ -479,7 +474,7 @@ class Capture:
             self.notes.append(f"the ranks are at steps {min(found)} to {max(found)}: steps are "
                               "counted from arming, so ranks armed at different times start "
                               "at one step number that is not one step of training")
-        return _start_step(statuses, received, latency_s)
+        return _start_step(statuses, latency_s)
 
     def _judge(self, replies: list[dict], cancel) -> None:
         refused = [r for r in replies if not r.get("ok")]
@@ -493,10 +488,9 @@ class Capture:
                 raise _Late("; ".join(lines) + f" (asked {ATTEMPTS} times, each with more "
                             "margin; the steps are faster than the requests reach the ranks)",
                             code=1)
-            hint = ("; try again when its files are written" if any(
-                r.get("state") == "busy" for r in refused) else "")
+            hint = ""
             if accepted:
-                hint += f" (the request to the other {len(accepted)} was cancelled)"
+                hint = f" (the request to the other {len(accepted)} was cancelled)"
             raise CaptureError("; ".join(lines) + hint, code=1)
         self.accepted = sorted(replies, key=lambda r: (r.get("rank") is None, r.get("rank"),
                                                        r.get("host"), r.get("pid")))
@@ -543,3 +537,15 @@ class Capture:
     def close(self) -> None:
         if self._ex is not None:
             self._ex.close()
+
+
+def cancel(targets: list[Target], timeout: float) -> list[dict]:
+    """Cancel the capture waiting to start in each target; their answers."""
+    ex = _Exchange(targets[0].runtime, shared=False)
+    try:
+        for t in targets:
+            ex.send_local(t, {"op": "cancel", "target": "*"})
+        replies = _wait_local(ex, targets, timeout)
+    finally:
+        ex.close()
+    return [replies[t.pid] for t in targets]

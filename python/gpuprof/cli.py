@@ -685,9 +685,21 @@ def cmd_capture(args) -> int:
     from . import _ondemand_client as client
 
     if args.list:
-        if args.pids or args.trigger_dir or args.all_ranks:
+        if args.pids or args.trigger_dir or args.all_ranks or args.cancel:
             raise _CliError("--list lists the armed processes: give it alone")
         return _list_armed(client.list_targets())
+    if args.cancel:
+        if not args.pids or args.trigger_dir:
+            raise _CliError("--cancel takes the PIDs whose waiting capture to cancel")
+        try:
+            answers = client.cancel([client.find_target(pid) for pid in args.pids],
+                                    args.timeout)
+        except client.CaptureError as e:
+            print(f"gpuprof: error: {e}", file=sys.stderr)
+            return e.code
+        for a in answers:
+            print(f"gpuprof: {a['message']}", file=sys.stdout if a["ok"] else sys.stderr)
+        return 0 if all(a["ok"] for a in answers) else 1
     if args.trigger_dir is None and not args.pids:
         raise _CliError("give the PID of an armed process (`python -m gpuprof capture --list` "
                         "shows them), or --trigger-dir DIR")
@@ -971,6 +983,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="how long to wait for the program to answer (default: 10)")
     cp.add_argument("--list", action="store_true",
                     help="list the armed processes of this user on this host")
+    cp.add_argument("--cancel", action="store_true",
+                    help="cancel the capture each PID has waiting to start (one that is "
+                    "recording ends by itself)")
     cp.set_defaults(fn=cmd_capture)
     # -- end on-demand capture --
     return p

@@ -206,6 +206,24 @@ def test_time_window_of_a_program_without_steps(env, tmp_path):
         assert "it has found none in the" in r.stdout
         assert "the program did not use PyTorch" in r.stdout
         assert "for a program without steps, ask for --duration S" in r.stdout
+        # that request waits for a step that never comes: others are refused until it is
+        # cancelled
+        r = gpuprof(env, "capture", str(prog.pid), "--duration", "0.2")
+        assert r.returncode == 1
+        assert f"pid {prog.pid} has a capture waiting to start" in error_line(r)
+        assert f"cancel it with `python -m gpuprof capture {prog.pid} --cancel`" in \
+            error_line(r)
+        r = gpuprof(env, "capture", str(prog.pid), "--cancel")
+        assert r.returncode == 0, r.stderr
+        assert re.fullmatch(rf"gpuprof: pid {prog.pid}: cancelled the capture asked for at "
+                            r"[\d:]+, which had not started\n", r.stdout), r.stdout
+        r = gpuprof(env, "capture", str(prog.pid), "--cancel")
+        assert r.returncode == 1
+        assert error_line(r) == f"gpuprof: pid {prog.pid} has no capture waiting to start"
+        r = gpuprof(env, "capture", str(prog.pid), "--duration", "0.2", "--wait", "--output",
+                    str(tmp_path / "win2"))
+        assert r.returncode == 0, r.stderr
+        assert not (tmp_path / "never").exists()
     finally:
         code, _, err = prog.end()
     assert code == 0, err

@@ -186,14 +186,18 @@ def test_capture_while_capturing_is_refused(runtime, tmp_path):
     assert not (tmp_path / "two").exists()
 
 
-def test_a_pending_capture_is_replaced_by_a_later_one_and_told_so(runtime, tmp_path):
+def test_a_capture_waiting_to_start_refuses_others(runtime, tmp_path):
     od = gpuprof.arm(signal=None, poll_interval_s=0.05)
     first = od.capture(steps=2, output=tmp_path / "one")
     assert "has found none in the" in first.message and "--duration" in first.message
-    second = od.capture(steps=2, output=tmp_path / "two")
-    assert first.wait(5)["error"] == "replaced by a later request before it started"
-    res = step_until_done(od, second)
+    with pytest.raises(RuntimeError, match=rf"pid {os.getpid()} has a capture waiting to start "
+                       r"\(asked for at [\d:]+ by pid \d+: the next 2 steps from its next step "
+                       r"boundary; it is at step 0, 0 step\(s\) since\); cancel it with "
+                       rf"`python -m gpuprof capture {os.getpid()} --cancel`"):
+        od.capture(steps=2, output=tmp_path / "two")
+    res = step_until_done(od, first)
     assert res["ok"] and res["first_step"] == 1
+    assert not (tmp_path / "two").exists()
 
 
 def test_duration_without_steps_is_a_time_window(runtime, tmp_path):
