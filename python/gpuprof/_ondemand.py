@@ -462,6 +462,11 @@ class OnDemand:
             cap.t_start = time.monotonic()
             if cap.duration is not None:
                 cap.deadline = cap.t_start + cap.duration
+            held = _hook_held()
+            if held:  # checked first: a failing start() would unhook the program's profiler
+                raise RuntimeError(f"another profiler is active in this process ({held}), "
+                                   "such as the program's own gpuprof.profile or cProfile; a "
+                                   "capture needs Python's profile hook free")
             cap.state = "recording"
             cap.prof.start()
         except Exception as e:  # noqa: BLE001 - e.g. another profiler holds the hook
@@ -900,6 +905,19 @@ def _write_files(od: OnDemand, cap: _Capture) -> dict:
             "steps": [first, first + n_steps - 1] if first is not None and n_steps else None,
             "first_step": first, "seconds": seconds, "diagnosis": diagnosis,
             "cuda": bool(results.cuda.get("active"))}
+
+
+def _hook_held() -> str | None:
+    """What holds Python's profile hook on this thread (or interpreter-wide), or None."""
+    current = sys.getprofile()
+    if current is not None:
+        return f"sys.setprofile is set to {current!r}"
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is not None:
+        tool = monitoring.get_tool(monitoring.PROFILER_ID)
+        if tool is not None:
+            return f"sys.monitoring's profiler slot is held by {tool!r}"
+    return None
 
 
 def _job() -> dict | None:

@@ -259,6 +259,23 @@ def test_another_profiler_makes_the_capture_fail_not_the_program(runtime, tmp_pa
     assert od.status()["state"] == "idle"
 
 
+def test_a_capture_leaves_the_programs_own_profile_alone(runtime, tmp_path):
+    od = gpuprof.arm(signal=None, poll_interval_s=0.05)
+    od.step()
+    req = od.capture(steps=2, output=tmp_path / "x")
+    with gpuprof.profile() as prof:
+        work()
+        od.step()  # the capture would start here: the program's profile holds the hook
+        work()
+        prof.step()
+        work()
+    res = req.wait(0)
+    assert not res["ok"] and "such as the program's own gpuprof.profile" in res["error"]
+    assert len(prof.steps()) == 1 and (prof.ops()["name"] == "work").sum() == 1
+    assert prof.ops()[prof.ops()["name"] == "work"]["calls"][0] == 3
+    assert od.status()["state"] == "idle" and not (tmp_path / "x").exists()
+
+
 def test_a_forked_child_is_not_armed(runtime):
     gpuprof.arm(signal=None)
     pid = os.fork()
