@@ -233,15 +233,18 @@ def _per_step_cost(device: str = "cpu", threads: int = 1, blocks: int = 15,
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import gpuprof
 
-    def fastest(fn, depth: int, armed: bool, step_fn: str | None = None) -> tuple[float, int]:
-        best, found = math.inf, 0
+    def fastest(bare_fn, armed_fn, depth: int, step_fn: str | None = None) -> dict:
+        """The fastest block of each, bare and armed blocks alternating; ``armed_fn()``
+        gives the function to call once armed."""
+        bare, armed, found = math.inf, math.inf, 0
         for _ in range(blocks):
-            od = gpuprof.arm(signal=None, step_fn=step_fn) if armed else None
-            best = min(best, _blocks(fn, calls, depth) / calls)
-            if od is not None:
-                found = od.found
-                gpuprof.disarm()
-        return best, found
+            bare = min(bare, _blocks(bare_fn, calls, depth) / calls)
+            od = gpuprof.arm(signal=None, step_fn=step_fn)
+            armed = min(armed, _blocks(armed_fn(), calls, depth) / calls)
+            found = od.found
+            gpuprof.disarm()
+        return {"bare_ns": bare, "armed_ns": armed, "added_ns": armed - bare,
+                "steps_found_per_block": found}
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as rt:
@@ -254,11 +257,7 @@ def _per_step_cost(device: str = "cpu", threads: int = 1, blocks: int = 15,
         if torch is not None:
             opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
             for depth in (5, 60):
-                bare, _ = fastest(opt.step, depth, False)
-                armed, found = fastest(opt.step, depth, True)
-                out[f"optimizer_step_depth{depth}"] = {
-                    "bare_ns": bare, "armed_ns": armed, "added_ns": armed - bare,
-                    "steps_found_per_block": found}
+                out[f"optimizer_step_depth{depth}"] = fastest(opt.step, lambda: opt.step, depth)
             torch.set_num_threads(threads)
             step = _mlp_step(torch, device)
             _timed_steps(step, 30)
@@ -277,14 +276,10 @@ def _per_step_cost(device: str = "cpu", threads: int = 1, blocks: int = 15,
                 "bare_ns": statistics.median(bare_all), "ratio": statistics.median(ratios),
                 "ratio_q1": q[0], "ratio_q3": q[2], "blocks": ab_blocks, "steps": ab_steps,
                 "fastest_ratio": statistics.median(fastest_ratios)}
-        wrapper_fn = "__main__:_bench_step_fn"
-        gpuprof.arm(signal=None, step_fn=wrapper_fn)  # wraps it for good (the wrapper stays)
-        gpuprof.disarm()
-        wrapped = sys.modules["__main__"]._bench_step_fn
-        bare, _ = fastest(wrapped.__wrapped__, 5, False)
-        armed, found = fastest(wrapped, 5, True, wrapper_fn)
-        out["step_fn_wrapper"] = {"bare_ns": bare, "armed_ns": armed, "added_ns": armed - bare,
-                                  "steps_found_per_block": found}
+        main = sys.modules["__main__"]
+        bare = main._bench_step_fn  # arm() replaces it by its wrapper, of this function
+        out["step_fn_wrapper"] = fastest(bare, lambda: main._bench_step_fn, 5,
+                                         "__main__:_bench_step_fn")
         os.environ.pop("GPUPROF_RUNTIME_DIR", None)
     return out
 

@@ -276,6 +276,30 @@ def test_a_capture_leaves_the_programs_own_profile_alone(runtime, tmp_path):
     assert od.status()["state"] == "idle" and not (tmp_path / "x").exists()
 
 
+def stepper():
+    return None
+
+
+UNWRAPPED = stepper
+
+
+def test_arming_again_wraps_the_step_function_once(runtime):
+    mod = sys.modules[__name__]
+    try:
+        od = gpuprof.arm(signal=None, step_fn=f"{__name__}:stepper")
+        assert mod.stepper is not UNWRAPPED and mod.stepper.__wrapped__ is UNWRAPPED
+        mod.stepper()
+        assert od.found == 1
+        gpuprof.disarm()
+        od2 = gpuprof.arm(signal=None, step_fn=f"{__name__}:stepper")
+        assert mod.stepper.__wrapped__ is UNWRAPPED  # the earlier wrapper is not wrapped
+        mod.stepper()
+        mod.stepper()
+        assert od2.found == 2 and od.found == 1
+    finally:
+        mod.stepper = UNWRAPPED
+
+
 def test_a_forked_child_is_not_armed(runtime):
     gpuprof.arm(signal=None)
     pid = os.fork()
