@@ -467,6 +467,10 @@ class OnDemand:
                 raise RuntimeError(f"another profiler is active in this process ({held}), "
                                    "such as the program's own gpuprof.profile or cProfile; a "
                                    "capture needs Python's profile hook free")
+            if self._thread is not None and self._thread.ident is not None:
+                # each session forgets the threads left out of the last one: this one's
+                # frames would otherwise be taken from the window's start-up snapshot
+                _gpuprof._ignore_thread(self._thread.ident)
             cap.state = "recording"
             cap.prof.start()
         except Exception as e:  # noqa: BLE001 - e.g. another profiler holds the hook

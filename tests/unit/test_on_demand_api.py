@@ -170,6 +170,11 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
     res2 = step_until_done(od, second)
     assert res2["ok"] and res2["n_steps"] == 2 and res2["first_step"] > res["steps"][1]
     assert od.status()["captures"] == 2 and od.status()["state"] == "idle"
+    for r in (res, res2):  # gpuprof's own threads are in neither capture
+        with gzip.open(next(f for f in r["files"] if f.endswith(".json.gz")), "rt") as f:
+            threads = [e["args"]["name"] for e in json.load(f)["traceEvents"]
+                       if e.get("ph") == "M" and e.get("name") == "thread_name"]
+        assert len(threads) == 1 and "MainThread" in threads[0], threads
 
 
 def test_capture_while_capturing_is_refused(runtime, tmp_path):
