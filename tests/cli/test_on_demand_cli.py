@@ -437,3 +437,29 @@ def test_two_ranks_start_at_the_same_step(env, tmp_path):
     assert proc.returncode == 0, err
     assert sorted(re.findall(r"rank (\d): stopped after (\d+) steps", out_text))[0][1] == \
         sorted(re.findall(r"rank (\d): stopped after (\d+) steps", out_text))[1][1]
+
+
+def test_the_benchmark_measures_armed_idle_processes(tmp_path):
+    """benchmarks/bench_on_demand.py (a smoke run): its armed children were armed, found
+    every step, ran without a profile hook and without CUPTI; after a capture, no hook."""
+    bench = os.path.join(os.path.dirname(SCRIPTS), "..", "benchmarks", "bench_on_demand.py")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, bench, "--quick", "--workloads", "python", "--modes",
+                        "plain,armed,after", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    steps = doc["steps"] + 5  # timed steps plus the --quick warm-up
+    for mode in ("armed", "after"):
+        procs = doc["results"][f"python/{mode}"]["processes"]
+        assert len(procs) == 2
+        for p in procs:
+            assert p["armed"] and not p["hook"], p
+            assert p["found"] == steps if mode == "armed" else p["found"] > steps, p
+        if mode == "armed":
+            assert not any(p["cupti_loaded"] for p in procs)
+    assert not any(p["armed"] for p in doc["results"]["python/plain"]["processes"])
+    cost = doc["per_step_cost"]["step_fn_wrapper"]
+    assert cost["steps_found_per_block"] == 2000 and cost["added_ns"] < 20_000
+    assert re.search(r"python\s+armed\s+[\d.]+us\s+[\d.]+\s+[\d.]+.*armed, steps found, no hook, "
+                     r"no CUPTI", r.stdout), r.stdout
