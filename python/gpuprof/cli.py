@@ -948,7 +948,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # -- on-demand capture (docs/on-demand.md) --
     cp = sub.add_parser(
-        "capture", help="record the next steps of a running program armed with run --on-demand",
+        "capture", help="record the next steps of a running armed program (run --on-demand)",
         description="Ask a running program, armed with `run --on-demand`, gpuprof.arm() or "
         "GPUPROF_ON_DEMAND=1, to record its next steps; it writes the trace, the saved profile, "
         "the stacks and a report (table and diagnosis) into --output, and goes on running. "
@@ -982,10 +982,10 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--timeout", type=_seconds(True), default=10.0, metavar="S",
                     help="how long to wait for the program to answer (default: 10)")
     cp.add_argument("--list", action="store_true",
-                    help="list the armed processes of this user on this host")
+                    help="list the armed processes of this user on this host (default: off)")
     cp.add_argument("--cancel", action="store_true",
-                    help="cancel the capture each PID has waiting to start (one that is "
-                    "recording ends by itself)")
+                    help="cancel the capture each PID has waiting to start; one that is "
+                    "recording ends by itself (default: off)")
     cp.set_defaults(fn=cmd_capture)
     # -- end on-demand capture --
     return p
