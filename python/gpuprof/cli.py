@@ -948,7 +948,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # -- on-demand capture (docs/on-demand.md) --
     cp = sub.add_parser(
-        "capture", help="record the next steps of a running armed program (run --on-demand)",
+        "capture", help="record the next steps of a running, armed program",
         description="Ask a running program, armed with `run --on-demand`, gpuprof.arm() or "
         "GPUPROF_ON_DEMAND=1, to record its next steps; it writes the trace, the saved profile, "
         "the stacks and a report (table and diagnosis) into --output, and goes on running. "
