@@ -57,10 +57,6 @@ def _say(line: str) -> None:
         stream.flush()
 
 
-def _clock() -> str:
-    return time.strftime("%H:%M:%S")
-
-
 def default_output(pid: int | None = None, when: float | None = None) -> str:
     """``gpuprof-<host>-<pid>-<YYYYmmdd-HHMMSS>`` in the working directory."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))

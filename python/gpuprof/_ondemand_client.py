@@ -69,8 +69,9 @@ class Target:
         return proto.reply_name(self.host, self.pid)
 
     def signal(self) -> int | None:
-        """The signal to send, or None when the target reads requests by polling. A
-        handler the program removed since (the signal would kill it) is reported."""
+        """The signal to send, or None: armed without one, or the process no longer
+        catches it (the program reset it, and the signal would end it). Without a
+        signal the process still reads the request within its poll interval."""
         signum = self.state.get("signal")
         if signum is None:
             return None
@@ -354,6 +355,11 @@ class Capture:
             ex = self._ex = _Exchange(base, shared=False)
             for t in targets:
                 ex.send_local(t, {**self.req, "start_step": start_step})
+                if attempt == 0 and t.state.get("signal") is not None and t.signal() is None:
+                    self.notes.append(f"{t.name} no longer catches "
+                                      f"{t.state.get('signal_name')} (the program reset it), "
+                                      "so it was not signalled; it reads the request within "
+                                      f"{t.poll_s:g} s")
             try:
                 replies = _wait_local(ex, targets, self.timeout)
             except BaseException:

@@ -463,3 +463,26 @@ def test_the_benchmark_measures_armed_idle_processes(tmp_path):
     assert cost["steps_found_per_block"] == 2000 and cost["added_ns"] < 20_000
     assert re.search(r"python\s+armed\s+[\d.]+us\s+[\d.]+\s+[\d.]+.*armed, steps found, no hook, "
                      r"no CUPTI", r.stdout), r.stdout
+
+
+def test_a_program_that_resets_the_signal_is_not_signalled_and_still_captured(env, tmp_path):
+    """The program puts SIGUSR2 back to its default action (ending the process) after
+    arming: capture must not send it, and the request still arrives by polling."""
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "ondemand_resets_signal.py"),
+                             str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline() == f"ready {proc.pid}\n"
+        r = gpuprof(env, "capture", str(proc.pid), "--steps", "2", "--wait", "--output",
+                    str(tmp_path / "out"))
+        assert r.returncode == 0, r.stderr
+        assert re.search(rf"pid {proc.pid}: recorded 2 steps", r.stdout), r.stdout
+        assert proc.poll() is None  # not ended by a signal
+    finally:
+        stop.write_text("")
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    # either it noticed first (and said so), or capture saw the handler gone (and said so)
+    assert "replaced gpuprof's SIGUSR2 handler" in err or \
+        "no longer catches SIGUSR2 (the program reset it)" in r.stderr, (err, r.stderr)
