@@ -177,6 +177,16 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
         assert len(threads) == 1 and "MainThread" in threads[0], threads
 
 
+def test_capture_with_memory(runtime, tmp_path):
+    od = gpuprof.arm(signal=None, poll_interval_s=0.05)
+    req = od.capture(steps=2, output=tmp_path / "mem", memory=True)
+    res = step_until_done(od, req)
+    assert res["ok"], res
+    loaded = gpuprof.load(next(f for f in res["files"] if f.endswith(".gpuprof")))
+    assert loaded.profile_memory and len(loaded.memory_curve("cpu")) > 0
+    assert "gpuprof memory summary" in open(res["report"]).read()
+
+
 def test_capture_while_capturing_is_refused(runtime, tmp_path):
     od = gpuprof.arm(signal=None, poll_interval_s=0.05)
     od.step()
