@@ -16,6 +16,8 @@ writer thread then writes the files, so the program goes on meanwhile, and only
 then is the process free for the next capture: a request that comes while one
 is recording or writing is refused with a message saying so.
 
+A capture's request, state, answers and files are ``gpuprof._ondemand_capture``'s.
+
 Nothing here runs inside the program's own code except the step count
 (``found += 1`` and one attribute test per step while idle), and nothing here
 raises into it: failures go to the requester's reply and one line on stderr.
@@ -27,7 +29,6 @@ import atexit
 import collections
 import contextlib
 import json
-import math
 import os
 import re
 import select
@@ -37,11 +38,13 @@ import threading
 import time
 
 from . import _gpuprof
+from . import _ondemand_capture as capture_
 from . import _ondemand_proto as proto
+from ._ondemand_capture import CaptureRequest
 
 __all__ = ["OnDemand", "CaptureRequest", "arm", "armed", "disarm", "arm_from_environment"]
 
-DEFAULT_STEPS = 10
+DEFAULT_STEPS = capture_.DEFAULT_STEPS
 _RID = re.compile(r"^[0-9a-f]+-\d+-[0-9a-f]+$")
 _REFRESH_S = 3600.0  # rewrite the state file (tmp cleaners delete files untouched for days)
 
@@ -55,143 +58,6 @@ def _say(line: str) -> None:
         stream = sys.__stderr__ or sys.stderr
         stream.write(f"gpuprof: {line}\n")
         stream.flush()
-
-
-def default_output(pid: int | None = None, when: float | None = None) -> str:
-    """``gpuprof-<host>-<pid>-<YYYYmmdd-HHMMSS>`` in the working directory."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
-    return os.path.abspath(f"gpuprof-{proto.host()}-{pid or os.getpid()}-{stamp}")
-
-
-def _check_capture_args(steps, duration, output, memory) -> None:
-    if steps is not None and duration is not None:
-        raise ValueError("capture(): give steps or duration, not both")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"capture(): steps must be a positive int, got {steps!r}")
-    if duration is not None and (isinstance(duration, bool) or
-                                 not isinstance(duration, (int, float)) or
-                                 not math.isfinite(duration) or duration <= 0):
-        raise ValueError(f"capture(): duration must be a number of seconds > 0, got {duration!r}")
-    if output is not None and not isinstance(output, (str, os.PathLike)):
-        raise TypeError(f"capture(): output must be a folder path, got {output!r}")
-    if not isinstance(memory, bool):
-        raise TypeError(f"capture(): memory must be a bool, got {memory!r}")
-
-
-# -- where answers go ------------------------------------------------------------------------
-class _FolderReply:
-    """Answers written into a requester's reply folder (only while it exists)."""
-
-    def __init__(self, folder: str, wait: bool, shared: bool):
-        self.folder = folder
-        self.wait = wait
-        self.mode = 0o644 if shared else 0o600
-
-    def _write(self, doc: dict, done: bool) -> None:
-        if not os.path.isdir(self.folder):  # the requester has gone
-            return
-        with contextlib.suppress(OSError):
-            proto.write_json(os.path.join(self.folder, proto.reply_name(
-                proto.host(), os.getpid(), done)), doc, self.mode)
-
-    def reply(self, doc: dict) -> None:
-        self._write(doc, False)
-
-    def done(self, doc: dict) -> None:
-        if self.wait:
-            self._write(doc, True)
-
-
-class _InProcessReply:
-    """Answers to :meth:`OnDemand.capture`, called in the armed process itself."""
-
-    def __init__(self):
-        self.replied = threading.Event()
-        self.finished = threading.Event()
-        self.reply_doc: dict | None = None
-        self.done_doc: dict | None = None
-
-    def reply(self, doc: dict) -> None:
-        self.reply_doc = doc
-        self.replied.set()
-
-    def done(self, doc: dict) -> None:
-        self.done_doc = doc
-        self.finished.set()
-
-
-class CaptureRequest:
-    """A capture asked for with :meth:`OnDemand.capture`: ``message`` says what it
-    records; :meth:`wait` blocks until its files are written."""
-
-    def __init__(self, reply: _InProcessReply):
-        self._reply = reply
-        self.message: str = reply.reply_doc["message"]
-        self.output: str = reply.reply_doc["output"]
-
-    @property
-    def done(self) -> bool:
-        """Whether the files are written (or the capture failed): ``wait()`` returns at once."""
-        return self._reply.finished.is_set()
-
-    def wait(self, timeout: float | None = None) -> dict:
-        """The result once the files are written: ``ok``, ``files``, ``report``,
-        ``steps`` (first and last step of the program recorded), ``diagnosis``
-        (text) and ``error``. Call it from a thread other than the one whose
-        steps are recorded (that thread must go on stepping).
-
-        Raises:
-            TimeoutError: not written within ``timeout`` seconds.
-        """
-        if not self._reply.finished.wait(timeout):
-            raise TimeoutError(f"capture not written within {timeout} s: {self.message}")
-        return self._reply.done_doc
-
-
-# -- one capture ----------------------------------------------------------------------------
-class _Capture:
-    """A capture from acceptance to written files. Fields written by the thread that
-    owns the current state (control thread while pending, stepping thread while
-    recording, writer while writing); ``state`` changes under OnDemand._lock."""
-
-    def __init__(self, req: dict, reply, found: int):
-        steps, duration = req.get("steps"), req.get("duration")
-        if steps is None and duration is None:
-            steps = DEFAULT_STEPS
-        _check_capture_args(steps, duration, None, bool(req.get("memory", False)))
-        output = req.get("output")
-        if not isinstance(output, str) or not os.path.isabs(output):
-            raise ValueError(f"the request's output folder must be an absolute path, got "
-                             f"{output!r}")
-        start = req.get("start_step")
-        if start is not None and (isinstance(start, bool) or not isinstance(start, int) or
-                                  start < 0):
-            raise ValueError(f"the request's start_step must be an int >= 0, got {start!r}")
-        self.rid = str(req.get("id"))
-        self.steps: int | None = steps
-        self.duration: float | None = float(duration) if duration is not None else None
-        self.output = output
-        self.memory = bool(req.get("memory", False))
-        self.start_step: int | None = start
-        self.requested_by = req.get("requested_by")
-        self.requested_at = time.time()
-        self.found_at_request = found
-        self.reply = reply
-        self.state = "pending"  # -> starting -> recording -> writing, or cancelled
-        self.prof = None
-        self.thread: int | None = None  # ident of the thread that started and steps it
-        self.first_step: int | None = None
-        self.recorded = 0  # steps closed so far
-        self.t_start = 0.0
-        self.t_stop = 0.0
-        self.deadline: float | None = None
-        self.cut_short: str | None = None
-        self.writer: threading.Thread | None = None
-
-    def what(self) -> str:
-        if self.steps is not None:
-            return f"the next {self.steps} step{'s' if self.steps != 1 else ''}"
-        return f"{self.duration:g} s"
 
 
 # -- the armed process ----------------------------------------------------------------------
@@ -236,7 +102,7 @@ class OnDemand:
         self._trigger_dir = trigger_dir
         self._cuda = cuda
         self._poll_s = float(poll_interval_s)
-        self._work: _Capture | None = None  # the capture pending, recording or writing
+        self._work: capture_.Capture | None = None  # the capture pending, recording or writing
         self._explicit = False  # OnDemand.step() was called: only its steps count
         self._lock = threading.Lock()
         self._closing = False
@@ -422,6 +288,9 @@ class OnDemand:
                     cap.state = "starting"
                 self._start(cap)
             elif cap.state == "recording" and cap.thread == threading.get_ident():
+                if cap.abort:
+                    self._discard(cap)
+                    return
                 cap.recorded += 1
                 cap.prof.step()
                 if (cap.steps is not None and cap.recorded >= cap.steps) or \
@@ -431,7 +300,7 @@ class OnDemand:
             self._failed(cap, f"recording failed: {e}")
 
     # -- recording ------------------------------------------------------------------------------
-    def _prepare(self, cap: _Capture) -> None:
+    def _prepare(self, cap: capture_.Capture) -> None:
         """Make ``cap``'s profile (loading CUPTI the first time) off the stepping thread.
 
         Raises:
@@ -445,7 +314,7 @@ class OnDemand:
                 [ProfilerActivity.CUDA] if self._cuda else [])
         cap.prof = profile(**kwargs)
 
-    def _start(self, cap: _Capture, timed: bool = False) -> None:
+    def _start(self, cap: capture_.Capture, timed: bool = False) -> None:
         """Start ``cap``'s prepared profile on the calling thread (state "starting"):
         at a step boundary, or, ``timed``, on the control thread for a time window."""
         cap.first_step = None if timed else self.found
@@ -475,7 +344,7 @@ class OnDemand:
         if timed:
             self._poke()  # the control thread sleeps until the deadline
 
-    def _stop(self, cap: _Capture, synchronous: bool = False) -> None:
+    def _stop(self, cap: capture_.Capture, synchronous: bool = False) -> None:
         """Stop ``cap``'s profile, then write its files (on a writer thread, or here)."""
         cap.t_stop = time.monotonic()
         try:
@@ -492,7 +361,18 @@ class OnDemand:
                                       name="gpuprof-on-demand-writer")
         cap.writer.start()
 
-    def _failed(self, cap: _Capture, error: str) -> None:
+    def _discard(self, cap: capture_.Capture) -> None:
+        """Stop an aborted capture and keep nothing of it."""
+        prof, cap.prof = cap.prof, None
+        with contextlib.suppress(Exception):
+            prof.stop()
+        with self._lock:
+            if self._work is cap:
+                self._work = None
+            cap.state = "cancelled"
+        cap.reply.done({"ok": False, "error": "aborted by its requester", **self._who()})
+
+    def _failed(self, cap: capture_.Capture, error: str) -> None:
         prof, cap.prof = cap.prof, None
         if prof is not None and prof.running:
             with contextlib.suppress(Exception):
@@ -504,11 +384,11 @@ class OnDemand:
         _say(f"on-demand capture {cap.rid} of pid {self.pid}: {error}")
         cap.reply.done({"ok": False, "error": error, **self._who()})
 
-    def _write(self, cap: _Capture) -> None:
+    def _write(self, cap: capture_.Capture) -> None:
         if threading.current_thread() is cap.writer:
             _gpuprof._ignore_current_thread()
         try:
-            doc = _write_files(self, cap)
+            doc = capture_.write_files(cap, self.pid, self.status()["steps_from"])
         except Exception as e:  # noqa: BLE001 - disk full, permissions: the requester hears it
             doc = {"ok": False, "error": f"writing the files into {cap.output!r} failed: {e}"}
         doc.update(self._who())
@@ -607,9 +487,11 @@ class OnDemand:
         if self._trigger_dir is not None:
             self._serve_shared()
         cap = self._work
-        if cap is not None and cap.state == "recording" and cap.deadline is not None and \
-                cap.thread == threading.get_ident() and time.monotonic() >= cap.deadline:
-            self._stop(cap)  # a time window this thread started
+        if cap is not None and cap.state == "recording" and cap.thread == threading.get_ident():
+            if cap.abort:  # a time window this thread started
+                self._discard(cap)
+            elif cap.deadline is not None and time.monotonic() >= cap.deadline:
+                self._stop(cap)
         if now - self._refreshed > _REFRESH_S:
             self._write_state()
 
@@ -639,7 +521,7 @@ class OnDemand:
             if req is None or not _RID.match(rid):
                 continue
             folder = os.path.join(self._runtime, f"rep.{rid}")
-            self._handle(req, _FolderReply(folder, bool(req.get("wait")), shared=False))
+            self._handle(req, capture_.FolderReply(folder, bool(req.get("wait")), shared=False))
 
     def _serve_shared(self) -> None:
         try:
@@ -659,7 +541,7 @@ class OnDemand:
             if req is None:
                 continue
             folder = os.path.join(self._trigger_dir, f"rep.{rid}")
-            self._handle(req, _FolderReply(folder, bool(req.get("wait")), shared=True))
+            self._handle(req, capture_.FolderReply(folder, bool(req.get("wait")), shared=True))
         self._seen &= present
 
     def _handle(self, req: dict, reply) -> None:
@@ -677,36 +559,40 @@ class OnDemand:
 
     def _handle_capture(self, req: dict, reply) -> None:
         try:
-            cap = _Capture(req, reply, self.found)
+            cap = capture_.Capture(req, reply, self.found)
         except (ValueError, TypeError) as e:
             reply.reply({"ok": False, "state": "refused", "message": f"bad request: {e}",
                          **self._who()})
             return
-        with self._lock:
-            cur = self._work
-            if cur is not None:
-                reply.reply({"ok": False, "state": "busy", "message": self._busy(cur),
-                             **self._who()})
-                return
-            if cap.start_step is not None and self.found >= cap.start_step:
-                reply.reply({"ok": False, "state": "late", "message": (
-                    f"pid {self.pid} is already at step {self.found}, past step "
-                    f"{cap.start_step} where the capture was to start"), **self._who()})
-                return
-            cap.state = "preparing"  # the stepping thread waits for "pending"
-            self._work = cap
-        try:
+        if self._work is not None:  # busy: no need to make a profile for nothing
+            self._refuse_busy(reply)
+            return
+        try:  # before the decision below: no step boundary may pass between it and "pending"
             self._prepare(cap)
         except Exception as e:  # noqa: BLE001 - bad CUDA setup, memory sampler...
-            with self._lock:
-                self._work = None
-                cap.state = "failed"
             reply.reply({"ok": False, "state": "failed", "message": f"pid {self.pid} cannot "
                          f"record: {e}", **self._who()})
             return
-        timed = cap.duration is not None and cap.start_step is None and self.found == 0
+        timed = cap.duration is not None and cap.start_step is None
         with self._lock:
-            cap.state = "starting" if timed else "pending"
+            at = self.found
+            if self._work is not None:
+                verdict = "busy"
+            elif cap.start_step is not None and at >= cap.start_step:
+                verdict = "late"
+            else:
+                verdict = "accepted"
+                timed = timed and at == 0  # no step found yet: a time window, started here
+                cap.state = "starting" if timed else "pending"
+                self._work = cap
+        if verdict == "busy":
+            self._refuse_busy(reply)
+            return
+        if verdict == "late":
+            reply.reply({"ok": False, "state": "late", "message": (
+                f"pid {self.pid} is already at step {at}, past step {cap.start_step} where "
+                "the capture was to start"), **self._who()})
+            return
         if timed:
             self._start(cap, timed=True)
             if cap.state != "recording":
@@ -716,8 +602,16 @@ class OnDemand:
         reply.reply({"ok": True, "state": cap.state, "message": self._accepted(cap, timed),
                      "output": cap.output, **self.status()})
 
+    def _refuse_busy(self, reply) -> None:
+        cur = self._work
+        message = self._busy(cur) if cur is not None else f"pid {self.pid} was busy"
+        reply.reply({"ok": False, "state": "busy", "message": message, **self._who()})
+
     def _handle_cancel(self, req: dict, reply) -> None:
-        """Cancel the capture waiting to start: ``target`` is its request id, or "*"."""
+        """Cancel the capture waiting to start: ``target`` is its request id, or "*".
+        With ``abort`` (``gpuprof capture`` undoing its own same-step request that
+        another rank refused), one that has started is stopped too, at its next step
+        boundary, and nothing of it is written."""
         target = req.get("target")
         with self._lock:
             cap = self._work
@@ -726,6 +620,15 @@ class OnDemand:
             if ok:
                 self._work = None
                 cap.state = "cancelled"
+            aborting = mine and not ok and bool(req.get("abort")) and \
+                cap.state in ("starting", "recording")
+            if aborting:
+                cap.abort = True
+        if aborting:
+            reply.reply({"ok": True, "state": "aborting", "message": f"pid {self.pid}: the "
+                         "capture stops at the next step boundary and writes nothing",
+                         **self._who()})
+            return
         if ok:
             cap.reply.done({"ok": False, "error": "cancelled before it started", **self._who()})
             msg = f"pid {self.pid}: cancelled the capture asked for at " \
@@ -759,6 +662,7 @@ class OnDemand:
         cap = self._work
         return {**self._who(), "found": self.found, "rate": self._rate(),
                 "state": "idle" if cap is None else cap.state,
+                "requested_by": None if cap is None else cap.requested_by,
                 "steps_from": "OnDemand.step() calls" if self._explicit else
                 self.source.describe(), "poll_interval_s": self._poll_s,
                 "signal": None if self._signal_lost else self._signum,
@@ -770,7 +674,7 @@ class OnDemand:
             return f"idle, at step {self.found}"
         return self._busy(cap, hint=False)
 
-    def _busy(self, cap: _Capture, hint: bool = True) -> str:
+    def _busy(self, cap: capture_.Capture, hint: bool = True) -> str:
         by = f" by pid {cap.requested_by}" if cap.requested_by else ""
         when = time.strftime("%H:%M:%S", time.localtime(cap.requested_at))
         if cap.state in ("pending", "preparing"):
@@ -791,7 +695,7 @@ class OnDemand:
         return (f"pid {self.pid} is already capturing (asked for at {when}{by}): {progress}, "
                 f"into {cap.output}{again}")
 
-    def _accepted(self, cap: _Capture, timed: bool) -> str:
+    def _accepted(self, cap: capture_.Capture, timed: bool) -> str:
         if timed:
             return (f"pid {self.pid} records {cap.duration:g} s from now: a time window, as it "
                     f"has found no step boundary since it was armed")
@@ -830,15 +734,16 @@ class OnDemand:
                 is not armed.
             ValueError, TypeError: bad arguments.
         """
-        _check_capture_args(steps, duration, output, memory)
+        capture_.check_capture_args(steps, duration, output, memory)
         if self._closed or not self._installed:
             raise RuntimeError("capture(): this process is not armed (disarmed, or a forked "
                                "child of the armed one)")
-        reply = _InProcessReply()
+        reply = capture_.InProcessReply()
         self._inbox.append(({"op": "capture", "id": proto.new_request_id(), "steps": steps,
                              "duration": duration, "memory": memory, "wait": True,
                              "output": os.path.abspath(os.fspath(output)) if output is not None
-                             else default_output(), "requested_by": self.pid}, reply))
+                             else capture_.default_output(), "requested_by": self.pid},
+                            reply))
         self._poke()
         if not reply.replied.wait(max(10.0, 3 * self._poll_s)):
             raise RuntimeError("capture(): the on-demand thread did not answer within "
@@ -846,65 +751,6 @@ class OnDemand:
         if not reply.reply_doc["ok"]:
             raise RuntimeError(f"capture(): {reply.reply_doc['message']}")
         return CaptureRequest(reply)
-
-
-# -- the files of a capture ----------------------------------------------------------------------
-def _stem(od: OnDemand, cap: _Capture) -> str:
-    base = f"{proto.host()}_{od.pid}_" + (f"step{cap.first_step}" if cap.first_step is not None
-                                          else time.strftime("%H%M%S"))
-    stem, n = os.path.join(cap.output, base), 1
-    while any(os.path.exists(stem + ext) for ext in (".gpuprof", ".txt")):
-        n += 1
-        stem = os.path.join(cap.output, f"{base}-{n}")
-    return stem
-
-
-def _write_files(od: OnDemand, cap: _Capture) -> dict:
-    """Trace, saved profile, stacks and report (table, steps, diagnosis) into cap.output."""
-    prof = cap.prof
-    try:
-        results = prof.results
-        n_steps = len(results.steps())
-    except RuntimeError as e:
-        return {"ok": False, "error": f"nothing was recorded ({e})"}
-    os.makedirs(cap.output, exist_ok=True)
-    stem = _stem(od, cap)
-    files = [stem + ".pt.trace.json.gz", stem + ".gpuprof", stem + ".stacks.txt"]
-    prof.export_chrome_trace(files[0])
-    prof.save(files[1])
-    prof.export_stacks(files[2])
-    seconds = cap.t_stop - cap.t_start
-    if cap.first_step is not None:
-        span = (f"steps {cap.first_step}-{cap.first_step + n_steps - 1} of the program"
-                if n_steps else f"no whole step from step {cap.first_step} of the program")
-        summary = f"{n_steps} step{'s' if n_steps != 1 else ''}, {span}"
-    else:
-        summary = f"a {seconds:.1f} s time window"
-    diagnosis = str(prof.diagnose())
-    sort = "self_cuda_time_total" if results.cuda.get("active") else "self_cpu_time_total"
-    command = " ".join(getattr(sys, "orig_argv", sys.argv))
-    lines = [
-        f"gpuprof on-demand capture of pid {od.pid} on {proto.host()}: {command}",
-        f"asked for at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cap.requested_at))}"
-        + (f" by pid {cap.requested_by}" if cap.requested_by else "")
-        + f"; recorded {summary} ({seconds:.2f} s; steps are counted from arming, step "
-        f"boundaries: {od.status()['steps_from']})",
-    ]
-    if cap.cut_short:
-        lines.append(f"cut short: {cap.cut_short}")
-    lines += ["", str(prof.key_averages().table(sort_by=sort, row_limit=20)), ""]
-    if cap.memory:
-        lines += [str(prof.memory_summary()), ""]
-    lines.append(diagnosis)
-    report = stem + ".txt"
-    with open(report, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    first = cap.first_step
-    return {"ok": True, "files": files + [report], "report": report, "output": cap.output,
-            "summary": summary, "n_steps": n_steps, "cut_short": cap.cut_short,
-            "steps": [first, first + n_steps - 1] if first is not None and n_steps else None,
-            "first_step": first, "seconds": seconds, "diagnosis": diagnosis,
-            "cuda": bool(results.cuda.get("active"))}
 
 
 def _hook_held() -> str | None:

@@ -314,6 +314,13 @@ def _wait_shared(ex: _Exchange, timeout: float, expect: set[str] | None) -> dict
     return ex.answers()
 
 
+def _settled(statuses: list[dict]) -> bool:
+    """Every rank has found a step (a job that has just started has not) and none is
+    still undoing an earlier attempt of this same request (it stops at its next step)."""
+    return all(s.get("found") for s in statuses) and not any(
+        s.get("state") != "idle" and s.get("requested_by") == os.getpid() for s in statuses)
+
+
 def _start_step(statuses: list[dict], latency_s: float) -> int:
     """The step every rank starts at: past where the furthest rank can be, at the
     fastest rate any rank has stepped at lately, once ``latency_s`` has passed (the
@@ -385,20 +392,21 @@ class Capture:
             finally:
                 ex.close()
             statuses = [replies[t.pid] for t in targets]
-            # a job that has just started: wait (within --timeout) for every rank's first step
-            if all(s.get("found") for s in statuses) or time.monotonic() > deadline:
+            if _settled(statuses) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         polled = max((t.poll_s for t in targets if t.signal() is None), default=0.0)
-        return self._agree(statuses, factor * (max(0.5, 3 * rtt) + polled))
+        return self._agree(statuses, factor * (max(1.0, 3 * rtt) + polled))
 
-    def _cancel_local(self, docs: list[dict]) -> None:
+    def _cancel_local(self, docs: list[dict], abort: bool = True) -> None:
+        """Undo this request where it was accepted: cancelled, or, with ``abort``, where
+        it has started already, stopped at the next step boundary with nothing written."""
         by_pid = {t.pid: t for t in self.targets}
         ex = _Exchange(self.targets[0].runtime, shared=False)
         try:
             targets = [by_pid[d["pid"]] for d in docs if d.get("pid") in by_pid]
             for t in targets:
-                ex.send_local(t, {"op": "cancel", "target": self._ex.rid})
+                ex.send_local(t, {"op": "cancel", "target": self._ex.rid, "abort": abort})
             with contextlib.suppress(CaptureError):
                 _wait_local(ex, targets, self.timeout)
         finally:
@@ -426,8 +434,7 @@ class Capture:
                 rtt = time.monotonic() - t0
             finally:
                 ex.close()
-            if not got or all(s.get("found") for s in got.values()) or \
-                    time.monotonic() > deadline:
+            if not got or _settled(list(got.values())) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         if not got:
@@ -456,10 +463,10 @@ class Capture:
         self._judge(list(replies.values()),
                     cancel=lambda docs: self._cancel_shared(trigger_dir, docs))
 
-    def _cancel_shared(self, trigger_dir: str, docs: list[dict]) -> None:
+    def _cancel_shared(self, trigger_dir: str, docs: list[dict], abort: bool = True) -> None:
         ex = _Exchange(trigger_dir, shared=True)
         try:
-            ex.send_shared({"op": "cancel", "target": self._ex.rid})
+            ex.send_shared({"op": "cancel", "target": self._ex.rid, "abort": abort})
             _wait_shared(ex, self.timeout, {f"{d['host']}_{d['pid']}" for d in docs})
         finally:
             ex.close()
@@ -534,11 +541,11 @@ class Capture:
         pending = [r for k, r in want.items() if k not in got]
         if not pending:
             return
-        with contextlib.suppress(CaptureError, OSError):
+        with contextlib.suppress(CaptureError, OSError):  # one that has started goes on
             if self._shared:
-                self._cancel_shared(self._ex.base, pending)
+                self._cancel_shared(self._ex.base, pending, abort=False)
             else:
-                self._cancel_local(pending)
+                self._cancel_local(pending, abort=False)
 
     def close(self) -> None:
         if self._ex is not None:

@@ -681,8 +681,8 @@ def _run_on_demand(args) -> int:
 
 
 def cmd_capture(args) -> int:
-    from . import _ondemand
     from . import _ondemand_client as client
+    from ._ondemand_capture import default_output
 
     if args.list:
         if args.pids or args.trigger_dir or args.all_ranks or args.cancel:
@@ -715,7 +715,7 @@ def cmd_capture(args) -> int:
         output = args.output or os.path.join(os.path.abspath(args.trigger_dir),
                                              time.strftime("capture-%Y%m%d-%H%M%S"))
     else:
-        output = args.output or _ondemand.default_output(args.pids[0])
+        output = args.output or default_output(args.pids[0])
     _check_output_dir(output)
     cap = client.Capture(steps=args.steps, duration=args.duration, output=output,
                          memory=args.memory, wait=args.wait, timeout=args.timeout)
@@ -767,6 +767,11 @@ def _report_captures(done: list[dict], output: str) -> int:
             line += f" ({d['cut_short']})"
         print(line)
         print(d["diagnosis"])
+    firsts = {d.get("first_step") for d in done if d.get("ok")}
+    if several and len(firsts) > 1:
+        print("gpuprof: note: the processes did not all start at the same step ("
+              + ", ".join(f"pid {d['pid']}: step {d.get('first_step')}" for d in done
+                          if d.get("ok")) + ")", file=sys.stderr)
     if several and rc == 0:
         print(f"gpuprof: merge the ranks into one timeline: python -m gpuprof merge "
               f"{output}-merged.json.gz {output}", file=sys.stderr)

@@ -215,6 +215,32 @@ def test_a_capture_waiting_to_start_refuses_others(runtime, tmp_path):
     assert not (tmp_path / "two").exists()
 
 
+def test_a_started_capture_is_stopped_only_by_an_abort_and_writes_nothing(runtime, tmp_path):
+    """capture --all-ranks undoes its own request when another rank refused it (abort);
+    a plain cancel leaves a started capture alone."""
+    from gpuprof._ondemand_capture import InProcessReply
+
+    od = gpuprof.arm(signal=None, poll_interval_s=0.05)
+    od.step()
+    req = od.capture(steps=5, output=tmp_path / "x")
+    work()
+    od.step()  # recording
+    rid = od._work.rid
+    plain, abort = InProcessReply(), InProcessReply()
+    od._handle({"op": "cancel", "target": rid}, plain)
+    assert not plain.reply_doc["ok"] and "it has started and ends by itself" in \
+        plain.reply_doc["message"]
+    od._handle({"op": "cancel", "target": rid, "abort": True}, abort)
+    assert abort.reply_doc["ok"] and abort.reply_doc["state"] == "aborting"
+    assert od.status()["state"] == "recording"
+    work()
+    od.step()  # the next boundary: stopped, nothing kept
+    res = req.wait(0)
+    assert not res["ok"] and res["error"] == "aborted by its requester"
+    assert od.status()["state"] == "idle" and sys.getprofile() is None
+    assert not (tmp_path / "x").exists()
+
+
 def test_duration_without_steps_is_a_time_window(runtime, tmp_path):
     od = gpuprof.arm(signal=None, poll_interval_s=0.05)
     req = od.capture(duration=0.3, output=tmp_path / "win")
