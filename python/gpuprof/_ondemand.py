@@ -181,6 +181,7 @@ class OnDemand:
                 self._seen = {n[4:-5] for n in os.listdir(self._trigger_dir)
                               if n.startswith("req.") and n.endswith(".json")}
         self._write_state()
+        self._samples.append((time.monotonic(), self.found))  # the step rate's first point
         self._thread = threading.Thread(target=self._loop, name="gpuprof-on-demand", daemon=True)
         self._thread.start()
         self._installed = True
@@ -567,6 +568,9 @@ class OnDemand:
         if self._work is not None:  # busy: no need to make a profile for nothing
             self._refuse_busy(reply)
             return
+        # making the profile can take seconds (CUPTI is loaded the first time): say that
+        # the request has arrived, so that the requester waits for the decision
+        reply.reply({"ok": True, "state": "received", "message": "received", **self._who()})
         try:  # before the decision below: no step boundary may pass between it and "pending"
             self._prepare(cap)
         except Exception as e:  # noqa: BLE001 - bad CUDA setup, memory sampler...
@@ -650,12 +654,16 @@ class OnDemand:
 
     def _rate(self) -> float | None:
         """The fastest step rate (steps per second) over half-second stretches of the last
-        few seconds: an upper bound for how far the program gets while a request travels
-        (None until half a second of samples exists)."""
+        few seconds: an upper bound for how far the program gets while a request travels.
+        Just after arming, over the shorter stretch there is (None before 50 ms)."""
         points = list(self._samples) + [(time.monotonic(), self.found)]
-        rates = [(f1 - f0) / (t1 - t0) for (t0, f0), (t1, f1) in zip(points, points[1:])
-                 if t1 - t0 >= 0.5]
-        return max(rates) if rates else None
+        pairs = list(zip(points, points[1:]))
+        for shortest in (0.5, 0.05):
+            rates = [(f1 - f0) / (t1 - t0) for (t0, f0), (t1, f1) in pairs
+                     if t1 - t0 >= shortest]
+            if rates:
+                return max(rates)
+        return None
 
     def status(self) -> dict:
         """State, steps found, step rate and where steps come from, as plain data."""

@@ -85,6 +85,8 @@ class InProcessReply:
         self.done_doc: dict | None = None
 
     def reply(self, doc: dict) -> None:
+        if doc.get("state") == "received":  # the decision follows
+            return
         self.reply_doc = doc
         self.replied.set()
 
@@ -210,6 +212,10 @@ def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
         summary = f"{n_steps} step{'s' if n_steps != 1 else ''}, {span}"
     else:
         summary = f"a {seconds:.1f} s time window"
+    dropped = results.dropped_events
+    if dropped:  # the table's footer says it too; the requester hears it here
+        summary += (f"; {dropped:,} events dropped: the event buffer was full, ask for fewer "
+                    "steps")
     diagnosis = str(prof.diagnose())
     sort = "self_cuda_time_total" if results.cuda.get("active") else "self_cpu_time_total"
     command = " ".join(getattr(sys, "orig_argv", sys.argv))
@@ -234,4 +240,5 @@ def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
             "summary": summary, "n_steps": n_steps, "cut_short": cap.cut_short,
             "steps": [first, first + n_steps - 1] if first is not None and n_steps else None,
             "first_step": first, "seconds": seconds, "diagnosis": diagnosis,
+            "dropped_events": dropped,
             "cuda": bool(results.cuda.get("active"))}

@@ -27,6 +27,7 @@ __all__ = ["CaptureError", "Target", "find_target", "job_targets", "list_targets
            "cancel"]
 
 POLL_S = 0.02  # how often the requester looks for answers
+PREPARE_S = 60.0  # how long a process that has received a capture request may take to decide
 
 
 class CaptureError(Exception):
@@ -255,49 +256,73 @@ class _Exchange:
 
 
 def _wait_local(ex: _Exchange, targets: list[Target], timeout: float) -> dict[int, dict]:
-    """Replies of ``targets`` by pid; CaptureError(1) naming those that gave none."""
+    """The answers of ``targets``, by pid; CaptureError(1) naming those that gave none.
+
+    A process answers "received" at once and decides after (a capture's first profile
+    loads CUPTI, seconds on a busy machine): one that has received the request gets
+    PREPARE_S more to decide. At the deadline the requests nobody has read are
+    withdrawn, so that those processes never see them.
+    """
     limit = timeout + max((t.poll_s for t in targets if t.signal() is None), default=0.0)
     deadline = time.monotonic() + limit
     want = {t.reply_file[:-len(".reply.json")]: t for t in targets}
+    taken: list[str] = []
+    withdrawn = False
     while True:
         got = ex.answers()
-        if all(k in got for k in want):
-            return {want[k].pid: got[k] for k in want}
-        if time.monotonic() > deadline:
-            break
+        final = {k: d for k, d in got.items() if k in want and d.get("state") != "received"}
+        if len(final) == len(want):
+            return {want[k].pid: final[k] for k in want}
+        now = time.monotonic()
+        if now > deadline:
+            if withdrawn:
+                break
+            withdrawn = True
+            taken = ex.withdraw()  # read meanwhile: those answer "received" right after
+            waiting = any(k in got for k in want if k not in final)
+            deadline = now + (PREPARE_S if waiting else 2.0 if taken else 0.0)
+            continue
         time.sleep(POLL_S)
-    taken = set(ex.withdraw())
-    if taken:  # read, not yet answered: it answers right after reading
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            got = ex.answers()
-            if all(k in got for k in want):
-                return {want[k].pid: got[k] for k in want}
-            time.sleep(POLL_S)
-    silent = [t for k, t in want.items() if k not in ex.answers()]
+    got = ex.answers()
+    silent = [t for k, t in want.items() if k not in final]
     gone = [t for t in silent if not t.alive()]
-    names = ", ".join(t.name for t in silent)
     if gone:
         raise CaptureError(f"{', '.join(t.name for t in gone)} exited before answering", code=1)
+    names = ", ".join(t.name for t in silent)
+    if any(k in got or want[k].pid in {_pid_of(p) for p in taken} for k in want
+           if k not in final):
+        raise CaptureError(f"{names} received the request but did not decide within "
+                           f"{limit + PREPARE_S:g} s; it may still start the capture, which "
+                           f"`python -m gpuprof capture PID --cancel` cancels until it starts",
+                           code=1)
     raise CaptureError(f"no answer from {names} within {limit:g} s; the request was withdrawn and "
                        "nothing will be captured. The program may be stuck in native code with "
                        "its main thread (which runs signal handlers) busy; try again with a "
                        "larger --timeout", code=1)
 
 
+def _pid_of(request_path: str) -> int | None:
+    head = os.path.basename(request_path).split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
 def _wait_shared(ex: _Exchange, timeout: float, expect: set[str] | None) -> dict[str, dict]:
-    """Replies from the trigger folder: those in ``expect``, or, when None, every
-    watcher that answers (all ranks of the job once world size is known, else those that
-    answer within two poll intervals of the first)."""
+    """Decisions from the trigger folder: those of ``expect``, or, when None, of every
+    watcher that answers (all ranks of the job once the world size is known, else those
+    that answer within two poll intervals of the first). A watcher that has answered
+    "received" gets PREPARE_S more to decide."""
     deadline = time.monotonic() + timeout
     first_at = None
+    extended = False
     while True:
-        got = ex.answers()
+        answers = ex.answers()
+        got = {k: d for k, d in answers.items() if d.get("state") != "received"}
+        pending = set(answers) - set(got)
         now = time.monotonic()
         if expect is not None:
             if expect <= set(got):
                 break
-        elif got:
+        elif got and not pending:
             if first_at is None:
                 first_at = now
             worlds = {d.get("world_size") for d in got.values()}
@@ -308,10 +333,14 @@ def _wait_shared(ex: _Exchange, timeout: float, expect: set[str] | None) -> dict
             if world is None and now > first_at + 2 * poll + 1.0:
                 break
         if now > deadline:
-            break
+            if pending and not extended:
+                extended = True
+                deadline = now + PREPARE_S
+            else:
+                break
         time.sleep(POLL_S)
     ex.withdraw()
-    return ex.answers()
+    return {k: d for k, d in ex.answers().items() if d.get("state") != "received"}
 
 
 def _settled(statuses: list[dict]) -> bool:
@@ -321,12 +350,13 @@ def _settled(statuses: list[dict]) -> bool:
         s.get("state") != "idle" and s.get("requested_by") == os.getpid() for s in statuses)
 
 
-def _start_step(statuses: list[dict], latency_s: float) -> int:
+def _start_step(statuses: list[dict], latency_s: float, factor: float) -> int:
     """The step every rank starts at: past where the furthest rank can be, at the
     fastest rate any rank has stepped at lately, once ``latency_s`` has passed (the
-    time for the request to reach them all)."""
+    time for the request to reach them all); at least 2 * ``factor`` steps ahead."""
     rate = max([float(s.get("rate") or 0.0) for s in statuses] + [0.0])
-    return max(s["found"] for s in statuses) + max(2, math.ceil(rate * latency_s)) + 1
+    ahead = max(math.ceil(2 * factor), math.ceil(rate * latency_s))
+    return max(s["found"] for s in statuses) + ahead + 1
 
 
 class Capture:
@@ -396,7 +426,7 @@ class Capture:
                 break
             time.sleep(0.2)
         polled = max((t.poll_s for t in targets if t.signal() is None), default=0.0)
-        return self._agree(statuses, factor * (max(1.0, 3 * rtt) + polled))
+        return self._agree(statuses, factor * (max(1.0, 3 * rtt) + polled), factor)
 
     def _cancel_local(self, docs: list[dict], abort: bool = True) -> None:
         """Undo this request where it was accepted: cancelled, or, with ``abort``, where
@@ -448,7 +478,7 @@ class Capture:
                               "the others are not armed with this --trigger-dir, or did not "
                               f"answer within {self.timeout:g} s")
         poll = max(float(s.get("poll_interval_s") or 1.0) for s in statuses)
-        start_step = self._agree(statuses, factor * (max(1.0, 2 * rtt) + 2 * poll))
+        start_step = self._agree(statuses, factor * (max(1.0, 2 * rtt) + 2 * poll), factor)
         ex = self._ex = _Exchange(trigger_dir, shared=True)
         ex.send_shared({**self.req, "start_step": start_step})
         try:
@@ -472,7 +502,7 @@ class Capture:
             ex.close()
 
     # -- common -----------------------------------------------------------------------------------
-    def _agree(self, statuses: list[dict], latency_s: float) -> int:
+    def _agree(self, statuses: list[dict], latency_s: float, factor: float) -> int:
         for s in statuses:
             if s.get("state") != "idle":
                 raise CaptureError(f"{s['message']} (on {s['host']})", code=1)
@@ -487,7 +517,7 @@ class Capture:
             self.notes.append(f"the ranks are at steps {min(found)} to {max(found)}: steps are "
                               "counted from arming, so ranks armed at different times start "
                               "at one step number that is not one step of training")
-        return _start_step(statuses, latency_s)
+        return _start_step(statuses, latency_s, factor)
 
     def _judge(self, replies: list[dict], cancel) -> None:
         refused = [r for r in replies if not r.get("ok")]

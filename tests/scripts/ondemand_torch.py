@@ -53,6 +53,10 @@ def main():
         steps += 1
     print(f"rank {rank}: stopped after {steps} steps", flush=True)
     if ddp:
+        # every rank done with its collectives first: gloo can abort a process that
+        # leaves while another still talks to it ("terminate called without an
+        # active exception", PyTorch 2.13)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
