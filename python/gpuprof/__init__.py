@@ -18,6 +18,8 @@ import runpy as _runpy
 
 from . import _gpuprof, _nvtx  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
 from ._cuda import cuda_status as _cuda_status
+from ._ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
+from ._ondemand import arm_from_environment as _arm_from_environment
 from ._results import Results
 from .compare import compare
 from .distributed import merge
@@ -44,8 +46,10 @@ __all__ = [
     "ProfilerActivity",
     "Results",
     "Schedule",
+    "arm",
     "compare",
     "cuda_status",
+    "disarm",
     "load",
     "merge",
     "profile",
@@ -77,3 +81,6 @@ _os.register_at_fork(after_in_child=_after_fork_in_child)
 _here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
 _gpuprof._set_hidden_prefix((_here, _runpy.run_path.__code__.co_filename),
                             _here + "workloads" + _os.sep)
+
+# GPUPROF_ON_DEMAND=1: arm this process for `python -m gpuprof capture PID` (docs/on-demand.md).
+_arm_from_environment()

@@ -267,6 +267,8 @@ class StepFunction:
         fn = raw.__func__ if rewrap else getattr(owner, name)
         if getattr(fn, "_gpuprof_step_of", None) is self:
             return
+        while getattr(fn, "_gpuprof_step_of", None) is not None:  # an earlier arm()'s wrapper
+            fn = fn.__wrapped__
         self._missing = None
         if not callable(fn):
             self._not_callable = type(fn).__name__

@@ -429,7 +429,7 @@ def test_bare_command_prints_usage():
     r = gpuprof()
     assert r.returncode == 2
     assert r.stdout.startswith("usage: python -m gpuprof")
-    for cmd in ("demo", "run", "report", "compare", "merge"):
+    for cmd in ("demo", "run", "report", "compare", "merge", "capture"):
         assert f"    {cmd} " in r.stdout
 
 
@@ -438,7 +438,7 @@ def test_every_option_has_help_with_its_default():
 
     parser = _parser()
     subs = parser._subparsers._group_actions[0].choices
-    assert set(subs) == {"demo", "run", "report", "compare", "merge"}
+    assert set(subs) == {"demo", "run", "report", "compare", "merge", "capture"}
     for name, sub in subs.items():
         for action in sub._actions:
             if action.option_strings == ["-h", "--help"]:
