@@ -68,7 +68,7 @@ def test_forward_backward_attribution():
     assert bwd["cuda_self_ns"][0] > 0
     assert ev["blocked_thread"].any()
     assert prof.results.attributed_gpu_fraction > 0.99
-    steps = prof.steps()[:-1]  # the last step runs from the last prof.step() to stop
+    steps = prof.steps()  # what runs after the last prof.step() is no step (docs/api.md)
     assert len(steps) == 5 and (steps["gpu_busy_ns"] > 0).all()
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
 
