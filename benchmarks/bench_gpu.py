@@ -217,7 +217,8 @@ def measure(wl, mode, steps, want_table, floor_lib):
         if mode != "gpuprof_cpu":
             acts.append(gpuprof.ProfilerActivity.CUDA)
         # gpuprof_wait: a schedule still waiting for its first window (every step WAIT)
-        sched = gpuprof.schedule(wait=10 * steps, warmup=0, active=1) if mode == "gpuprof_wait" else None
+        sched = (gpuprof.schedule(wait=10 * steps, warmup=0, active=1)
+                 if mode == "gpuprof_wait" else None)
         prof = gpuprof.profile(activities=acts, profile_memory=(mode == "gpuprof_mem"),
                                max_events=50_000_000, schedule=sched)
         prof.start()
