@@ -28,11 +28,43 @@ API_LAUNCH, API_GRAPH, API_MEMCPY, API_MEMCPY_SYNC, API_MEMSET, API_SYNC, API_AL
     1, 2, 3, 4, 5, 6, 7, 8)
 OPF_GENERATOR = 2
 
-_FP32_GEMM = re.compile(r"(sgemm|gemm.*(f32|fp32|tf32)|(f32|fp32).*gemm|conv.*(f32|fp32)|"
-                        r"implicit_convolve_sgemm|s\d{3,4}gemm|ampere_sgemm|sm\d+_xmma_gemm_f32)",
-                        re.I)
-_GEMM = re.compile(r"(gemm|conv|xmma|cutlass|cublas|matmul|mma)", re.I)
-_HALF = re.compile(r"(bf16|f16|fp16|h16|hmma|half|e4m3|e5m2)", re.I)
+# Matrix kernels (GEMM, convolution, attention) and their precision, from the kernel's
+# name: cuBLAS/cuBLASLt (sgemm, s1688tf32gemm, h16816gemm, sm90_xmma_gemm_bf16bf16...,
+# nvjet_<types>...), cuDNN (scudnn, implicit_convolve_sgemm, xmma_fprop/dgrad/wgrad
+# implicit GEMM, winograd), CUTLASS template arguments (cutlass::half_t, bfloat16_t,
+# float_e4m3_t), FlashAttention and PyTorch's memory-efficient attention (fmha_cutlassF_f32).
+_MATRIX_FAMILIES = (
+    ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
+    ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|winograd|scudnn|implicit_gemm", re.I)),
+    ("gemm", re.compile(r"gemm|gemv|matmul|cublas|cutlass|xmma|nvjet|mma|triton_tem_fused_.*mm",
+                        re.I)),
+)
+# Checked in this order: the first that matches names the precision (a BF16 GEMM that
+# accumulates in FP32, "bf16bf16_bf16f32", is BF16; "tf32f32" is TF32). cuBLASLt's
+# nvjet kernels start their type letters with the input's: t (BF16: what bf16 autocast
+# runs on an H200), h (FP16), s (FP32), e or q (FP8).
+_NVJET = r"nvjet_(?:sm\d+_)?"
+_PRECISIONS = (
+    ("fp8", re.compile(rf"e4m3|e5m2|fp8|f8f8|{_NVJET}[qe]", re.I)),
+    ("bf16", re.compile(rf"bf16|bfloat16|{_NVJET}t", re.I)),
+    ("fp16", re.compile(rf"fp16|(?<!b)f16|half|hmma|h\d{{3,5}}gemm|{_NVJET}h|_hgemm", re.I)),
+    ("tf32", re.compile(r"tf32", re.I)),
+    ("fp32", re.compile(rf"sgemm|scudnn|f32|fp32|simt|{_NVJET}s|<float\b|\bfloat[,>]", re.I)),
+)
+PRECISIONS = tuple(p for p, _ in _PRECISIONS) + ("unknown",)
+# What bf16 autocast could save of each precision's matrix time: FP32 runs on CUDA cores
+# (tensor cores are 8-16x faster, but data movement stays), TF32 tensor cores at half
+# the BF16 rate.
+_AMP_SAVES = {"fp32": 0.75, "tf32": 0.5}
+
+
+def matrix_kernel_class(name: str) -> tuple[str | None, str]:
+    """``(family, precision)`` of a kernel from its name: family "gemm", "convolution",
+    "attention" or None (not a matrix kernel); precision one of :data:`PRECISIONS`
+    ("unknown" where the name does not say, as for most Triton kernels)."""
+    family = next((f for f, rx in _MATRIX_FAMILIES if rx.search(name)), None)
+    precision = next((p for p, rx in _PRECISIONS if rx.search(name)), "unknown")
+    return family, precision
 
 
 @dataclasses.dataclass
@@ -481,24 +513,44 @@ def _mixed_precision(v: _View):
         return []
     compute = k[k["category"] == "compute"]
     total_gpu = int(k["total_ns"].sum())
-    gemm = np.array([bool(_GEMM.search(str(n))) for n in compute["name"]], dtype=bool)
-    if not gemm.any():
-        return []
-    fp32 = np.array([bool(_FP32_GEMM.search(str(n))) and not _HALF.search(str(n))
-                     for n in compute["name"]], dtype=bool) & gemm
-    fp32_ns = int(compute["total_ns"][fp32].sum())
-    share = fp32_ns / max(total_gpu, 1)
+    by_precision = dict.fromkeys(PRECISIONS, 0)
+    by_family: dict[str, int] = {}
+    slow_rows = []
+    for row in compute:
+        family, precision = matrix_kernel_class(str(row["name"]))
+        if family is None:
+            continue
+        ns = int(row["total_ns"])
+        by_precision[precision] += ns
+        by_family[family] = by_family.get(family, 0) + ns
+        if precision in _AMP_SAVES:
+            slow_rows.append(row)
+    slow_ns = by_precision["fp32"] + by_precision["tf32"]
+    share = slow_ns / max(total_gpu, 1)
     if share < 0.25:
         return []
+    saved = sum(by_precision[p] * f for p, f in _AMP_SAVES.items()) / max(total_gpu, 1)
     busy_share = float(v.steps["gpu_busy_ns"].sum()) / max(v.step_ns, 1) if len(v.steps) else 1
-    top = compute[fp32][np.argmax(compute["total_ns"][fp32])]
+    top = max(slow_rows, key=lambda r: int(r["total_ns"]))
+    parts = [f"{p.upper()} {100 * by_precision[p] / total_gpu:.0f}%"
+             for p in PRECISIONS if by_precision[p]]
+    families = ", ".join(f"{f} {100 * ns / total_gpu:.0f}%" for f, ns in
+                         sorted(by_family.items(), key=lambda kv: -kv[1]))
+    fp32_first = by_precision["fp32"] >= by_precision["tf32"]
+    fix = ("Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around "
+           "the forward pass (BF16 runs matrix kernels several times faster than FP32)")
+    fix += (", or at least TF32: torch.set_float32_matmul_precision('high') and "
+            "torch.backends.cudnn.allow_tf32 = True." if fp32_first else
+            "; TF32 tensor cores run at half the BF16 rate.")
     return [Finding(
-        "no_mixed_precision", share * busy_share * 0.5,
-        f"FP32 matrix kernels take {100 * share:.0f}% of GPU time (e.g. {str(top['name'])[:60]})",
-        {"fp32_gemm_ns": fp32_ns, "gpu_time_ns": total_gpu, "fp32_gemm_share": share},
-        "",
-        "Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the "
-        "forward pass, or torch.set_float32_matmul_precision('high') for TF32.")]
+        "no_mixed_precision", saved * busy_share,
+        f"FP32/TF32 matrix kernels take {100 * share:.0f}% of GPU time ({', '.join(parts)} of "
+        f"GPU time by precision; {families} by kind; e.g. {str(top['name'])[:60]})",
+        {"matrix_ns": sum(by_family.values()), "gpu_time_ns": total_gpu,
+         **{f"{p}_ns": by_precision[p] for p in PRECISIONS},
+         **{f"{f}_ns": ns for f, ns in by_family.items()},
+         "fp32_tf32_share": share, "amp_saving_share": saved},
+        "", fix)]
 
 
 def _communication(v: _View):

@@ -14,6 +14,7 @@ import time
 import gpuprof
 import pytest
 from gpuprof import _gpuprof
+from gpuprof import diagnose as diagnose_mod
 from gpuprof._accessors import ResultAccessors
 from gpuprof._results import Results
 from gpuprof.diagnose import Diagnosis, data_wait_per_step, diagnose, step_breakdown
@@ -452,27 +453,67 @@ def matmul_profile(gemm_name):
     return tl.steps(body).results()
 
 
-@pytest.mark.parametrize("gemm_name", [FP32_GEMM, "volta_sgemm_128x64_tn",
-                                       "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128"])
-def test_no_mixed_precision_found_for_fp32_gemms(gemm_name):
+@pytest.mark.parametrize("gemm_name, family, precision", [
+    (FP32_GEMM, "gemm", "fp32"),
+    ("volta_sgemm_128x64_tn", "gemm", "fp32"),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128", "gemm", "fp32"),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>", "gemm", "fp32"),
+    ("cutlass_80_tensorop_s1688tf32gemm_256x128_16x3_nn_align4", "gemm", "tf32"),
+    ("nvjet_sm90_sss_128x64_64x8_2x1_v_bz_coopA_NTN", "gemm", "fp32"),
+    # cuDNN convolutions of a ResNet in FP32 / TF32: forward, data and weight gradients
+    ("sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32",
+     "convolution", "tf32"),
+    ("sm80_xmma_dgrad_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw", "convolution", "fp32"),
+    ("sm80_xmma_wgrad_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc", "convolution", "tf32"),
+    ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false>",
+     "convolution", "fp32"),
+    ("ampere_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "convolution", "fp32"),
+    ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(params)",
+     "convolution", "fp32"),
+    # attention: PyTorch's memory-efficient kernel in FP32
+    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", "attention", "fp32"),
+])
+def test_no_mixed_precision_found_for_fp32_and_tf32_matrix_kernels(gemm_name, family, precision):
+    assert diagnose_mod.matrix_kernel_class(gemm_name) == (family, precision)
     f = found(matmul_profile(gemm_name), "no_mixed_precision")
     assert f is not None
     share, busy = 60 / 80, 80 * US / STEP
-    assert f.severity == pytest.approx(share * busy * 0.5)
-    assert f.evidence == {"fp32_gemm_ns": N_STEPS * 60 * US, "gpu_time_ns": N_STEPS * 80 * US,
-                          "fp32_gemm_share": pytest.approx(share)}
+    saves = {"fp32": 0.75, "tf32": 0.5}[precision]
+    assert f.severity == pytest.approx(share * saves * busy)
+    ev = f.evidence
+    assert ev[f"{precision}_ns"] == N_STEPS * 60 * US and ev[f"{family}_ns"] == N_STEPS * 60 * US
+    assert ev["matrix_ns"] == N_STEPS * 60 * US and ev["gpu_time_ns"] == N_STEPS * 80 * US
+    assert ev["fp32_tf32_share"] == pytest.approx(share)
+    assert ev["amp_saving_share"] == pytest.approx(share * saves)
+    assert sum(ev[f"{p}_ns"] for p in diagnose_mod.PRECISIONS) == ev["matrix_ns"]
     assert gemm_name[:60] in f.title
+    assert f"{precision.upper()} 75%" in f.title and f"{family} 75%" in f.title
     assert "autocast" in f.fix
+    assert ("set_float32_matmul_precision" in f.fix) == (precision == "fp32")
 
 
-@pytest.mark.parametrize("gemm_name", [
-    "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn",
-    "ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn",
-    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
-    "volta_h884gemm_64x128_ldg8_nn",
-    "_Z13vectorized_addv",  # FP32, but not a matrix kernel
+@pytest.mark.parametrize("gemm_name, family, precision", [
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn", "gemm", "bf16"),
+    ("ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn", "gemm", "fp16"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm", "bf16"),
+    ("volta_h884gemm_64x128_ldg8_nn", "gemm", "fp16"),
+    ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNN", "gemm", "fp16"),
+    # what bf16 autocast ran on the H200 in examples/fast_training.py (docs/diagnosis.md)
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "gemm", "bf16"),
+    ("sm90_xmma_gemm_e4m3e4m3_bf16f32_f32_tn_n_tilesize128x128x128", "gemm", "fp8"),
+    ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "convolution", "bf16"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
+     "false, cutlass::bfloat16_t>, false, true>(pytorch_flash::Flash_fwd_params)",
+     "attention", "bf16"),
+    ("fmha_cutlassB_f16_aligned_64x64_k64_sm80", "attention", "fp16"),
+    ("triton_tem_fused_mm_0", "gemm", "unknown"),  # a Triton matmul: its name says no type
+    ("_Z13vectorized_addv", None, "unknown"),  # not a matrix kernel
+    ("void cudnn::bn_fw_tr_1C11_singleread<float, 512, true, 1, 2, 0>(params)", None, "fp32"),
+    ("void at::native::elementwise_kernel<128, 2, float>(int, float)", None, "fp32"),
 ])
-def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(gemm_name):
+def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(gemm_name, family,
+                                                                         precision):
+    assert diagnose_mod.matrix_kernel_class(gemm_name) == (family, precision)
     assert found(matmul_profile(gemm_name), "no_mixed_precision") is None
 
 

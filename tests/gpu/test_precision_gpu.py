@@ -1,0 +1,72 @@
+"""The precision finding on a convolution network: FP32/TF32 cuDNN kernels are found by
+name (forward, data and weight gradients), bf16 autocast makes the finding go."""
+
+import gpuprof
+import pytest
+from gpuprof import diagnose as diagnose_mod
+
+pytestmark = pytest.mark.gpu
+CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+
+
+def _profile_convnet(amp: bool):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 128, 3, padding=1, stride=2), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.BatchNorm2d(256), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(128, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (128,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with gpuprof.profile(activities=CUDA) as prof:
+        for _ in range(5):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    return prof
+
+
+def _classes(prof):
+    k = prof.kernels()
+    rows = [(diagnose_mod.matrix_kernel_class(str(r["name"])), int(r["total_ns"]), str(r["name"]))
+            for r in k]
+    for (family, precision), ns, name in sorted(rows, key=lambda r: -r[1])[:15]:
+        print(f"{ns / 1e3:10.1f} us  {family or '-':12s} {precision:8s} {name[:110]}")
+    return rows
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16_autocast"])
+def test_convolutions_and_their_precision(amp):
+    prof = _profile_convnet(amp)
+    rows = _classes(prof)
+    conv_ns = sum(ns for (family, _), ns, _ in rows if family == "convolution")
+    matrix = [(p, ns) for (family, p), ns, _ in rows if family is not None]
+    matrix_ns = sum(ns for _, ns in matrix)
+    assert conv_ns > 0.5 * matrix_ns, "cuDNN's convolution kernels were not recognized"
+    known = sum(ns for p, ns in matrix if p != "unknown")
+    assert known > 0.9 * matrix_ns, "most matrix time has no precision in its kernel names"
+    finding = next((f for f in prof.diagnose() if f.kind == "no_mixed_precision"), None)
+    print(prof.diagnose())
+    if amp:
+        assert finding is None
+        assert sum(ns for p, ns in matrix if p in ("bf16", "fp16")) > 0.5 * matrix_ns
+    else:
+        assert finding is not None
+        assert finding.evidence["convolution_ns"] > 0.5 * finding.evidence["matrix_ns"]
+        assert finding.evidence["fp32_tf32_share"] >= 0.25
