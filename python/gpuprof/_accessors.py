@@ -149,9 +149,12 @@ class ResultAccessors:
             device: "cuda:N" (or "cuda" for "cuda:0") for device memory: fields
                 timestamp_ns, allocated_bytes, reserved_bytes; "cpu" for the host:
                 timestamp_ns, rss_bytes. Timestamps are on the profiler clock.
-            source: for a CUDA device, "auto" (the framework allocator when one was
-                sampled, else CUPTI), "cupti" (device allocations CUPTI recorded,
-                relative to the window start), "torch" or "cupy" (sampled allocator).
+            source: for a CUDA device, "auto" (every framework allocator sampled on
+                the device, summed, each at its latest sample: PyTorch's and CuPy's
+                together when both allocate there; CUPTI's device allocations when
+                none was sampled; ``memory_summary()`` names the one used), "cupti"
+                (device allocations CUPTI recorded, relative to the window start),
+                "torch" or "cupy" (that allocator alone).
 
         Raises:
             ValueError: a device or source not of the forms above.

@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 
-from ._allocators import ADAPTERS, active_adapters
+from ._allocators import ADAPTERS, ALLOCATOR_DTYPE, active_adapters
 from ._host_sampler import HOST_DTYPE, HostSampler, SampleSnapshot
 from ._paths import source_location
 from ._results import Results
@@ -229,8 +229,9 @@ def memory_curve(results: Results, device="cuda:0", *, sampler: HostSampler | No
         raise ValueError("memory_curve(): source='host' needs device='cpu'")
     if source in ("auto", "cupti"):
         if source == "auto":
-            for _name, rows in _allocator_samples(results, sampler, index):
-                return _as_cuda_curve(rows)
+            allocs = _allocator_samples(results, sampler, index)
+            if allocs:
+                return _summed_curve(allocs)
         return _driver_curve(results, index)[0]
     for name, rows in _allocator_samples(results, sampler, index):
         if name == source:
@@ -247,6 +248,27 @@ def _as_cuda_curve(rows: np.ndarray) -> np.ndarray:
     for f in CUDA_CURVE_DTYPE.names:
         out[f] = rows[f]
     return out
+
+
+def _summed_curve(allocs: list) -> np.ndarray:
+    """Every sampled allocator of one device as one curve: at each sample time of any
+    of them, the sum of each allocator's latest sample (0 before its first)."""
+    if len(allocs) == 1:
+        return _as_cuda_curve(allocs[0][1])
+    times = np.unique(np.concatenate([rows["timestamp_ns"] for _, rows in allocs]))
+    out = np.zeros(len(times), dtype=CUDA_CURVE_DTYPE)
+    out["timestamp_ns"] = times
+    for _, rows in allocs:
+        at = np.searchsorted(rows["timestamp_ns"], times, side="right") - 1
+        seen = at >= 0
+        for f in ("allocated_bytes", "reserved_bytes"):
+            out[f][seen] += rows[f][at[seen]]
+    return out
+
+
+def curve_source(allocs: list) -> str:
+    """What the default device curve follows: "torch", "torch + cupy"... or "cupti"."""
+    return " + ".join(name for name, _ in allocs) if allocs else "cupti"
 
 
 # -- where an allocation was made -------------------------------------------------------------
@@ -515,7 +537,19 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
         dm = DeviceMemory(_device_name(index))
         dm.driver = _driver_summary(results, index)
         allocs = _allocator_samples(results, sampler, index)
-        if allocs:
+        if len(allocs) > 1:  # several frameworks allocate here: the summed curve
+            summed = _summed_curve(allocs)
+            rows = np.zeros(len(summed), dtype=ALLOCATOR_DTYPE)
+            for f in CUDA_CURVE_DTYPE.names:
+                rows[f] = summed[f]
+            rows["peak_allocated_bytes"] = -1  # no running maximum of the sum: the samples'
+            dm.allocator = _allocator_summary(curve_source(allocs), rows)
+            dm.peak_bytes = dm.allocator["peak_allocated_bytes"]
+            dm.peak_source = curve_source(allocs)
+            dm.notes.append(f"the device curve sums {len(allocs)} allocators ("
+                            f"{', '.join(name for name, _ in allocs)}), each at its latest "
+                            "sample; the peak is the largest sum of those samples")
+        elif allocs:
             name, rows = allocs[0]
             dm.allocator = _allocator_summary(name, rows)
             dm.peak_bytes = dm.allocator["peak_allocated_bytes"]
@@ -523,7 +557,7 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
             note = _gap_note(dm.allocator)
             if note:
                 dm.notes.append(note)
-            if dm.driver is not None and len(allocs) == 1:
+            if dm.driver is not None:
                 dm.driver["baseline_bytes"] = int(rows["reserved_bytes"][0])
         elif dm.driver is not None:
             dm.peak_bytes = dm.driver["peak_bytes"]

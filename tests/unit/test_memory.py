@@ -465,3 +465,33 @@ def test_plot_device_curves(tmp_path):
     assert (tmp_path / "dev.svg").exists()
     labels = [ln.get_label() for ax in fig.axes for ln in ax.lines]
     assert any("cuda:0" in lb for lb in labels)
+
+
+def test_default_device_curve_sums_every_allocator(monkeypatch):
+    """PyTorch and CuPy on one device: the default curve and the summary's peak follow
+    both, and say so; each allocator's own curve stays one source= away."""
+    stats = _torch_stats(10 * MiB, 20 * MiB, 10 * MiB)
+    _fake_torch(monkeypatch, {0: stats})
+    cupy = _fake_cupy(monkeypatch, used=0, total=0)
+    with gpuprof.profile(activities=CPU, profile_memory=True,
+                         memory_sample_interval_s=0.002) as prof:
+        time.sleep(0.03)
+        cupy.update(used=96 * MiB, total=96 * MiB)  # a 96 MiB CuPy array
+        time.sleep(0.03)
+        _set(stats, 50 * MiB, 60 * MiB, 50 * MiB)
+        time.sleep(0.03)
+        cupy.update(used=0)
+        time.sleep(0.03)
+    c = prof.memory_curve("cuda:0")
+    torch_c = prof.memory_curve("cuda:0", source="torch")
+    cupy_c = prof.memory_curve("cuda:0", source="cupy")
+    assert cupy_c["allocated_bytes"].max() == 96 * MiB
+    assert c["allocated_bytes"].max() == 146 * MiB  # 50 MiB of tensors + the CuPy array
+    assert c["reserved_bytes"].max() == 156 * MiB
+    assert c["allocated_bytes"][-1] == 50 * MiB
+    assert np.all(np.diff(c["timestamp_ns"]) > 0)
+    assert set(torch_c["timestamp_ns"]) | set(cupy_c["timestamp_ns"]) == set(c["timestamp_ns"])
+    d = prof.memory_summary().devices["cuda:0"]
+    assert d.peak_bytes == 146 * MiB
+    assert d.peak_source == "torch + cupy"
+    assert any("sums 2 allocators (torch, cupy)" in n for n in d.notes)
