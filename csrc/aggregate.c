@@ -423,7 +423,7 @@ push_span(Agg *a, Entry *e, int64_t ts, uint8_t opkind, int32_t parent_span, int
     s->thread = a->thread;
     s->node = e->node;
     s->kind = opkind == GP_OP_NVTX ? GP_OP_USER : opkind;
-    s->flags = snapshot ? 1 : 0;
+    s->flags = snapshot ? GP_SF_ENTERED : 0;
     s->depth = (uint16_t)(parent_span >= 0 ? a->t->spans.v[parent_span].depth + 1 : 0);
     return 0;
 }

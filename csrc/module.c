@@ -8,7 +8,9 @@
 #include "clock.h"
 #include "hook.h"
 #include "intern.h"
+#include "opkinds.h"
 #include "profiler.h"
+#include "schedule.h"
 #include "testing.h"
 #include "trace_json.h"
 #include "window.h"
@@ -205,6 +207,30 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The enum values Python reads (python/gpuprof/_constants.py), exported once so
+ * that no Python module copies a number. The names drop the GP_ prefix. */
+#define GP_CONST(name) {#name, GP_##name}
+static const struct {
+    const char *name;
+    int value;
+} module_constants[] = {
+    GP_CONST(OP_NONE),           GP_CONST(OP_PYTHON),           GP_CONST(OP_CFUNC),
+    GP_CONST(OP_USER),           GP_CONST(OP_STEP),             GP_CONST(OP_CUDA_API),
+    GP_CONST(OPF_HIDDEN),        GP_CONST(OPF_GENERATOR),       GP_CONST(OPF_NVTX),
+    GP_CONST(GPU_KERNEL),        GP_CONST(GPU_MEMCPY),          GP_CONST(GPU_MEMSET),
+    GP_CONST(GPU_SYNC),          GP_CONST(GPU_MALLOC),          GP_CONST(GPU_FREE),
+    GP_CONST(GPU_API),           GP_CONST(CAT_COMPUTE),         GP_CONST(CAT_MEMCPY),
+    GP_CONST(CAT_MEMSET),        GP_CONST(CAT_COMMUNICATION),   GP_CONST(CAT_SYNC),
+    GP_CONST(APICLASS_OTHER),    GP_CONST(APICLASS_LAUNCH),     GP_CONST(APICLASS_GRAPH),
+    GP_CONST(APICLASS_MEMCPY),   GP_CONST(APICLASS_MEMCPY_SYNC), GP_CONST(APICLASS_MEMSET),
+    GP_CONST(APICLASS_SYNC),     GP_CONST(APICLASS_ALLOC),      GP_CONST(APICLASS_FREE),
+    GP_CONST(ACT_NONE),          GP_CONST(ACT_WARMUP),          GP_CONST(ACT_RECORD),
+    GP_CONST(ACT_RECORD_AND_SAVE), GP_CONST(ACT_EXIT),          GP_CONST(CAPTURE_NONE),
+    GP_CONST(CAPTURE_PROFILER_API), GP_CONST(CAPTURE_NVTX),   GP_CONST(GF_ATTRIBUTED),
+    GP_CONST(GF_BLOCKED_THREAD), GP_CONST(SF_ENTERED),
+};
+#undef GP_CONST
+
 static int
 module_exec(PyObject *module)
 {
@@ -224,6 +250,10 @@ module_exec(PyObject *module)
         return -1;
     if (PyModule_AddStringConstant(module, "EVENT_CLOCK", gp_clock_raw_name()) < 0)
         return -1;
+    for (size_t i = 0; i < sizeof(module_constants) / sizeof(module_constants[0]); i++) {
+        if (PyModule_AddIntConstant(module, module_constants[i].name, module_constants[i].value) < 0)
+            return -1;
+    }
     return 0;
 }
 

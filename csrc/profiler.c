@@ -53,9 +53,6 @@ typedef struct GpProfilerObject {
     char *capture_domain;
 } GpProfilerObject;
 
-/* Capture ranges (profile(capture=...)). */
-enum { GP_CAPTURE_NONE = 0, GP_CAPTURE_PROFILER_API = 1, GP_CAPTURE_NVTX = 2 };
-
 /* ---- status -> exception ------------------------------------------------- */
 
 PyObject *

@@ -18,17 +18,17 @@ import runpy as _runpy
 
 from . import _gpuprof, _nvtx  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
 from ._cuda import cuda_status as _cuda_status
+from ._loaded import load
 from ._ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
 from ._ondemand import arm_from_environment as _arm_from_environment
 from ._results import Results
+from ._version import __version__
 from .compare import compare
 from .distributed import merge
-from .exporters import load, tensorboard_trace_handler
+from .exporters import tensorboard_trace_handler
 from .profiler import ProfilerActivity, profile, record_function
 from .schedule import ProfilerAction, Schedule, schedule
 from .tables import KeyAverages
-
-__version__ = "0.1.0"
 
 
 def cuda_status() -> dict:

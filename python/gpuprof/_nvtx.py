@@ -18,12 +18,12 @@ import os
 import sys
 
 from . import _gpuprof
+from ._constants import CAPTURE_NONE, CAPTURE_NVTX, CAPTURE_PROFILER_API
 
 __all__ = ["parse_capture", "setup", "status"]
 
 ENV = "NVTX_INJECTION64_PATH"
 PROBE = "gpuprof-nvtx-probe"
-CAPTURE_NONE, CAPTURE_PROFILER_API, CAPTURE_NVTX = 0, 1, 2
 
 _state: dict = {"set_by_gpuprof": False, "disabled": False, "probed": {}}
 

@@ -230,7 +230,7 @@ class OnDemand:
         atexit.register(self._at_exit)
 
     def _state_doc(self) -> dict:
-        from . import __version__
+        from ._version import __version__
 
         return {
             "version": proto.VERSION, "pid": self.pid, "start_time": proto.own_start_time(),

@@ -27,13 +27,12 @@ import weakref
 import numpy as np
 
 from . import _gpuprof
+from ._constants import GF_BLOCKED_THREAD, GPU_KINDS, KERNEL_CATEGORIES, OP_KINDS, SF_ENTERED
+from ._constants import GPU_FREE as GPU_KIND_FREE
+from ._constants import GPU_MALLOC as GPU_KIND_MALLOC
 
 __all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS", "complete_window"]
 
-OP_KINDS = {0: "none", 1: "python", 2: "c", 3: "user", 4: "step", 5: "cuda_api"}
-KERNEL_CATEGORIES = {0: "compute", 1: "memcpy", 2: "memset", 3: "communication", 4: "sync"}
-GPU_KINDS = {1: "kernel", 2: "memcpy", 3: "memset", 4: "sync", 5: "malloc", 6: "free", 7: "api"}
-GPU_KIND_MALLOC, GPU_KIND_FREE = 5, 6
 
 OPS_DTYPE = np.dtype([
     ("name", object), ("file", object), ("line", "i4"), ("kind", "U8"),
@@ -182,7 +181,7 @@ class _Window:
             [_display_name(n, f, ln, k) for n, f, ln, k in
              zip(ops["name"], ops["file"], ops["line"], ops["kind"])] + [None], dtype=object)
         out["op_name"] = op_names[np.where(g["op_row"] >= 0, g["op_row"], len(ops))]
-        out["blocked_thread"] = (g["flags"] & 2) != 0
+        out["blocked_thread"] = (g["flags"] & GF_BLOCKED_THREAD) != 0
         return out
 
     def context_rows(self) -> np.ndarray:
@@ -193,7 +192,7 @@ class _Window:
         spans = self.raw["spans"]
         entered = np.zeros(len(ops), dtype=bool)
         if len(spans):
-            fresh = (spans["flags"] & 1) == 0  # 1: entered before the window
+            fresh = (spans["flags"] & SF_ENTERED) == 0  # entered before the window
             entered[spans["op_row"][fresh].astype(np.int64)] = True
         return (ops["calls"] == 0) & ~entered & (ops["kind"] == "python")
 

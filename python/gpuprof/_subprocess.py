@@ -57,12 +57,13 @@ import warnings
 import numpy as np
 
 from . import _gpuprof, _monitoring
+from ._constants import ACT_RECORD as _RECORD
+from ._constants import ACT_RECORD_AND_SAVE as _RECORD_AND_SAVE
 from .schedule import Schedule
 
 __all__ = ["ParentSession", "load_piece", "POLL_S"]
 
 POLL_S = 0.01               # how often a child reads the parent's state
-_RECORD, _RECORD_AND_SAVE = 2, 3
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # This process's view. GIL (and, in a child, _Child.lock for the session itself).

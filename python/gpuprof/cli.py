@@ -443,7 +443,7 @@ def _report_run(prof, results, args, counter, source, out) -> None:
 # -- subprocesses (docs/subprocesses.md) --
 def _report_processes(prof, args, out) -> None:
     """One line per profiled process, then the workers' ops summed (when any recorded)."""
-    from .tables import format_time
+    from ._format import format_time
 
     procs = prof.processes()
     workers = procs[procs["role"] == "worker"]
@@ -531,7 +531,7 @@ def _trace_report(path: str, kernels: bool, limit: int):
     import gzip
     import json
 
-    from .tables import format_time
+    from ._format import format_time
     from .views import Table
 
     opener = gzip.open if path.endswith(".gz") else open
@@ -821,7 +821,7 @@ def _list_armed(targets) -> int:
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return f"gpuprof {__version__}"
 

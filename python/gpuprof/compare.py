@@ -12,9 +12,9 @@ import dataclasses
 import html
 import os
 
+from ._format import format_time
 from ._results import Results, _display_name
 from .diagnose import diagnose
-from .tables import format_time
 
 __all__ = ["Comparison", "compare"]
 
@@ -23,7 +23,7 @@ def _results(x) -> Results:
     if isinstance(x, Results):
         return x
     if isinstance(x, str):
-        from . import load  # saved profiles (gpuprof.exporters.saved)
+        from . import load  # saved profiles (gpuprof._loaded)
 
         x = load(x)
     res = getattr(x, "results", None)

@@ -9,102 +9,41 @@ against ``prof.ops()``, ``prof.steps()`` and ``prof.gpu_events()``.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
 
+from ._constants import (
+    API_ALLOC,
+    API_FREE,
+    API_LAUNCH,
+    API_MEMCPY_SYNC,
+    API_SYNC,
+    OP_CUDA_API,
+    OPF_GENERATOR,
+)
+from ._findings import Diagnosis, Finding
+from ._format import format_time
+from ._intervals import covered as _covered
+from ._intervals import intersect as _intersect
+from ._intervals import overlap as _overlap
+from ._intervals import union as _union
+from ._intervals import union_list
 from ._paths import source_location
 from ._results import Results
 from ._spans import python_caller, span_at
+from .distributed import MergedRun, diagnose_ranks
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
-from .tables import format_time
 
 __all__ = ["STEP_BREAKDOWN_DTYPE", "Diagnosis", "Finding", "data_wait_per_step", "data_wait_spans",
            "diagnose", "step_breakdown"]
 
-# GP_APICLASS_* (cuda/gp_cuda.h)
-API_LAUNCH, API_GRAPH, API_MEMCPY, API_MEMCPY_SYNC, API_MEMSET, API_SYNC, API_ALLOC, API_FREE = (
-    1, 2, 3, 4, 5, 6, 7, 8)
-OPF_GENERATOR = 2
 
 _FP32_GEMM = re.compile(r"(sgemm|gemm.*(f32|fp32|tf32)|(f32|fp32).*gemm|conv.*(f32|fp32)|"
                         r"implicit_convolve_sgemm|s\d{3,4}gemm|ampere_sgemm|sm\d+_xmma_gemm_f32)",
                         re.I)
 _GEMM = re.compile(r"(gemm|conv|xmma|cutlass|cublas|matmul|mma)", re.I)
 _HALF = re.compile(r"(bf16|f16|fp16|h16|hmma|half|e4m3|e5m2)", re.I)
-
-
-@dataclasses.dataclass
-class Finding:
-    """One diagnosed problem.
-
-    Attributes:
-        kind: "data_stall", "sync_point", "launch_bound", "gpu_idle", "no_mixed_precision",
-            "communication_wait", "memory_churn", or on merged ranks "straggler".
-        severity: share of recorded step time (0..1) the problem costs, estimated.
-        title: one line saying what is wrong.
-        evidence: the figures behind it (names match array fields where they come from one).
-        location: "file:line" of the Python code responsible, when known.
-        fix: what to change.
-    """
-
-    kind: str
-    severity: float
-    title: str
-    evidence: dict
-    location: str
-    fix: str
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class Diagnosis(list):
-    """Findings, most severe first. ``str()`` prints a report; ``to_dict()`` for machines."""
-
-    def __init__(self, findings, summary: dict):
-        super().__init__(sorted(findings, key=lambda f: -f.severity))
-        self.summary = summary
-
-    def kinds(self) -> list[str]:
-        return [f.kind for f in self]
-
-    def to_dict(self) -> dict:
-        return {"summary": dict(self.summary), "findings": [f.to_dict() for f in self]}
-
-    def __str__(self) -> str:
-        s = self.summary
-        lines = ["gpuprof diagnosis", "=" * 17,
-                 f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
-                 f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
-                 + ("" if s["gpu"] else " (no GPU activity recorded)")]
-        if not self:
-            lines.append("No bottleneck found: nothing costs more than 5% of step time.")
-        for i, f in enumerate(self, 1):
-            lines.append("")
-            lines.append(f"{i}. [{100 * f.severity:4.1f}% of step time] {f.title}")
-            if f.location:
-                lines.append(f"   at {f.location}")
-            ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f.evidence.items())
-            lines.append(f"   evidence: {ev}")
-            lines.append(f"   fix: {f.fix}")
-        return "\n".join(lines) + "\n"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        return f"<pre>{html.escape(str(self))}</pre>"
-
-
-def _fmt(key: str, v) -> str:
-    if isinstance(v, float) and key.endswith("share"):
-        return f"{100 * v:.1f}%"
-    if isinstance(v, (int, np.integer)) and key.endswith("_ns"):
-        return format_time(int(v))
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
 
 
 def _op_label(ops: np.ndarray, row: int) -> str:
@@ -154,7 +93,7 @@ class _View:
 
 def _sync_spans(v: _View) -> np.ndarray:
     """Indices of the spans that are synchronizing CUDA API calls."""
-    api_rows = np.flatnonzero((v.raw_ops["kind"] == 5)
+    api_rows = np.flatnonzero((v.raw_ops["kind"] == OP_CUDA_API)
                               & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC)))
     return np.flatnonzero(np.isin(v.spans["op_row"], api_rows))
 
@@ -378,20 +317,8 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
 
 def _merged(gpu, kinds):
     m = np.isin(gpu["kind"], kinds)
-    s, e = gpu["start_ns"][m], gpu["end_ns"][m]
-    order = np.argsort(s, kind="stable")
-    out = []
     # Python ints: these end up in findings' evidence, which to_dict() promises as plain data
-    for a, b in zip(s[order].tolist(), e[order].tolist()):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([int(a), int(b)])
-    return out
-
-
-def _overlap(iv, s, e):
-    return sum(max(0, min(b, e) - max(a, s)) for a, b in iv if b > s and a < e)
+    return union_list(gpu["start_ns"][m], gpu["end_ns"][m])
 
 
 def _launch_bound(v: _View):
@@ -403,7 +330,8 @@ def _launch_bound(v: _View):
     if len(k) < 10 or share_busy > 0.6:
         return []
     dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
-    launch_rows = np.flatnonzero((v.raw_ops["kind"] == 5) & (v.raw_ops["flags"] == API_LAUNCH))
+    launch_rows = np.flatnonzero((v.raw_ops["kind"] == OP_CUDA_API)
+                                 & (v.raw_ops["flags"] == API_LAUNCH))
     sp = v.spans
     lm = np.isin(sp["op_row"], launch_rows)
     launch_ns = float(np.median(sp["end_ns"][lm] - sp["start_ns"][lm])) if lm.any() else 5000.0
@@ -527,7 +455,7 @@ def _communication(v: _View):
 
 
 def _memory_churn(v: _View):
-    rows = np.flatnonzero((v.raw_ops["kind"] == 5)
+    rows = np.flatnonzero((v.raw_ops["kind"] == OP_CUDA_API)
                           & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE)))
     if not len(rows):
         return []
@@ -550,73 +478,6 @@ CHECKS = (_data_stall, _sync_points, _launch_bound, _gpu_idle, _mixed_precision,
           _memory_churn)
 
 
-# -- cross-rank checks: they read a gpuprof.distributed.MergedRun (gpuprof.merge) --
-
-def _straggler(m) -> list[Finding]:
-    """One rank slowest in most steps while the others wait for it in communication."""
-    slow = m.slowest
-    if len(m.ranks) < 2 or not len(slow):
-        return []
-    ranks, counts = np.unique(slow["rank"], return_counts=True)
-    rank = int(ranks[np.argmax(counts)])
-    mine = slow["rank"] == rank
-    n, total = int(mine.sum()), len(slow)
-    if 2 * n <= total:
-        return []  # no rank is the slowest in most steps: jitter, not a straggler
-    rows = m.steps[np.isin(m.steps["step"], slow["step"])]
-    step_ns = float(rows["step_ns"].mean())
-    wait_total = int(slow["others_wait_ns"][mine].sum())
-    wait_per_step = wait_total // total
-    share = wait_per_step / max(step_ns, 1.0)
-    if share < 0.05:
-        return []
-    waited = []
-    for r in m.ranks:
-        if r == rank:
-            continue
-        w = 0
-        for k in slow["step"][mine]:
-            at = rows[rows["step"] == k]
-            w += max(int(at["exposed_comm_ns"][at["rank"] == r][0])
-                     - int(at["exposed_comm_ns"][at["rank"] == rank][0]), 0)
-        waited.append(f"rank {r}: {format_time(w // total)}")
-    me = rows[rows["rank"] == rank]
-    others = rows[rows["rank"] != rank]
-    return [Finding(
-        "straggler", share,
-        f"Rank {rank} is a straggler: slowest in {n} of {total} steps; the other ranks waited "
-        f"{format_time(wait_per_step)} per step for it in communication",
-        {"straggler_rank": rank, "slowest_steps": n, "steps": total,
-         "wait_ns": wait_total, "wait_per_step_ns": wait_per_step,
-         "straggler_work_ns": int(me["work_ns"].mean()),
-         "others_work_ns": int(others["work_ns"].mean()),
-         "waited_per_step": "; ".join(waited)},
-        "",
-        f"Find what rank {rank} does that the others do not: open process 'rank {rank}' in the "
-        "merged trace next to another rank. Usual causes: uneven input (sequence lengths, shard "
-        "sizes), work only that rank does (logging, checkpointing, evaluation), a slower or "
-        "throttled GPU, CPU contention on its host (OMP_NUM_THREADS, dataloader workers), or an "
-        "unbalanced model split.")]
-
-
-RANK_CHECKS = (_straggler,)
-
-
-def _diagnose_ranks(m) -> Diagnosis:
-    findings = []
-    for check in RANK_CHECKS:
-        findings += check(m)
-    rows = m.steps[np.isin(m.steps["step"], m.slowest["step"])]
-    step_ns = int(rows["step_ns"].mean()) if len(rows) else 0
-    busy = int(rows["busy_ns"].mean()) if len(rows) else 0
-    summary = {"steps": len(m.slowest), "step_ns_mean": step_ns,
-               "gpu_busy_share": busy / max(step_ns, 1), "gpu": bool(m.gpu),
-               "ranks": list(m.ranks)}
-    return Diagnosis(findings, summary)
-
-# -- end cross-rank checks --
-
-
 def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
     """Run every check over the last recorded window; for merged ranks
     (:func:`gpuprof.merge`), the cross-rank checks.
@@ -626,10 +487,8 @@ def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
     count as waits for data, next to the loader calls made directly under a step (see
     :func:`data_wait_spans`).
     """
-    from .distributed import MergedRun
-
     if isinstance(results, MergedRun):
-        return _diagnose_ranks(results)
+        return diagnose_ranks(results)
     if isinstance(data_fetch, str) or not all(isinstance(n, str) for n in data_fetch):
         raise TypeError(f"diagnose(): data_fetch must be a list of op names (str), "
                         f"got {data_fetch!r}")
@@ -678,8 +537,6 @@ def step_breakdown(results: Results) -> np.ndarray:
         ``results.steps()``, with ``window`` the index of the recorded window and
         ``step_ns = end_ns - start_ns``.
     """
-    from .distributed import _covered, _intersect, _union
-
     parts = []
     for wi in range(len(results._windows)):
         v = _View(results, wi)

@@ -27,235 +27,28 @@ import gzip
 import json
 import os
 import re
-import sys
 
 import numpy as np
+
+from ._findings import Diagnosis, Finding
+from ._format import format_time
+from ._intervals import covered as _covered
+from ._intervals import intersect as _intersect
+from ._intervals import union as _union
+from ._output import check_output_path
+from ._ranks import distributed_info, expand_name, rank_info
+from ._version import __version__
 
 __all__ = [
     "MergedRun",
     "collective_name",
+    "diagnose_ranks",
     "comm_overlap",
     "distributed_info",
     "expand_name",
     "merge",
     "rank_info",
 ]
-
-# ---- who am I ---------------------------------------------------------------------------------
-
-
-def _env_int(name: str) -> int | None:
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"gpuprof: environment variable {name}={v!r} is not an integer; "
-                         f"set it to the process's {name.lower()} (torchrun does) or unset it"
-                         ) from None
-
-
-def _torch_dist():
-    """torch.distributed when the program imported it and initialised a process
-    group, else None. Never imports torch."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist
-    except Exception:  # a half-initialised process group must not break profiling
-        pass
-    return None
-
-
-def rank_info() -> dict:
-    """This process's place in a distributed job.
-
-    Returns:
-        ``{"rank": int, "local_rank": int, "world_size": int}``. From
-        ``torch.distributed`` when a process group is initialised (the local
-        rank then still comes from ``LOCAL_RANK``), else from the ``RANK``,
-        ``LOCAL_RANK`` and ``WORLD_SIZE`` variables torchrun sets, else rank 0
-        of 1. Without ``LOCAL_RANK`` the local rank equals the rank (one node).
-
-    Raises:
-        ValueError: one of the variables is not an integer, only one of
-            ``RANK``/``WORLD_SIZE`` is set, or the rank is outside the world.
-    """
-    rank = world = None
-    dist = _torch_dist()
-    if dist is not None:
-        try:
-            rank, world = int(dist.get_rank()), int(dist.get_world_size())
-        except Exception:
-            rank = world = None
-    if rank is None:
-        rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        if (rank is None) != (world is None):
-            have, missing = ("RANK", "WORLD_SIZE") if world is None else ("WORLD_SIZE", "RANK")
-            raise ValueError(f"gpuprof: {have} is set but {missing} is not; set both (torchrun "
-                             "does) or neither")
-        if rank is None:
-            rank, world = 0, 1
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"gpuprof: rank {rank} is not inside a world of size {world}; check "
-                         "RANK and WORLD_SIZE")
-    local = _env_int("LOCAL_RANK")
-    if local is None:
-        local = rank
-    if local < 0:
-        raise ValueError(f"gpuprof: LOCAL_RANK={local} is negative; it must be the process's "
-                         "index on its node")
-    return {"rank": rank, "local_rank": local, "world_size": world}
-
-
-def _nccl_version() -> str | None:
-    torch = sys.modules.get("torch")
-    nccl = getattr(getattr(torch, "cuda", None), "nccl", None) or sys.modules.get("torch.cuda.nccl")
-    if nccl is None:
-        return None
-    try:
-        v = nccl.version()
-    except Exception:  # built without NCCL, or no driver
-        return None
-    if isinstance(v, (tuple, list)):
-        return ".".join(str(int(x)) for x in v)
-    return str(v)
-
-
-def _jsonable(value):
-    """``value`` as plain JSON data (torch's pg config may hold odd types)."""
-    try:
-        return json.loads(json.dumps(value, default=str))
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def distributed_info() -> dict:
-    """The trace's ``distributedInfo`` object (trace-format section 9).
-
-    With an initialised ``torch.distributed`` process group: ``backend``,
-    ``rank``, ``world_size``, and where this torch provides them ``pg_count``,
-    ``pg_config`` and ``nccl_version`` (NCCL backends). Otherwise ``rank`` and
-    ``world_size`` from :func:`rank_info`: ``{"rank": 0, "world_size": 1}`` for
-    a single process, so that HTA needs no manual editing.
-
-    Raises:
-        ValueError: as :func:`rank_info`.
-    """
-    dist = _torch_dist()
-    if dist is not None:
-        try:
-            info = {"backend": str(dist.get_backend()), "rank": int(dist.get_rank()),
-                    "world_size": int(dist.get_world_size())}
-        except Exception:
-            info = None
-        if info is not None:
-            with contextlib.suppress(Exception):
-                info["pg_count"] = int(dist.get_pg_count())
-            c10d = getattr(dist, "distributed_c10d", None)
-            get_configs = getattr(c10d, "_get_all_pg_configs", None)
-            if get_configs is not None:
-                with contextlib.suppress(Exception):
-                    info["pg_config"] = _jsonable(get_configs())
-            if "nccl" in info["backend"]:
-                v = _nccl_version()
-                if v:
-                    info["nccl_version"] = v
-            return info
-    r = rank_info()
-    return {"rank": r["rank"], "world_size": r["world_size"]}
-
-
-_PLACEHOLDER = re.compile(r"\{(rank|local_rank|world_size)\}")
-
-
-def expand_name(name):
-    """Replace ``{rank}``, ``{local_rank}`` and ``{world_size}`` in an output name.
-
-    Other braces are left alone, so a name without these placeholders comes
-    back unchanged. Example: ``expand_name("traces/rank{rank}.json")`` is
-    ``"traces/rank1.json"`` on rank 1.
-
-    Args:
-        name: a str or os.PathLike.
-
-    Returns:
-        The expanded name (str; os.PathLike input is converted).
-
-    Raises:
-        TypeError: ``name`` is not a str or os.PathLike.
-        ValueError: as :func:`rank_info`, when a placeholder needs the rank.
-    """
-    if isinstance(name, os.PathLike):
-        name = os.fspath(name)
-    if isinstance(name, bytes):
-        name = os.fsdecode(name)
-    if not isinstance(name, str):
-        raise TypeError(f"expand_name(): name must be a str or os.PathLike, got {name!r}")
-    if not _PLACEHOLDER.search(name):
-        return name
-    info = rank_info()
-    return _PLACEHOLDER.sub(lambda m: str(info[m.group(1)]), name)
-
-
-# ---- interval arithmetic (ns, half-open) ------------------------------------------------------
-
-
-def _union(starts, ends) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint, sorted intervals covering the given ones."""
-    s = np.asarray(starts, dtype=np.int64)
-    e = np.asarray(ends, dtype=np.int64)
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if not len(s):
-        return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    # a new interval starts where it begins after everything before it ended
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(new)
-    out_e = np.append(reach[idx[1:] - 1], reach[-1])
-    return s[idx], out_e
-
-
-def _intersect(a, b) -> tuple[np.ndarray, np.ndarray]:
-    """Intersection of two disjoint sorted interval sets."""
-    (as_, ae), (bs, be) = a, b
-    i = j = 0
-    out_s, out_e = [], []
-    while i < len(as_) and j < len(bs):
-        lo, hi = max(as_[i], bs[j]), min(ae[i], be[j])
-        if lo < hi:
-            out_s.append(lo)
-            out_e.append(hi)
-        if ae[i] < be[j]:
-            i += 1
-        else:
-            j += 1
-    return np.array(out_s, dtype=np.int64), np.array(out_e, dtype=np.int64)
-
-
-def _covered(iv, lo, hi) -> np.ndarray:
-    """Time covered by disjoint sorted intervals ``iv`` inside each [lo, hi)."""
-    s, e = iv
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    if not len(s):
-        return np.zeros(lo.shape, dtype=np.int64)
-    before = np.concatenate(([0], np.cumsum(e - s)))
-
-    def upto(t):  # covered time in (-inf, t)
-        i = np.searchsorted(s, t, side="right") - 1
-        ic = np.clip(i, 0, len(s) - 1)
-        part = np.where(i >= 0, np.clip(np.minimum(t, e[ic]) - s[ic], 0, None), 0)
-        return np.where(i >= 0, before[ic], 0) + part
-
-    return np.maximum(upto(hi) - upto(lo), 0)
-
 
 STEP_FIELDS = ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "memcpy_ns",
                "busy_ns", "idle_ns")
@@ -728,15 +521,12 @@ class MergedRun:
 
     def diagnose(self):
         """Cross-rank findings (a straggler rank): a :class:`gpuprof.diagnose.Diagnosis`."""
-        from .diagnose import diagnose
-
-        return diagnose(self)
+        return diagnose_ranks(self)
 
     def table(self, max_steps: int | None = None) -> str:
         """The cross-rank report: per-rank means, then per step and rank,
         the slowest rank of each step marked with ``*``."""
-        from .tables import format_time as ft
-
+        ft = format_time
         lines = []
         n = len(self.common_steps)
         how = ("the ranks' own clocks" if self.alignment == "clock" else
@@ -841,8 +631,6 @@ def merge(out_path, paths, *, align: str = "auto", ranks=None) -> MergedRun:
         raise ValueError(f"merge(): align must be 'auto', 'clock' or 'step', got {align!r}")
     files = _expand_paths(paths)
     if out_path is not None:
-        from .exporters.chrome import check_output_path
-
         out_path = check_output_path(out_path, "merge")
         if os.path.exists(out_path) and any(
                 os.path.exists(f) and os.path.samefile(f, out_path) for f in files):
@@ -859,8 +647,6 @@ def merge(out_path, paths, *, align: str = "auto", ranks=None) -> MergedRun:
     events: list[dict] = []
     for i, t in enumerate(traces):
         events += _rank_events(t, i, len(traces), shifts[t.rank], base)
-    from . import __version__
-
     header = {
         "schemaVersion": 1,
         "deviceProperties": [],
@@ -878,3 +664,70 @@ def merge(out_path, paths, *, align: str = "auto", ranks=None) -> MergedRun:
         raise OSError(e.errno, f"merge(): cannot write {out_path!r}: {e.strerror or e}",
                       out_path) from e
     return run
+
+
+# -- cross-rank checks: they read a gpuprof.distributed.MergedRun (gpuprof.merge) --
+
+def _straggler(m) -> list[Finding]:
+    """One rank slowest in most steps while the others wait for it in communication."""
+    slow = m.slowest
+    if len(m.ranks) < 2 or not len(slow):
+        return []
+    ranks, counts = np.unique(slow["rank"], return_counts=True)
+    rank = int(ranks[np.argmax(counts)])
+    mine = slow["rank"] == rank
+    n, total = int(mine.sum()), len(slow)
+    if 2 * n <= total:
+        return []  # no rank is the slowest in most steps: jitter, not a straggler
+    rows = m.steps[np.isin(m.steps["step"], slow["step"])]
+    step_ns = float(rows["step_ns"].mean())
+    wait_total = int(slow["others_wait_ns"][mine].sum())
+    wait_per_step = wait_total // total
+    share = wait_per_step / max(step_ns, 1.0)
+    if share < 0.05:
+        return []
+    waited = []
+    for r in m.ranks:
+        if r == rank:
+            continue
+        w = 0
+        for k in slow["step"][mine]:
+            at = rows[rows["step"] == k]
+            w += max(int(at["exposed_comm_ns"][at["rank"] == r][0])
+                     - int(at["exposed_comm_ns"][at["rank"] == rank][0]), 0)
+        waited.append(f"rank {r}: {format_time(w // total)}")
+    me = rows[rows["rank"] == rank]
+    others = rows[rows["rank"] != rank]
+    return [Finding(
+        "straggler", share,
+        f"Rank {rank} is a straggler: slowest in {n} of {total} steps; the other ranks waited "
+        f"{format_time(wait_per_step)} per step for it in communication",
+        {"straggler_rank": rank, "slowest_steps": n, "steps": total,
+         "wait_ns": wait_total, "wait_per_step_ns": wait_per_step,
+         "straggler_work_ns": int(me["work_ns"].mean()),
+         "others_work_ns": int(others["work_ns"].mean()),
+         "waited_per_step": "; ".join(waited)},
+        "",
+        f"Find what rank {rank} does that the others do not: open process 'rank {rank}' in the "
+        "merged trace next to another rank. Usual causes: uneven input (sequence lengths, shard "
+        "sizes), work only that rank does (logging, checkpointing, evaluation), a slower or "
+        "throttled GPU, CPU contention on its host (OMP_NUM_THREADS, dataloader workers), or an "
+        "unbalanced model split.")]
+
+
+RANK_CHECKS = (_straggler,)
+
+
+def diagnose_ranks(m) -> Diagnosis:
+    findings = []
+    for check in RANK_CHECKS:
+        findings += check(m)
+    rows = m.steps[np.isin(m.steps["step"], m.slowest["step"])]
+    step_ns = int(rows["step_ns"].mean()) if len(rows) else 0
+    busy = int(rows["busy_ns"].mean()) if len(rows) else 0
+    summary = {"steps": len(m.slowest), "step_ns_mean": step_ns,
+               "gpu_busy_share": busy / max(step_ns, 1), "gpu": bool(m.gpu),
+               "ranks": list(m.ranks)}
+    return Diagnosis(findings, summary)
+
+# -- end cross-rank checks --

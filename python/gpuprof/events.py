@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._results import OP_KINDS, Results, _display_name
+from ._constants import OP_CUDA_API, SF_ENTERED
+from ._results import Results, _display_name
 
 __all__ = ["EventList", "FunctionEvent", "Interval"]
 
-_API_KIND = next(k for k, v in OP_KINDS.items() if v == "cuda_api")
+_API_KIND = OP_CUDA_API
 
 
 class Interval:
@@ -55,7 +56,7 @@ class FunctionEvent:
         self.device_time_total = float(ev._dev_total_us[i])
         self.self_device_time_total = float(ev._dev_self_us[i])
         self.line = int(ev._spans["line"][i])
-        self.is_context = bool(ev._spans["flags"][i] & 1)
+        self.is_context = bool(ev._spans["flags"][i] & SF_ENTERED)
         self.count = 1
         self.input_shapes: list = []  # not recorded (docs/api.md)
         self.stack: list[str] = []

@@ -30,6 +30,8 @@ import warnings
 import numpy as np
 
 from ._allocators import ADAPTERS, active_adapters
+from ._constants import GPU_FREE, GPU_MALLOC, OP_CUDA_API
+from ._format import format_bytes as _format_bytes
 from ._host_sampler import HOST_DTYPE, HostSampler, SampleSnapshot
 from ._paths import source_location
 from ._results import Results
@@ -42,8 +44,6 @@ CUDA_CURVE_DTYPE = np.dtype([("timestamp_ns", "i8"), ("allocated_bytes", "i8"),
                              ("reserved_bytes", "i8")])
 HOST_CURVE_DTYPE = HOST_DTYPE
 
-GPU_MALLOC, GPU_FREE = 5, 6   # GP_GPU_* (cuda/gp_cuda.h)
-OP_CUDA_API = 5  # GP_OP_CUDA_API
 LARGEST_N = 5
 GAP_RATIO = 2.0
 GAP_MIN_BYTES = 16 << 20  # below this a reserved/allocated ratio is noise, not a finding
@@ -305,15 +305,7 @@ def _running_at(results: Results, ts: int) -> tuple[str, str]:
 # -- summary ----------------------------------------------------------------------------------
 def format_bytes(n: int | float) -> str:
     """Bytes in binary units: 512 B, 1.5 KiB, 256.0 MiB, 1.25 GiB (sign kept)."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            break
-        n /= 1024
-    if unit == "B":
-        return f"{sign}{int(n)} B"
-    return f"{sign}{n:.2f} {unit}" if unit == "GiB" else f"{sign}{n:.1f} {unit}"
+    return _format_bytes(n, "binary")
 
 
 def _ms(ns: int) -> str:

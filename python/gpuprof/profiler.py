@@ -13,8 +13,11 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from . import (  # docs/nvtx.md, docs/subprocesses.md
     _cuda,
+    _deepdive,
     _gpuprof,
     _monitoring,
     _nvtx,
@@ -547,10 +550,9 @@ class profile(ResultAccessors):
             raise RuntimeError("deep_dive(): the profiler is still running; call it after "
                                "prof.stop() (after the with block), so that replaying kernels "
                                "cannot perturb a recorded window")
-        from .deepdive import deep_dive
-
-        return deep_dive(self.results, top, replay, command=command, backend=backend,
-                         max_kernels=max_kernels, timeout_s=timeout_s, ncu=ncu)
+        return _deepdive.deep_dive(self.results, top, replay, command=command, backend=backend,
+                                   max_kernels=max_kernels, timeout_s=timeout_s, ncu=ncu,
+                                   kernel_sequence=kernel_sequence)
 
     # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
     def _step_and_tell_children(self) -> None:
@@ -606,3 +608,15 @@ class record_function:
                 _gpuprof.range_pop(token)
 
         return wrapper
+
+
+def kernel_sequence(replay) -> list[tuple[str, int]]:
+    """Run ``replay`` under a plain gpuprof profile: (name, device) of its
+    kernels in launch order (correlation id, then start for graph kernels).
+    The deep dive (gpuprof.deepdive) names its CUPTI ranges with it."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        replay()
+    ev = p.gpu_events()
+    ev = ev[ev["kind"] == "kernel"]
+    order = np.lexsort((ev["start_ns"], ev["correlation"]))
+    return [(str(ev["name"][i]), int(ev["device"][i])) for i in order]

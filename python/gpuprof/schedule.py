@@ -15,6 +15,7 @@ import enum
 import numbers
 import warnings
 
+from . import _constants as _c
 from . import _gpuprof
 
 __all__ = ["ProfilerAction", "Schedule", "schedule"]
@@ -23,10 +24,10 @@ __all__ = ["ProfilerAction", "Schedule", "schedule"]
 class ProfilerAction(enum.IntEnum):
     """What the profiler does at a step (same values as torch.profiler's)."""
 
-    NONE = 0
-    WARMUP = 1
-    RECORD = 2
-    RECORD_AND_SAVE = 3
+    NONE = _c.ACT_NONE
+    WARMUP = _c.ACT_WARMUP
+    RECORD = _c.ACT_RECORD
+    RECORD_AND_SAVE = _c.ACT_RECORD_AND_SAVE
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:

@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from ._format import TIME_UNITS, format_bytes, format_time
 from ._results import Results, _display_name, outermost
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time",
@@ -42,32 +43,10 @@ SORT_KEYS = {
 }
 
 # time_unit= of table(): nanoseconds per unit
-TIME_UNITS = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}
 
 # Fields of KeyAverages.rows beyond those of ops()
 _EXTRA_FIELDS = [("cuda_mem_total_bytes", "i8"), ("cpu_mem_total_bytes", "i8"),
                  ("context", "?"), ("top_level", "?")]
-
-
-def format_time(ns: float, unit: str | None = None) -> str:
-    """Nanoseconds as torch.profiler prints durations: us, ms or s with 3 decimals
-    (the largest unit that keeps the figure >= 1, or ``unit``: s, ms, us, ns)."""
-    if unit is not None:
-        return f"{ns / TIME_UNITS[unit]:.3f}{unit}"
-    us = ns / 1e3
-    if abs(us) >= 1e6:
-        return f"{us / 1e6:.3f}s"
-    if abs(us) >= 1e3:
-        return f"{us / 1e3:.3f}ms"
-    return f"{us:.3f}us"
-
-
-def format_bytes(n: float) -> str:
-    """Bytes as torch.profiler's memory columns print them: Gb, Mb, Kb or b."""
-    for unit, scale in (("Gb", 1 << 30), ("Mb", 1 << 20), ("Kb", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} b"
 
 
 def _pct(x: float, total: float) -> str:

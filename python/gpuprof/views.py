@@ -11,7 +11,7 @@ import html
 
 import numpy as np
 
-from .tables import format_time
+from ._format import format_time
 
 __all__ = ["Table", "kernel_table", "plot_steps", "step_table"]
 

@@ -224,8 +224,8 @@ def test_memory_not_recorded_is_said(tmp_path):
 
 
 def test_a_loaded_profile_gives_the_same_report(training, tmp_path):
+    from gpuprof._loaded import LoadedProfile
     from gpuprof.exporters.html import report_data
-    from gpuprof.exporters.saved import LoadedProfile
 
     saved = gpuprof.load(gpuprof.exporters.save(training, tmp_path / "run.gpuprof"))
     assert isinstance(saved, LoadedProfile)

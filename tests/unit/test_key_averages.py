@@ -290,7 +290,7 @@ def test_events_device_time_joins_gpu_work_to_its_launch():
 
     res = _synthetic()  # f launches one 30 ns kernel through cudaLaunchKernel
 
-    class Loaded(gpuprof.exporters.saved.LoadedProfile):
+    class Loaded(gpuprof._loaded.LoadedProfile):
         pass
 
     ev = Loaded(res).events()

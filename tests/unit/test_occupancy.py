@@ -17,8 +17,9 @@ import sys
 
 import numpy as np
 import pytest
+from gpuprof import _deepdive as dd
 from gpuprof import _gpuprof
-from gpuprof import deepdive as dd
+from gpuprof.deepdive import deep_dive
 from gpuprof.occupancy import (
     ARCH_LIMITS,
     annotate_kernels,
@@ -432,28 +433,28 @@ def test_top_kernels_are_ordered_by_gpu_time():
 def test_deep_dive_argument_errors_name_the_argument():
     res = _synthetic_results()
     with pytest.raises(ValueError, match="top must be"):
-        dd.deep_dive(res, 0, replay=lambda: None)
+        deep_dive(res, 0, replay=lambda: None)
     with pytest.raises(TypeError, match="replay must be a callable"):
-        dd.deep_dive(res, 1, replay=3)
+        deep_dive(res, 1, replay=3)
     with pytest.raises(ValueError, match="pass replay="):
-        dd.deep_dive(res, 1)
+        deep_dive(res, 1)
     with pytest.raises(ValueError, match="backend must be"):
-        dd.deep_dive(res, 1, replay=lambda: None, backend="nsight")
+        deep_dive(res, 1, replay=lambda: None, backend="nsight")
     with pytest.raises(ValueError, match="backend='cupti'"):
-        dd.deep_dive(res, 1, command=["python", "x.py"], backend="cupti")
+        deep_dive(res, 1, command=["python", "x.py"], backend="cupti")
     with pytest.raises(ValueError, match="backend='ncu'"):
-        dd.deep_dive(res, 1, replay=lambda: None, backend="ncu")
+        deep_dive(res, 1, replay=lambda: None, backend="ncu")
     with pytest.raises(TypeError, match="command must be"):
-        dd.deep_dive(res, 1, command=[1, 2])
+        deep_dive(res, 1, command=[1, 2])
     with pytest.raises(ValueError, match="max_kernels"):
-        dd.deep_dive(res, 1, replay=lambda: None, max_kernels=0)
+        deep_dive(res, 1, replay=lambda: None, max_kernels=0)
 
 
 def test_deep_dive_without_counters_says_why_and_keeps_the_rest(monkeypatch):
     res = _synthetic_results()
     monkeypatch.setenv("PATH", "/nonexistent")
     calls = []
-    rep = dd.deep_dive(res, 5, replay=lambda: calls.append(1), command=["python", "x.py"])
+    rep = deep_dive(res, 5, replay=lambda: calls.append(1), command=["python", "x.py"])
     assert not rep.available and rep.backend == "none"
     assert "CUPTI:" in rep.reason and "ncu (Nsight Compute) is not on PATH" in rep.reason
     assert sorted(k.name for k in rep.kernels) == ["conv()", "gemm()"]
@@ -467,7 +468,7 @@ def test_deep_dive_without_counters_says_why_and_keeps_the_rest(monkeypatch):
     from gpuprof._results import Results
 
     raw = _gpuprof._test_aggregate([], [], [], 0, 1000, [], 1)
-    empty = dd.deep_dive(Results([raw]), 3, replay=lambda: None)
+    empty = deep_dive(Results([raw]), 3, replay=lambda: None)
     assert not empty.available and "no GPU kernels" in empty.reason
 
 
@@ -523,7 +524,7 @@ def test_ncu_backend_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch):
                     ["1", "1", "p", "h", "gemm", "1", "7", "3000", "50", "20", "10", "90"],
                     ["2", "1", "p", "h", "conv", "1", "7", "500", "15", "85", "0", "0"])
     exe = _fake_ncu(tmp_path, monkeypatch, csv_text)
-    rep = dd.deep_dive(_synthetic_results(), 5, command=["python", "train.py"], ncu=exe)
+    rep = deep_dive(_synthetic_results(), 5, command=["python", "train.py"], ncu=exe)
     assert rep.available and rep.backend == "ncu", rep.reason
     by = {k.name: k for k in rep.kernels}
     gemm, conv = by["gemm()"], by["conv()"]
@@ -548,7 +549,7 @@ def test_ncu_backend_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch):
 def test_ncu_without_permission_says_how_to_fix(tmp_path, monkeypatch):
     exe = _fake_ncu(tmp_path, monkeypatch, "")
     monkeypatch.setenv("FAKE_NCU_DENY", "1")
-    rep = dd.deep_dive(_synthetic_results(), 2, command="python train.py", ncu=exe)
+    rep = deep_dive(_synthetic_results(), 2, command="python train.py", ncu=exe)
     assert not rep.available
     assert "NVreg_RestrictProfilingToAdminUsers=0" in rep.reason
 

@@ -9,8 +9,6 @@ and what each track means are described in docs/traces.md.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import gzip
 import json
 import os
@@ -19,64 +17,18 @@ import sys
 import numpy as np
 
 from .. import _gpuprof
+from .._constants import OP_CFUNC as _OP_CFUNC
+from .._constants import OP_PYTHON as _OP_PYTHON
+from .._constants import OP_STEP as _OP_STEP
+from .._output import atomic_output, check_output_path, reraise_os_error
 from .._paths import display_files
+from .._ranks import distributed_info as _distributed_info
+from .._version import __version__
 
-__all__ = ["export_chrome_trace", "trace_names"]
+__all__ = ["atomic_output", "check_output_path", "export_chrome_trace", "reraise_os_error",
+           "trace_names"]
 
-_OP_PYTHON, _OP_CFUNC, _OP_STEP = 1, 2, 4  # csrc/opkinds.h
 _GZIP_LEVEL = 6  # ~the size of level 9 at a fraction of its time
-
-
-def check_output_path(path, func: str) -> str:
-    """Return ``path`` as a str, or raise an OSError naming it when the file
-    cannot be created there (a directory, a missing or read-only folder)."""
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{func}(): path must be a str or os.PathLike, got {path!r}")
-    path = os.fspath(path)
-    if "{" in path:  # {rank}, {local_rank}, {world_size}: one file per rank
-        from ..distributed import expand_name
-
-        path = expand_name(path)
-    if not path:
-        raise FileNotFoundError(errno.ENOENT, f"{func}(): path is empty", path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"{func}(): {path!r} is a directory; "
-                                "pass a file name inside it", path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(parent):
-        raise FileNotFoundError(errno.ENOENT, f"{func}(): cannot write {path!r}: folder "
-                                f"{parent!r} does not exist", path)
-    if not os.path.isdir(parent):
-        raise NotADirectoryError(errno.ENOTDIR, f"{func}(): cannot write {path!r}: "
-                                 f"{parent!r} is not a folder", path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, f"{func}(): cannot write {path!r}: folder "
-                              f"{parent!r} is not writable", path)
-    return path
-
-
-def reraise_os_error(e: OSError, func: str, path: str):
-    """An OSError from the writer, re-raised naming the user's path."""
-    raise OSError(e.errno, f"{func}(): cannot write {path!r}: {e.strerror or e}", path) from e
-
-
-@contextlib.contextmanager
-def atomic_output(path: str, func: str):
-    """Yield a temporary name next to ``path``; on success it replaces ``path``, on
-    failure it is removed. OSErrors come out naming ``path`` and ``func``."""
-    tmp = path + ".tmp"
-    try:
-        try:
-            yield tmp
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
-    except OSError as e:
-        reraise_os_error(e, func, path)
 
 
 def builtin_name(name: str) -> str:
@@ -113,9 +65,7 @@ def program_name() -> str:
 def distributed_info() -> dict:
     """Rank metadata: torch.distributed when it is initialised (never imported
     here), else torchrun's RANK/WORLD_SIZE, else a single process."""
-    # -- distributed (gpuprof.distributed): also pg_count, pg_config, nccl_version --
-    from ..distributed import distributed_info as _distributed_info
-
+    # -- distributed (gpuprof._ranks): also pg_count, pg_config, nccl_version --
     return _distributed_info()
 
 
@@ -134,8 +84,6 @@ def device_properties(results) -> list[dict]:
 
 
 def _header(results, window: dict, props: list[dict], thinned: dict | None = None) -> str:
-    from .. import __version__
-
     keys = {"schemaVersion": 1, "deviceProperties": props,
             "distributedInfo": results.meta.get("distributed_info") or distributed_info(),
             "gpuprof_version": __version__}

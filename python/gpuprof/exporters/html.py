@@ -207,7 +207,8 @@ def _summary(results: Results, title: str | None) -> dict:
 
 
 def _diagnosis(results: Results) -> dict:
-    from ..diagnose import _fmt, diagnose
+    from .._findings import _fmt
+    from ..diagnose import diagnose
 
     d = diagnose(results)
     out = d.to_dict()
@@ -414,7 +415,7 @@ def report_data(results: Results, *, sampler=None, processes=None, trace=None,
     ops = results.ops()
     show_memory = bool(results.meta.get("profile_memory"))
     ka = KeyAverages(results, show_memory=show_memory)
-    from .. import __version__
+    from .._version import __version__
 
     data = {
         "page": "report",
@@ -467,7 +468,7 @@ def export_html(results: Results, path, *, sampler=None, processes=None, trace=N
 
 def compare_data(comparison, title: str | None = None) -> dict:
     """The document the comparison page draws; see :func:`export_compare_html`."""
-    from .. import __version__
+    from .._version import __version__
     from ..compare import Comparison
 
     if not isinstance(comparison, Comparison):

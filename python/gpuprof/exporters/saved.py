@@ -31,8 +31,8 @@ import zipfile
 
 import numpy as np
 
-from .._accessors import ResultAccessors
 from .._results import Results
+from ..processes import ProcessData
 from .chrome import (
     atomic_output,
     check_output_path,
@@ -41,7 +41,7 @@ from .chrome import (
     program_name,
 )
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "LoadedProfile", "load", "save"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "read", "save"]
 
 FORMAT = "gpuprof-saved"
 FORMAT_VERSION = 3  # 3: memory samples; 2: child processes; older files load unchanged
@@ -54,7 +54,7 @@ def save(results: Results, path) -> str:
     Raises:
         OSError: ``path`` cannot be written (the message names it).
     """
-    from .. import __version__
+    from .._version import __version__
 
     path = check_output_path(path, "save")
     arrays: dict[str, np.ndarray] = {}
@@ -142,12 +142,9 @@ def _json_default(o):
     raise TypeError(f"gpuprof.save(): cannot store {type(o).__name__} {o!r} in meta.json")
 
 
-def load(path) -> LoadedProfile:
-    """Open a file written by ``prof.save(path)``.
-
-    Returns:
-        A read-only :class:`LoadedProfile` with the accessors of a profile
-        (``ops()``, ``kernels()``, ``key_averages()``, ``export_chrome_trace()``, ...).
+def read(path) -> Results:
+    """The recorded data of a file written by ``prof.save(path)``
+    (:func:`gpuprof.load` wraps it in a :class:`gpuprof.exporters.LoadedProfile`).
 
     Raises:
         OSError: the file cannot be read.
@@ -200,59 +197,11 @@ def load(path) -> LoadedProfile:
             raise ValueError(f"gpuprof.load(): {path!r}: its memory samples are damaged "
                              f"({e!r})") from None
     if children is not None:  # -- subprocesses --
-        from ..processes import ProcessData
-
         results.subprocesses = [
             ProcessData(int(c["pid"]), int(c["ppid"]), str(c["name"]),
                         str(c["start_method"]), str(c["status"]), wins)
             for c, wins in zip(children, child_windows, strict=True)]
-    return LoadedProfile(results, path)
+    return results
 
 
 _ENTRY = re.compile(r"(?:p(\d+))?w(\d+)")  # w<k>: the main process; p<j>w<k>: child j
-
-
-class LoadedProfile(ResultAccessors):
-    """A profile read back from a ``.gpuprof`` file (read-only).
-
-    It answers like the ``gpuprof.profile`` that recorded it: ``ops()``,
-    ``kernels()``, ``gpu_events()``, ``steps()``, ``call_tree()``,
-    ``key_averages()``, ``diagnose()``, ``export_chrome_trace()``,
-    ``export_stacks()``; ``results`` is the underlying :class:`gpuprof.Results`.
-    """
-
-    def __init__(self, results: Results, path: str | None = None):
-        self._results = results
-        self.path = path
-
-    def __repr__(self) -> str:
-        return f"<gpuprof.LoadedProfile {self.path!r}: {len(self._results.windows)} window(s)>"
-
-    @property
-    def results(self) -> Results:
-        return self._results
-
-    @property
-    def profile_memory(self) -> bool:
-        return bool(self._results.meta.get("profile_memory"))
-
-    @property
-    def with_stack(self) -> bool:
-        return bool(self._results.meta.get("with_stack"))
-
-    @property
-    def subprocesses(self) -> bool:
-        """Whether the recording profiled child processes (``subprocesses=True``)."""
-        return hasattr(self._results, "subprocesses")
-
-    def processes(self):
-        """One row per recorded process, the main process first, as
-        ``profile.processes()`` returned it when it was saved."""
-        from .. import processes
-
-        out = processes.processes_array(self._results)
-        meta = self._results.meta
-        # the main process's row as it was recorded, not the reader's own
-        out[0]["ppid"] = int(meta.get("ppid", -1))
-        out[0]["name"] = str(meta.get("process_name") or out[0]["name"])
-        return out

@@ -7,6 +7,7 @@ import os
 import socket
 import time
 
+from .._ranks import expand_name
 from .chrome import check_min_duration
 
 __all__ = ["tensorboard_trace_handler"]
@@ -47,8 +48,6 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
 
     def handler_fn(prof) -> str:
         # -- distributed: {rank}, {local_rank}, {world_size}, expanded per call --
-        from ..distributed import expand_name
-
         out_dir = expand_name(dir_name)
         worker = expand_name(worker_name) if worker_name else None
         # -- end distributed --

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import weakref
 
-from .. import record_function
+from ..profiler import record_function
 from ._session import StepSession, check_output
 
 # Lightning's action names (lightning/pytorch/loops/training_epoch_loop.py): the fetch

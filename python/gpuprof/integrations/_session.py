@@ -17,11 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import profile as _profile
-from .. import tensorboard_trace_handler
+from .._constants import ACT_NONE
+from .._loaded import LoadedProfile
 from .._monitoring import use_monitoring
 from ..diagnose import data_wait_per_step, diagnose
-from ..exporters import LoadedProfile
+from ..exporters.tensorboard import tensorboard_trace_handler
+from ..profiler import profile as _profile
 from ..schedule import Schedule
 from ..tables import SORT_KEYS, format_time
 from ..views import Table
@@ -245,9 +246,9 @@ class StepSession:
         self.active = True
         action = self._action_at(0)
         self.live = self._new_profile()
-        if not self._cycling or action != 0:
+        if not self._cycling or action != ACT_NONE:
             self.live.start()
-        if action == 0:
+        if action == ACT_NONE:
             self._quiet_until = self._next_busy(0)
         self._arm_peak(0, action)
 
@@ -274,13 +275,13 @@ class StepSession:
         action = self._action_at(k)
         if self._cycling:
             if live.running:
-                if action == 0:  # the window closed and the schedule waits
+                if action == ACT_NONE:  # the window closed and the schedule waits
                     live.stop()
-            elif action != 0:
+            elif action != ACT_NONE:
                 self._offset = k
                 self.live = self._new_profile()
                 self.live.start()
-        if action == 0:
+        if action == ACT_NONE:
             self._quiet_until = self._next_busy(k)
         if self._pending:
             self._flush()
