@@ -392,9 +392,9 @@ def _armed_pids(proc, n):
     while len(pids) < n:
         line = proc.stderr.readline()
         assert line, "torchrun ended before its ranks were armed"
-        m = re.search(r"`python -m gpuprof capture (\d+)`", line)
-        if m:
-            pids.append(int(m.group(1)))
+        # two ranks' messages can share a line: each rank's unbuffered print() writes
+        # the text and its newline separately
+        pids += [int(p) for p in re.findall(r"`python -m gpuprof capture (\d+)`", line)]
     return pids
 
 
