@@ -286,7 +286,8 @@ def _data_stall(v: _View):
         + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
            f"{hot['workers_hottest']}" if hot else ""),
         ev, where,
-        "Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, pin_memory=True, "
+        "Load data in parallel and ahead of the GPU: "
+        "DataLoader(num_workers>0, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
         "workers or the GPU, and cache decoded samples.")]
 
@@ -345,7 +346,8 @@ def _launch_bound(v: _View):
         return []
     return [Finding(
         "launch_bound", severity,
-        f"Launch-bound: {per_step:.0f} kernels per step, {100 * short:.0f}% shorter than a launch "
+        f"Launch-bound: {per_step:.0f} kernels per step, "
+        f"{100 * short:.0f}% shorter than a launch "
         f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
         {"kernels_per_step": int(per_step), "short_kernel_share": short,
          "median_kernel_ns": int(np.median(dur)), "median_launch_ns": int(launch_ns),
@@ -422,7 +424,8 @@ def _mixed_precision(v: _View):
     top = compute[fp32][np.argmax(compute["total_ns"][fp32])]
     return [Finding(
         "no_mixed_precision", share * busy_share * 0.5,
-        f"FP32 matrix kernels take {100 * share:.0f}% of GPU time (e.g. {str(top['name'])[:60]})",
+        f"FP32 matrix kernels take {100 * share:.0f}% of GPU time "
+        f"(e.g. {str(top['name'])[:60]})",
         {"fp32_gemm_ns": fp32_ns, "gpu_time_ns": total_gpu, "fp32_gemm_share": share},
         "",
         "Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the "
@@ -447,10 +450,12 @@ def _communication(v: _View):
         return []
     return [Finding(
         "communication_wait", share,
-        f"Communication not overlapped with compute: {format_time(exposed // v.n_steps)} per step",
+        "Communication not overlapped with compute: "
+        f"{format_time(exposed // v.n_steps)} per step",
         {"comm_ns": total, "exposed_comm_ns": exposed},
         "",
-        "Overlap gradients' all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view)"
+        "Overlap gradients' all-reduce with backward "
+        "(DDP bucket_cap_mb, gradient_as_bucket_view)"
         ", reduce communication volume (bf16 gradients), or check for a slow rank.")]
 
 

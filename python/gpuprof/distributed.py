@@ -709,9 +709,10 @@ def _straggler(m) -> list[Finding]:
          "waited_per_step": "; ".join(waited)},
         "",
         f"Find what rank {rank} does that the others do not: open process 'rank {rank}' in the "
-        "merged trace next to another rank. Usual causes: uneven input (sequence lengths, shard "
-        "sizes), work only that rank does (logging, checkpointing, evaluation), a slower or "
-        "throttled GPU, CPU contention on its host (OMP_NUM_THREADS, dataloader workers), or an "
+        "merged trace next to another rank. Usual causes: uneven input (sequence lengths, "
+        "shard sizes), work only that rank does (logging, checkpointing, evaluation), a "
+        "slower or throttled GPU, CPU contention on its host (OMP_NUM_THREADS, dataloader "
+        "workers), or an "
         "unbalanced model split.")]
 
 
