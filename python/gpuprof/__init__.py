@@ -59,6 +59,7 @@ __all__ = [
     "__version__",
 ]
 
+
 # A forked child (DataLoader workers, multiprocessing) must not keep recording
 # into the parent's session, nor touch the parent's CUDA capture.
 def _after_fork_in_child() -> None:
@@ -79,8 +80,9 @@ _os.register_at_fork(after_in_child=_after_fork_in_child)
 # among them) below the program's own frames. The bundled workloads
 # (gpuprof/workloads/) are user code and are shown.
 _here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
-_gpuprof._set_hidden_prefix((_here, _runpy.run_path.__code__.co_filename),
-                            _here + "workloads" + _os.sep)
+_gpuprof._set_hidden_prefix(
+    (_here, _runpy.run_path.__code__.co_filename), _here + "workloads" + _os.sep
+)
 
 # GPUPROF_ON_DEMAND=1: arm this process for `python -m gpuprof capture PID` (docs/on-demand.md).
 _arm_from_environment()

@@ -70,9 +70,14 @@ BUSY_PCT = 60.0
 BOUNDS = ("compute-bound", "memory-bound", "latency-bound", "unknown")
 
 
-def classify(sm_pct: float | None, dram_pct: float | None, *, tensor_pct: float | None = None,
-             memory_pct: float | None = None,
-             achieved_occupancy_pct: float | None = None) -> tuple[str, str]:
+def classify(
+    sm_pct: float | None,
+    dram_pct: float | None,
+    *,
+    tensor_pct: float | None = None,
+    memory_pct: float | None = None,
+    achieved_occupancy_pct: float | None = None,
+) -> tuple[str, str]:
     """Classify a kernel from its throughputs as % of peak.
 
     Rules, with ``compute = max(sm_pct, tensor_pct)``:
@@ -91,31 +96,39 @@ def classify(sm_pct: float | None, dram_pct: float | None, *, tensor_pct: float 
     "latency-bound" ("unknown" when SM or DRAM throughput is missing) and a
     sentence giving the figures.
     """
+
     def num(x):
         return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
-    sm, dram, tensor, mem, occ = map(num, (sm_pct, dram_pct, tensor_pct, memory_pct,
-                                           achieved_occupancy_pct))
+    sm, dram, tensor, mem, occ = map(
+        num, (sm_pct, dram_pct, tensor_pct, memory_pct, achieved_occupancy_pct)
+    )
     if sm is None or dram is None:
         return "unknown", "SM or DRAM throughput was not measured"
     compute = max(sm, tensor or 0.0)
     what = f"SM {sm:.0f}%" + (f", tensor pipes {tensor:.0f}%" if tensor is not None else "")
     if compute >= BUSY_PCT or dram >= BUSY_PCT:
         if compute >= dram:
-            return "compute-bound", (f"compute is the busiest unit ({what} of peak; DRAM "
-                                     f"{dram:.0f}%)")
+            return "compute-bound", (
+                f"compute is the busiest unit ({what} of peak; DRAM {dram:.0f}%)"
+            )
         return "memory-bound", f"DRAM at {dram:.0f}% of peak bandwidth ({what})"
     if mem is not None and mem >= BUSY_PCT:
-        return "memory-bound", (f"on-chip memory (L1/L2/shared) at {mem:.0f}% of peak while DRAM "
-                                f"is at {dram:.0f}% and {what}")
-    why = (f"no unit near its peak ({what}, DRAM {dram:.0f}%, threshold {BUSY_PCT:.0f}%): "
-           "the kernel waits on latency")
+        return "memory-bound", (
+            f"on-chip memory (L1/L2/shared) at {mem:.0f}% of peak while DRAM "
+            f"is at {dram:.0f}% and {what}"
+        )
+    why = (
+        f"no unit near its peak ({what}, DRAM {dram:.0f}%, threshold {BUSY_PCT:.0f}%): "
+        "the kernel waits on latency"
+    )
     if occ is not None and occ < 25.0:
         why += f"; achieved occupancy is only {occ:.0f}% (too few warps to hide it)"
     return "latency-bound", why
 
 
 # -- metrics -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -132,19 +145,32 @@ class MetricSpec:
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("duration_ns", ("gpu__time_duration.sum",), "ns"),
     MetricSpec("sm_pct", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",), "pct"),
-    MetricSpec("dram_pct", ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
-                            "dram__throughput.avg.pct_of_peak_sustained_elapsed"), "pct"),
-    MetricSpec("memory_pct", ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",),
-               "pct"),
-    MetricSpec("achieved_occupancy_pct", ("sm__warps_active.avg.pct_of_peak_sustained_active",),
-               "pct"),
+    MetricSpec(
+        "dram_pct",
+        (
+            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        ),
+        "pct",
+    ),
+    MetricSpec(
+        "memory_pct", ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",), "pct"
+    ),
+    MetricSpec(
+        "achieved_occupancy_pct", ("sm__warps_active.avg.pct_of_peak_sustained_active",), "pct"
+    ),
     MetricSpec("l1_hit_pct", ("l1tex__t_sector_hit_rate.pct",), "pct"),
     MetricSpec("l2_hit_pct", ("lts__t_sector_hit_rate.pct",), "pct"),
-    MetricSpec("tensor_pct", (
-        # HMMA/HGMMA/QGMMA ops up to Hopper; any tensor op (the only one on Blackwell)
-        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-    ), "pct", combine="max"),
+    MetricSpec(
+        "tensor_pct",
+        (
+            # HMMA/HGMMA/QGMMA ops up to Hopper; any tensor op (the only one on Blackwell)
+            "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+        ),
+        "pct",
+        combine="max",
+    ),
     MetricSpec("dram_bytes", ("dram__bytes.sum",), "count"),
     MetricSpec("fp32_add", ("smsp__sass_thread_inst_executed_op_fadd_pred_on.sum",), "count"),
     MetricSpec("fp32_mul", ("smsp__sass_thread_inst_executed_op_fmul_pred_on.sum",), "count"),
@@ -174,14 +200,20 @@ def aggregate_launches(launches: list[dict[str, float]]) -> dict[str, float]:
     if not any(weights):
         weights = [1.0] * len(launches)
     for spec in METRICS:
-        pairs = [(lv[spec.field], w) for lv, w in zip(launches, weights, strict=True)
-                 if lv.get(spec.field) is not None and not math.isnan(lv[spec.field])]
+        pairs = [
+            (lv[spec.field], w)
+            for lv, w in zip(launches, weights, strict=True)
+            if lv.get(spec.field) is not None and not math.isnan(lv[spec.field])
+        ]
         if not pairs:
             continue
         if spec.kind == "pct":
             wsum = sum(w for _, w in pairs)
-            out[spec.field] = (sum(v * w for v, w in pairs) / wsum if wsum
-                               else sum(v for v, _ in pairs) / len(pairs))
+            out[spec.field] = (
+                sum(v * w for v, w in pairs) / wsum
+                if wsum
+                else sum(v for v, _ in pairs) / len(pairs)
+            )
         else:
             out[spec.field] = sum(v for v, _ in pairs)
     return out
@@ -213,16 +245,17 @@ def derived(m: dict[str, float]) -> dict[str, float]:
 
 # -- report --------------------------------------------------------------------------------
 
+
 @dataclass
 class KernelDeepDive:
     """One hot kernel: where it stood in the recorded window and what the counters say."""
 
     name: str
     device: int
-    gpu_time_ns: int            # in the recorded window(s)
-    calls: int                  # in the recorded window(s)
-    share: float                # of the GPU time of all kernels() rows (copies too), 0..1
-    occupancy: float            # theoretical, 0..1 (NaN when unknown)
+    gpu_time_ns: int  # in the recorded window(s)
+    calls: int  # in the recorded window(s)
+    share: float  # of the GPU time of all kernels() rows (copies too), 0..1
+    occupancy: float  # theoretical, 0..1 (NaN when unknown)
     occupancy_limiter: str
     launches_profiled: int = 0  # launches measured during the replay
     metrics: dict[str, float] = field(default_factory=dict)  # METRICS fields
@@ -233,12 +266,19 @@ class KernelDeepDive:
         return self.metrics.get(key)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "device": self.device, "gpu_time_ns": self.gpu_time_ns,
-                "calls": self.calls, "share": self.share,
-                "occupancy": None if math.isnan(self.occupancy) else self.occupancy,
-                "occupancy_limiter": self.occupancy_limiter,
-                "launches_profiled": self.launches_profiled, "metrics": dict(self.metrics),
-                "bound": self.bound, "why": self.why}
+        return {
+            "name": self.name,
+            "device": self.device,
+            "gpu_time_ns": self.gpu_time_ns,
+            "calls": self.calls,
+            "share": self.share,
+            "occupancy": None if math.isnan(self.occupancy) else self.occupancy,
+            "occupancy_limiter": self.occupancy_limiter,
+            "launches_profiled": self.launches_profiled,
+            "metrics": dict(self.metrics),
+            "bound": self.bound,
+            "why": self.why,
+        }
 
 
 @dataclass
@@ -247,29 +287,40 @@ class DeepDiveReport:
     hardware metrics were collected, ``reason`` why not."""
 
     kernels: list[KernelDeepDive]
-    backend: str = "none"       # "cupti", "ncu" or "none"
+    backend: str = "none"  # "cupti", "ncu" or "none"
     available: bool = False
     reason: str = ""
-    elapsed_s: float = 0.0      # wall time the replay and the collection took
-    replays: int = 0            # how many times the workload ran for it
-    passes: int = 0             # hardware passes per kernel (CUPTI)
+    elapsed_s: float = 0.0  # wall time the replay and the collection took
+    replays: int = 0  # how many times the workload ran for it
+    passes: int = 0  # hardware passes per kernel (CUPTI)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "available": self.available, "reason": self.reason,
-                "elapsed_s": self.elapsed_s, "replays": self.replays, "passes": self.passes,
-                "notes": list(self.notes), "kernels": [k.to_dict() for k in self.kernels]}
+        return {
+            "backend": self.backend,
+            "available": self.available,
+            "reason": self.reason,
+            "elapsed_s": self.elapsed_s,
+            "replays": self.replays,
+            "passes": self.passes,
+            "notes": list(self.notes),
+            "kernels": [k.to_dict() for k in self.kernels],
+        }
 
     def __str__(self) -> str:
         lines = []
         if self.available:
-            lines.append(f"Kernel deep dive: {self.backend}, {self.replays} replay(s), "
-                         f"{self.passes or '?'} pass(es) per kernel, {self.elapsed_s:.1f} s")
+            lines.append(
+                f"Kernel deep dive: {self.backend}, {self.replays} replay(s), "
+                f"{self.passes or '?'} pass(es) per kernel, {self.elapsed_s:.1f} s"
+            )
         else:
             lines.append(f"Kernel deep dive: no hardware metrics: {self.reason}")
-        head = (f"{'Kernel':48s} {'GPU time':>9s} {'%':>5s} {'Occ':>4s} {'AchOcc':>6s} "
-                f"{'SM%':>4s} {'DRAM%':>5s} {'Mem%':>4s} {'Tens%':>5s} {'L1hit':>5s} "
-                f"{'L2hit':>5s}  Bound")
+        head = (
+            f"{'Kernel':48s} {'GPU time':>9s} {'%':>5s} {'Occ':>4s} {'AchOcc':>6s} "
+            f"{'SM%':>4s} {'DRAM%':>5s} {'Mem%':>4s} {'Tens%':>5s} {'L1hit':>5s} "
+            f"{'L2hit':>5s}  Bound"
+        )
         lines.append(head)
         from ._format import format_time
 
@@ -284,13 +335,16 @@ class DeepDiveReport:
                 f"{pct(k.get('achieved_occupancy_pct'), 6)} {pct(k.get('sm_pct'), 4)} "
                 f"{pct(k.get('dram_pct'), 5)} {pct(k.get('memory_pct'), 4)} "
                 f"{pct(k.get('tensor_pct'), 5)} {pct(k.get('l1_hit_pct'), 5)} "
-                f"{pct(k.get('l2_hit_pct'), 5)}  {k.bound}")
+                f"{pct(k.get('l2_hit_pct'), 5)}  {k.bound}"
+            )
         for k in self.kernels:
             if k.bound != "unknown":
                 d = derived(k.metrics)
-                extra = [f"{v / 1e12:.2f} {p[:4].upper()} TFLOP/s" for p, v in
-                         ((p, d.get(f"{p}_flops_per_s")) for p in ("fp32", "fp64", "fp16"))
-                         if v]
+                extra = [
+                    f"{v / 1e12:.2f} {p[:4].upper()} TFLOP/s"
+                    for p, v in ((p, d.get(f"{p}_flops_per_s")) for p in ("fp32", "fp64", "fp16"))
+                    if v
+                ]
                 if d.get("dram_bytes_per_s"):
                     extra.append(f"DRAM {d['dram_bytes_per_s'] / 1e9:.0f} GB/s")
                 tail = f" [{', '.join(extra)}]" if extra else ""
@@ -301,6 +355,7 @@ class DeepDiveReport:
 
 # -- entry point ---------------------------------------------------------------------------
 
+
 def _top_kernels(results, top: int) -> list[KernelDeepDive]:
     import numpy as np
 
@@ -310,54 +365,80 @@ def _top_kernels(results, top: int) -> list[KernelDeepDive]:
     total = float(k["total_ns"].sum()) or 1.0
     keep = np.nonzero(k["category"] == "compute")[0]
     order = keep[np.argsort(-k["total_ns"][keep], kind="stable")][:top]
-    return [KernelDeepDive(name=str(k["name"][i]), device=int(k["device"][i]),
-                           gpu_time_ns=int(k["total_ns"][i]), calls=int(k["calls"][i]),
-                           share=float(k["total_ns"][i]) / total,
-                           occupancy=float(k["occupancy"][i]),
-                           occupancy_limiter=str(k["occupancy_limiter"][i]))
-            for i in order]
+    return [
+        KernelDeepDive(
+            name=str(k["name"][i]),
+            device=int(k["device"][i]),
+            gpu_time_ns=int(k["total_ns"][i]),
+            calls=int(k["calls"][i]),
+            share=float(k["total_ns"][i]) / total,
+            occupancy=float(k["occupancy"][i]),
+            occupancy_limiter=str(k["occupancy_limiter"][i]),
+        )
+        for i in order
+    ]
 
 
 def _check_args(top, replay, command, backend, max_kernels, timeout_s):
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"deep_dive(): top must be a positive int, got {top!r}")
     if replay is not None and not callable(replay):
-        raise TypeError(f"deep_dive(): replay must be a callable that runs the work again (one "
-                        f"training step, say), got {replay!r}")
+        raise TypeError(
+            f"deep_dive(): replay must be a callable that runs the work again (one "
+            f"training step, say), got {replay!r}"
+        )
     if command is not None:
         if isinstance(command, str):
             command = shlex.split(command)
-        if (not isinstance(command, Sequence) or not command
-                or not all(isinstance(c, (str, os.PathLike)) for c in command)):
-            raise TypeError("deep_dive(): command must be a list of str (the program and its "
-                            f"arguments, run under ncu), got {command!r}")
+        if (
+            not isinstance(command, Sequence)
+            or not command
+            or not all(isinstance(c, (str, os.PathLike)) for c in command)
+        ):
+            raise TypeError(
+                "deep_dive(): command must be a list of str (the program and its "
+                f"arguments, run under ncu), got {command!r}"
+            )
         command = [os.fspath(c) for c in command]
     if backend not in ("auto", "cupti", "ncu"):
         raise ValueError(f"deep_dive(): backend must be 'auto', 'cupti' or 'ncu', got {backend!r}")
     if backend == "cupti" and replay is None:
-        raise ValueError("deep_dive(backend='cupti'): pass replay=<callable that runs the same "
-                         "work again>, e.g. replay=lambda: train_step(batch)")
+        raise ValueError(
+            "deep_dive(backend='cupti'): pass replay=<callable that runs the same "
+            "work again>, e.g. replay=lambda: train_step(batch)"
+        )
     if backend == "ncu" and command is None:
-        raise ValueError("deep_dive(backend='ncu'): pass command=['python', 'train.py', ...], "
-                         "the program ncu should run")
+        raise ValueError(
+            "deep_dive(backend='ncu'): pass command=['python', 'train.py', ...], "
+            "the program ncu should run"
+        )
     if replay is None and command is None:
-        raise ValueError("deep_dive(): pass replay=<callable that runs the same work again> "
-                         "(CUPTI, in this process) or command=[program, args...] (Nsight "
-                         "Compute, in a subprocess)")
+        raise ValueError(
+            "deep_dive(): pass replay=<callable that runs the same work again> "
+            "(CUPTI, in this process) or command=[program, args...] (Nsight "
+            "Compute, in a subprocess)"
+        )
     if isinstance(max_kernels, bool) or not isinstance(max_kernels, int) or max_kernels < 1:
         raise ValueError(f"deep_dive(): max_kernels must be a positive int, got {max_kernels!r}")
     if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
-        raise ValueError(f"deep_dive(): timeout_s must be a positive number or None, "
-                         f"got {timeout_s!r}")
+        raise ValueError(
+            f"deep_dive(): timeout_s must be a positive number or None, got {timeout_s!r}"
+        )
     return command
 
 
-def deep_dive(results, top: int = 5, replay: Callable[[], object] | None = None, *,
-              command: Sequence[str] | str | None = None, backend: str = "auto",
-              max_kernels: int = 20000, timeout_s: float | None = 1800.0,
-              ncu: str | None = None,
-              kernel_sequence: Callable[[Callable[[], object]], list[tuple[str, int]]] | None = None
-              ) -> DeepDiveReport:
+def deep_dive(
+    results,
+    top: int = 5,
+    replay: Callable[[], object] | None = None,
+    *,
+    command: Sequence[str] | str | None = None,
+    backend: str = "auto",
+    max_kernels: int = 20000,
+    timeout_s: float | None = 1800.0,
+    ncu: str | None = None,
+    kernel_sequence: Callable[[Callable[[], object]], list[tuple[str, int]]] | None = None,
+) -> DeepDiveReport:
     """Hardware metrics and a bound verdict for the ``top`` kernels of ``results``.
 
     Args:
@@ -392,8 +473,9 @@ def deep_dive(results, top: int = 5, replay: Callable[[], object] | None = None,
     kernels = _top_kernels(results, top)
     report = DeepDiveReport(kernels=kernels)
     if not kernels:
-        report.reason = ("the recorded window has no GPU kernels (was GPU capture on? see "
-                         "gpuprof.cuda_status())")
+        report.reason = (
+            "the recorded window has no GPU kernels (was GPU capture on? see gpuprof.cuda_status())"
+        )
         return report
     reasons = []
     t0 = time.perf_counter()
@@ -425,9 +507,13 @@ def _finish(report: DeepDiveReport, per_kernel: dict[str, list[dict[str, float]]
             k.bound, k.why = "unknown", "no launch of this kernel was measured during the replay"
             continue
         m = k.metrics
-        k.bound, k.why = classify(m.get("sm_pct"), m.get("dram_pct"),
-                                  tensor_pct=m.get("tensor_pct"), memory_pct=m.get("memory_pct"),
-                                  achieved_occupancy_pct=m.get("achieved_occupancy_pct"))
+        k.bound, k.why = classify(
+            m.get("sm_pct"),
+            m.get("dram_pct"),
+            tensor_pct=m.get("tensor_pct"),
+            memory_pct=m.get("memory_pct"),
+            achieved_occupancy_pct=m.get("achieved_occupancy_pct"),
+        )
 
 
 # -- plain-words explanations ----------------------------------------------------------------
@@ -437,17 +523,20 @@ PRIVILEGES_FIX = (
     "driver's default, NVreg_RestrictProfilingToAdminUsers=1). Fix: run as root (in a "
     "container add --cap-add=SYS_ADMIN), or allow all users: echo 'options nvidia "
     "NVreg_RestrictProfilingToAdminUsers=0' | sudo tee /etc/modprobe.d/nvidia-profiling.conf, "
-    "rebuild the initramfs and reboot (https://developer.nvidia.com/ERR_NVGPUCTRPERM)")
+    "rebuild the initramfs and reboot (https://developer.nvidia.com/ERR_NVGPUCTRPERM)"
+)
 VIRTUAL_FIX = (
     "this is a virtual GPU (vGPU or a cloud VM's passthrough without counter access) on which "
     "performance counters are not enabled. Fix: ask the host administrator to enable profiling "
     "for the vGPU (NVIDIA vGPU: the 'enable_profiling' vGPU plugin parameter), or use a "
-    "bare-metal GPU")
+    "bare-metal GPU"
+)
 BUSY_FIX = (
     "another profiler holds the GPU's performance counters (Nsight Compute or Systems with GPU "
     "metrics, DCGM profiling metrics as collected by dcgm-exporter, or a second CUPTI "
     "profiling session). Fix: stop it for the duration (e.g. 'dcgmi profile --pause'), then "
-    "run deep_dive again")
+    "run deep_dive again"
+)
 
 _CUPTI_EXPLAIN = {
     35: PRIVILEGES_FIX,
@@ -458,8 +547,10 @@ _CUPTI_EXPLAIN = {
     39: BUSY_FIX,
     41: "confidential computing is on for this GPU, which disables performance counters",
     42: "NVIDIA CMP (crypto mining) GPUs do not expose performance counters",
-    43: ("this is a MIG instance; counters of a MIG slice need CUDA 12.x drivers with MIG "
-         "profiling support and a whole-GPU profiler is not allowed: profile on a full GPU"),
+    43: (
+        "this is a MIG instance; counters of a MIG slice need CUDA 12.x drivers with MIG "
+        "profiling support and a whole-GPU profiler is not allowed: profile on a full GPU"
+    ),
     44: "SLI is enabled, which disables performance counters",
     45: "this WSL setup does not support GPU performance counters (needs a recent WSL driver)",
     46: "CUPTI does not know this GPU's chip: install a libcupti at least as new as the GPU",
@@ -477,8 +568,9 @@ _u8p = ctypes.POINTER(ctypes.c_uint8)
 def _params(name: str, fields: list[tuple[str, object]]):
     """A CUPTI parameter struct: structSize and pPriv first; ``size`` is
     CUPTI_PROFILER_STRUCT_SIZE (the end of the last field, no tail padding)."""
-    cls = type(name, (ctypes.Structure,),
-               {"_fields_": [("structSize", _sz), ("pPriv", _vp)] + fields})
+    cls = type(
+        name, (ctypes.Structure,), {"_fields_": [("structSize", _sz), ("pPriv", _vp)] + fields}
+    )
     last = getattr(cls, cls._fields_[-1][0])
     cls.size = last.offset + last.size
     return cls
@@ -488,59 +580,130 @@ def _params(name: str, fields: list[tuple[str, object]]):
 CUPTI_PARAMS = {
     "Initialize": _params("CUpti_Profiler_Initialize_Params", []),
     "DeInitialize": _params("CUpti_Profiler_DeInitialize_Params", []),
-    "GetChipName": _params("CUpti_Device_GetChipName_Params",
-                           [("deviceIndex", _sz), ("pChipName", _cp)]),
-    "GetCounterAvailability": _params("CUpti_Profiler_GetCounterAvailability_Params", [
-        ("ctx", _vp), ("counterAvailabilityImageSize", _sz),
-        ("pCounterAvailabilityImage", _u8p)]),
-    "DeviceSupported": _params("CUpti_Profiler_DeviceSupported_Params", [
-        ("cuDevice", ctypes.c_int), ("isSupported", ctypes.c_int),
-        ("architecture", ctypes.c_int), ("sli", ctypes.c_int), ("vGpu", ctypes.c_int),
-        ("confidentialCompute", ctypes.c_int), ("cmp", ctypes.c_int), ("wsl", ctypes.c_int),
-        ("api", ctypes.c_int)]),
-    "HostInitialize": _params("CUpti_Profiler_Host_Initialize_Params", [
-        ("profilerType", ctypes.c_int), ("pChipName", _cp),
-        ("pCounterAvailabilityImage", _u8p), ("pHostObject", _vp)]),
+    "GetChipName": _params(
+        "CUpti_Device_GetChipName_Params", [("deviceIndex", _sz), ("pChipName", _cp)]
+    ),
+    "GetCounterAvailability": _params(
+        "CUpti_Profiler_GetCounterAvailability_Params",
+        [("ctx", _vp), ("counterAvailabilityImageSize", _sz), ("pCounterAvailabilityImage", _u8p)],
+    ),
+    "DeviceSupported": _params(
+        "CUpti_Profiler_DeviceSupported_Params",
+        [
+            ("cuDevice", ctypes.c_int),
+            ("isSupported", ctypes.c_int),
+            ("architecture", ctypes.c_int),
+            ("sli", ctypes.c_int),
+            ("vGpu", ctypes.c_int),
+            ("confidentialCompute", ctypes.c_int),
+            ("cmp", ctypes.c_int),
+            ("wsl", ctypes.c_int),
+            ("api", ctypes.c_int),
+        ],
+    ),
+    "HostInitialize": _params(
+        "CUpti_Profiler_Host_Initialize_Params",
+        [
+            ("profilerType", ctypes.c_int),
+            ("pChipName", _cp),
+            ("pCounterAvailabilityImage", _u8p),
+            ("pHostObject", _vp),
+        ],
+    ),
     "HostDeinitialize": _params("CUpti_Profiler_Host_Deinitialize_Params", [("pHostObject", _vp)]),
-    "HostGetMetricProperties": _params("CUpti_Profiler_Host_GetMetricProperties_Params", [
-        ("pHostObject", _vp), ("pMetricName", _cp), ("pDescription", _cp), ("pHwUnit", _cp),
-        ("pDimUnit", _cp), ("metricType", ctypes.c_int)]),
-    "HostConfigAddMetrics": _params("CUpti_Profiler_Host_ConfigAddMetrics_Params", [
-        ("pHostObject", _vp), ("ppMetricNames", ctypes.POINTER(_cp)), ("numMetrics", _sz)]),
-    "HostGetConfigImageSize": _params("CUpti_Profiler_Host_GetConfigImageSize_Params", [
-        ("pHostObject", _vp), ("configImageSize", _sz)]),
-    "HostGetConfigImage": _params("CUpti_Profiler_Host_GetConfigImage_Params", [
-        ("pHostObject", _vp), ("configImageSize", _sz), ("pConfigImage", _u8p)]),
-    "HostGetNumOfPasses": _params("CUpti_Profiler_Host_GetNumOfPasses_Params", [
-        ("configImageSize", _sz), ("pConfigImage", _u8p), ("numOfPasses", _sz)]),
-    "HostEvaluateToGpuValues": _params("CUpti_Profiler_Host_EvaluateToGpuValues_Params", [
-        ("pHostObject", _vp), ("pCounterDataImage", _u8p), ("counterDataImageSize", _sz),
-        ("rangeIndex", _sz), ("ppMetricNames", ctypes.POINTER(_cp)), ("numMetrics", _sz),
-        ("pMetricValues", ctypes.POINTER(ctypes.c_double))]),
-    "Enable": _params("CUpti_RangeProfiler_Enable_Params", [
-        ("ctx", _vp), ("pRangeProfilerObject", _vp)]),
+    "HostGetMetricProperties": _params(
+        "CUpti_Profiler_Host_GetMetricProperties_Params",
+        [
+            ("pHostObject", _vp),
+            ("pMetricName", _cp),
+            ("pDescription", _cp),
+            ("pHwUnit", _cp),
+            ("pDimUnit", _cp),
+            ("metricType", ctypes.c_int),
+        ],
+    ),
+    "HostConfigAddMetrics": _params(
+        "CUpti_Profiler_Host_ConfigAddMetrics_Params",
+        [("pHostObject", _vp), ("ppMetricNames", ctypes.POINTER(_cp)), ("numMetrics", _sz)],
+    ),
+    "HostGetConfigImageSize": _params(
+        "CUpti_Profiler_Host_GetConfigImageSize_Params",
+        [("pHostObject", _vp), ("configImageSize", _sz)],
+    ),
+    "HostGetConfigImage": _params(
+        "CUpti_Profiler_Host_GetConfigImage_Params",
+        [("pHostObject", _vp), ("configImageSize", _sz), ("pConfigImage", _u8p)],
+    ),
+    "HostGetNumOfPasses": _params(
+        "CUpti_Profiler_Host_GetNumOfPasses_Params",
+        [("configImageSize", _sz), ("pConfigImage", _u8p), ("numOfPasses", _sz)],
+    ),
+    "HostEvaluateToGpuValues": _params(
+        "CUpti_Profiler_Host_EvaluateToGpuValues_Params",
+        [
+            ("pHostObject", _vp),
+            ("pCounterDataImage", _u8p),
+            ("counterDataImageSize", _sz),
+            ("rangeIndex", _sz),
+            ("ppMetricNames", ctypes.POINTER(_cp)),
+            ("numMetrics", _sz),
+            ("pMetricValues", ctypes.POINTER(ctypes.c_double)),
+        ],
+    ),
+    "Enable": _params(
+        "CUpti_RangeProfiler_Enable_Params", [("ctx", _vp), ("pRangeProfilerObject", _vp)]
+    ),
     "Disable": _params("CUpti_RangeProfiler_Disable_Params", [("pRangeProfilerObject", _vp)]),
     "Start": _params("CUpti_RangeProfiler_Start_Params", [("pRangeProfilerObject", _vp)]),
-    "Stop": _params("CUpti_RangeProfiler_Stop_Params", [
-        ("pRangeProfilerObject", _vp), ("passIndex", _sz), ("targetNestingLevel", _sz),
-        ("isAllPassSubmitted", ctypes.c_uint8)]),
-    "SetConfig": _params("CUpti_RangeProfiler_SetConfig_Params", [
-        ("pRangeProfilerObject", _vp), ("configSize", _sz), ("pConfig", _u8p),
-        ("counterDataImageSize", _sz), ("pCounterDataImage", _u8p), ("range", ctypes.c_int),
-        ("replayMode", ctypes.c_int), ("maxRangesPerPass", _sz),
-        ("numNestingLevels", ctypes.c_uint16), ("minNestingLevel", ctypes.c_uint16),
-        ("passIndex", _sz), ("targetNestingLevel", ctypes.c_uint16)]),
-    "DecodeData": _params("CUpti_RangeProfiler_DecodeData_Params", [
-        ("pRangeProfilerObject", _vp), ("numOfRangeDropped", _sz)]),
-    "GetCounterDataSize": _params("CUpti_RangeProfiler_GetCounterDataSize_Params", [
-        ("pRangeProfilerObject", _vp), ("pMetricNames", ctypes.POINTER(_cp)),
-        ("numMetrics", _sz), ("maxNumOfRanges", _sz), ("maxNumRangeTreeNodes", ctypes.c_uint32),
-        ("counterDataSize", _sz)]),
+    "Stop": _params(
+        "CUpti_RangeProfiler_Stop_Params",
+        [
+            ("pRangeProfilerObject", _vp),
+            ("passIndex", _sz),
+            ("targetNestingLevel", _sz),
+            ("isAllPassSubmitted", ctypes.c_uint8),
+        ],
+    ),
+    "SetConfig": _params(
+        "CUpti_RangeProfiler_SetConfig_Params",
+        [
+            ("pRangeProfilerObject", _vp),
+            ("configSize", _sz),
+            ("pConfig", _u8p),
+            ("counterDataImageSize", _sz),
+            ("pCounterDataImage", _u8p),
+            ("range", ctypes.c_int),
+            ("replayMode", ctypes.c_int),
+            ("maxRangesPerPass", _sz),
+            ("numNestingLevels", ctypes.c_uint16),
+            ("minNestingLevel", ctypes.c_uint16),
+            ("passIndex", _sz),
+            ("targetNestingLevel", ctypes.c_uint16),
+        ],
+    ),
+    "DecodeData": _params(
+        "CUpti_RangeProfiler_DecodeData_Params",
+        [("pRangeProfilerObject", _vp), ("numOfRangeDropped", _sz)],
+    ),
+    "GetCounterDataSize": _params(
+        "CUpti_RangeProfiler_GetCounterDataSize_Params",
+        [
+            ("pRangeProfilerObject", _vp),
+            ("pMetricNames", ctypes.POINTER(_cp)),
+            ("numMetrics", _sz),
+            ("maxNumOfRanges", _sz),
+            ("maxNumRangeTreeNodes", ctypes.c_uint32),
+            ("counterDataSize", _sz),
+        ],
+    ),
     "CounterDataImageInitialize": _params(
-        "CUpti_RangeProfiler_CounterDataImage_Initialize_Params", [
-            ("pRangeProfilerObject", _vp), ("counterDataSize", _sz), ("pCounterData", _u8p)]),
-    "GetCounterDataInfo": _params("CUpti_RangeProfiler_GetCounterDataInfo_Params", [
-        ("pCounterDataImage", _u8p), ("counterDataImageSize", _sz), ("numTotalRanges", _sz)]),
+        "CUpti_RangeProfiler_CounterDataImage_Initialize_Params",
+        [("pRangeProfilerObject", _vp), ("counterDataSize", _sz), ("pCounterData", _u8p)],
+    ),
+    "GetCounterDataInfo": _params(
+        "CUpti_RangeProfiler_GetCounterDataInfo_Params",
+        [("pCounterDataImage", _u8p), ("counterDataImageSize", _sz), ("numTotalRanges", _sz)],
+    ),
 }
 
 # enum values (cupti_profiler_target.h, cupti_profiler_host.h)
@@ -598,13 +761,17 @@ class _Cupti:
             try:
                 fn = getattr(self.lib, entry)
             except AttributeError:
-                raise RuntimeError(f"libcupti at {cupti_path} lacks {entry}: the range "
-                                   "profiler needs CUPTI from CUDA 12.6 or newer") from None
+                raise RuntimeError(
+                    f"libcupti at {cupti_path} lacks {entry}: the range "
+                    "profiler needs CUPTI from CUDA 12.6 or newer"
+                ) from None
             fn.restype = ctypes.c_int
             fn.argtypes = [_vp]
             self.fns[entry] = fn
-        for name, args in (("cuptiSubscribe", [ctypes.POINTER(_vp), _vp, _vp]),
-                           ("cuptiUnsubscribe", [_vp])):
+        for name, args in (
+            ("cuptiSubscribe", [ctypes.POINTER(_vp), _vp, _vp]),
+            ("cuptiUnsubscribe", [_vp]),
+        ):
             f = getattr(self.lib, name)
             f.restype = ctypes.c_int
             f.argtypes = args
@@ -614,9 +781,11 @@ class _Cupti:
         if not driver:  # the host API alone (metric names, config images) needs no GPU
             return
         self.cuda = ctypes.CDLL("libcuda.so.1")
-        for name, args in (("cuCtxGetCurrent", [ctypes.POINTER(_vp)]),
-                           ("cuCtxGetDevice", [ctypes.POINTER(ctypes.c_int)]),
-                           ("cuCtxSynchronize", [])):
+        for name, args in (
+            ("cuCtxGetCurrent", [ctypes.POINTER(_vp)]),
+            ("cuCtxGetDevice", [ctypes.POINTER(ctypes.c_int)]),
+            ("cuCtxSynchronize", []),
+        ):
             f = getattr(self.cuda, name)
             f.restype = ctypes.c_int
             f.argtypes = args
@@ -696,8 +865,9 @@ def _device_support_reason(s) -> str | None:
     return "; ".join(parts) or "CUPTI reports that this device does not support profiling"
 
 
-def _run_cupti(report: DeepDiveReport, replay, max_kernels: int,
-               kernel_sequence) -> tuple[bool, str]:
+def _run_cupti(
+    report: DeepDiveReport, replay, max_kernels: int, kernel_sequence
+) -> tuple[bool, str]:
     from . import _cuda
 
     st = _cuda.cuda_status()
@@ -720,8 +890,9 @@ def _supported_metrics(api: _Cupti, host) -> tuple[list[str], dict[str, list[str
         ok = []
         for m in spec.candidates:
             try:
-                api.call("cuptiProfilerHostGetMetricProperties", pHostObject=host,
-                         pMetricName=m.encode())
+                api.call(
+                    "cuptiProfilerHostGetMetricProperties", pHostObject=host, pMetricName=m.encode()
+                )
             except _CuptiFailure:
                 continue
             ok.append(m)
@@ -733,15 +904,16 @@ def _supported_metrics(api: _Cupti, host) -> tuple[list[str], dict[str, list[str
     return names, chosen
 
 
-def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int,
-                   kernel_sequence):
+def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int, kernel_sequence):
     # 1. name the kernels (this also initialises CUDA when nothing has yet)
     launched = kernel_sequence(replay)
     report.replays += 1
     ctx = _vp()
     if api.cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
-        return False, ("no CUDA context is current on this thread after running replay(); "
-                       "call deep_dive from the thread that runs the GPU work")
+        return False, (
+            "no CUDA context is current on this thread after running replay(); "
+            "call deep_dive from the thread that runs the GPU work"
+        )
     dev = ctypes.c_int()
     if api.cuda.cuCtxGetDevice(ctypes.byref(dev)) != 0:
         return False, "cuCtxGetDevice failed on the current CUDA context"
@@ -751,33 +923,44 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
         return False, f"replay() launched no kernels on device {device} (the current context's)"
     wanted = {k.name for k in report.kernels if k.device == device}
     if not wanted & set(sequence):
-        return False, ("replay() did not launch any of the top kernels of the recorded window "
-                       f"on device {device} (it launched {len(sequence)} others): pass a replay "
-                       "that runs the same work")
+        return False, (
+            "replay() did not launch any of the top kernels of the recorded window "
+            f"on device {device} (it launched {len(sequence)} others): pass a replay "
+            "that runs the same work"
+        )
 
     # 2. measure them
     detach = _profiler_initialize(api)
     host = None
     obj = None
     try:
-        sup = api.call("cuptiProfilerDeviceSupported", cuDevice=device,
-                       api=CUPTI_PROFILER_RANGE_PROFILING)
+        sup = api.call(
+            "cuptiProfilerDeviceSupported", cuDevice=device, api=CUPTI_PROFILER_RANGE_PROFILING
+        )
         why = _device_support_reason(sup)
         if why:
             return False, why
         chip = api.call("cuptiDeviceGetChipName", deviceIndex=device).pChipName
         avail = api.call("cuptiProfilerGetCounterAvailability", ctx=ctx)
         image = (ctypes.c_uint8 * max(avail.counterAvailabilityImageSize, 1))()
-        api.call("cuptiProfilerGetCounterAvailability", ctx=ctx,
-                 counterAvailabilityImageSize=avail.counterAvailabilityImageSize,
-                 pCounterAvailabilityImage=image)
-        host = api.call("cuptiProfilerHostInitialize",
-                        profilerType=CUPTI_PROFILER_TYPE_RANGE_PROFILER, pChipName=chip,
-                        pCounterAvailabilityImage=image).pHostObject
+        api.call(
+            "cuptiProfilerGetCounterAvailability",
+            ctx=ctx,
+            counterAvailabilityImageSize=avail.counterAvailabilityImageSize,
+            pCounterAvailabilityImage=image,
+        )
+        host = api.call(
+            "cuptiProfilerHostInitialize",
+            profilerType=CUPTI_PROFILER_TYPE_RANGE_PROFILER,
+            pChipName=chip,
+            pCounterAvailabilityImage=image,
+        ).pHostObject
         names, chosen = _supported_metrics(api, host)
         if "sm_pct" not in chosen or "dram_pct" not in chosen:
-            return False, (f"CUPTI on chip {chip.decode(errors='replace')} offers neither "
-                           "sm__throughput nor dram__throughput metrics")
+            return False, (
+                f"CUPTI on chip {chip.decode(errors='replace')} offers neither "
+                "sm__throughput nor dram__throughput metrics"
+            )
         try:
             size, config = _config_image(api, host, names)
         except _CuptiFailure as e:
@@ -788,30 +971,55 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
             chosen = {f: ms for f, ms in chosen.items() if ms}
             _quiet(api, "cuptiProfilerHostDeinitialize", pHostObject=host)
             host = None
-            host = api.call("cuptiProfilerHostInitialize",
-                            profilerType=CUPTI_PROFILER_TYPE_RANGE_PROFILER, pChipName=chip,
-                            pCounterAvailabilityImage=image).pHostObject
+            host = api.call(
+                "cuptiProfilerHostInitialize",
+                profilerType=CUPTI_PROFILER_TYPE_RANGE_PROFILER,
+                pChipName=chip,
+                pCounterAvailabilityImage=image,
+            ).pHostObject
             size, config = _config_image(api, host, names)
             report.notes.append(f"FLOP/s not measured: {e}")
         metric_names = _names(names)
-        report.passes = int(api.call("cuptiProfilerHostGetNumOfPasses", configImageSize=size,
-                                     pConfigImage=config).numOfPasses)
+        report.passes = int(
+            api.call(
+                "cuptiProfilerHostGetNumOfPasses", configImageSize=size, pConfigImage=config
+            ).numOfPasses
+        )
 
         n_ranges = min(len(sequence), max_kernels)
         obj = api.call("cuptiRangeProfilerEnable", ctx=ctx).pRangeProfilerObject
-        csize = api.call("cuptiRangeProfilerGetCounterDataSize", pRangeProfilerObject=obj,
-                         pMetricNames=metric_names, numMetrics=len(names),
-                         maxNumOfRanges=n_ranges, maxNumRangeTreeNodes=n_ranges).counterDataSize
+        csize = api.call(
+            "cuptiRangeProfilerGetCounterDataSize",
+            pRangeProfilerObject=obj,
+            pMetricNames=metric_names,
+            numMetrics=len(names),
+            maxNumOfRanges=n_ranges,
+            maxNumRangeTreeNodes=n_ranges,
+        ).counterDataSize
         counter = (ctypes.c_uint8 * csize)()
-        api.call("cuptiRangeProfilerCounterDataImageInitialize", pRangeProfilerObject=obj,
-                 counterDataSize=csize, pCounterData=counter)
+        api.call(
+            "cuptiRangeProfilerCounterDataImageInitialize",
+            pRangeProfilerObject=obj,
+            counterDataSize=csize,
+            pCounterData=counter,
+        )
         pass_index, target_level = 0, 1
         for _ in range(max(report.passes, 1) + 1):
-            api.call("cuptiRangeProfilerSetConfig", pRangeProfilerObject=obj, configSize=size,
-                     pConfig=config, counterDataImageSize=csize, pCounterDataImage=counter,
-                     range=CUPTI_AUTO_RANGE, replayMode=CUPTI_KERNEL_REPLAY,
-                     maxRangesPerPass=n_ranges, numNestingLevels=1, minNestingLevel=1,
-                     passIndex=pass_index, targetNestingLevel=target_level)
+            api.call(
+                "cuptiRangeProfilerSetConfig",
+                pRangeProfilerObject=obj,
+                configSize=size,
+                pConfig=config,
+                counterDataImageSize=csize,
+                pCounterDataImage=counter,
+                range=CUPTI_AUTO_RANGE,
+                replayMode=CUPTI_KERNEL_REPLAY,
+                maxRangesPerPass=n_ranges,
+                numNestingLevels=1,
+                minNestingLevel=1,
+                passIndex=pass_index,
+                targetNestingLevel=target_level,
+            )
             api.call("cuptiRangeProfilerStart", pRangeProfilerObject=obj)
             try:
                 replay()
@@ -824,16 +1032,27 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
             pass_index, target_level = stop.passIndex, max(int(stop.targetNestingLevel), 1)
         else:
             return False, "the range profiler did not finish its passes"
-        dropped = api.call("cuptiRangeProfilerDecodeData",
-                           pRangeProfilerObject=obj).numOfRangeDropped
-        n_got = api.call("cuptiRangeProfilerGetCounterDataInfo", pCounterDataImage=counter,
-                         counterDataImageSize=csize).numTotalRanges
+        dropped = api.call(
+            "cuptiRangeProfilerDecodeData", pRangeProfilerObject=obj
+        ).numOfRangeDropped
+        n_got = api.call(
+            "cuptiRangeProfilerGetCounterDataInfo",
+            pCounterDataImage=counter,
+            counterDataImageSize=csize,
+        ).numTotalRanges
         values = (ctypes.c_double * len(names))()
         per_range: list[dict[str, float]] = []
         for i in range(n_got):
-            api.call("cuptiProfilerHostEvaluateToGpuValues", pHostObject=host,
-                     pCounterDataImage=counter, counterDataImageSize=csize, rangeIndex=i,
-                     ppMetricNames=metric_names, numMetrics=len(names), pMetricValues=values)
+            api.call(
+                "cuptiProfilerHostEvaluateToGpuValues",
+                pHostObject=host,
+                pCounterDataImage=counter,
+                counterDataImageSize=csize,
+                rangeIndex=i,
+                ppMetricNames=metric_names,
+                numMetrics=len(names),
+                pMetricValues=values,
+            )
             raw = dict(zip(names, values, strict=True))
             per_range.append(_fields_from(raw, chosen))
     finally:
@@ -845,14 +1064,18 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
         detach()
 
     if dropped:
-        report.notes.append(f"{dropped} kernel launches past max_kernels={max_kernels} were "
-                            "not measured")
-    if len(per_range) > len(sequence) or (len(per_range) < len(sequence)
-                                           and len(per_range) < max_kernels and not dropped):
-        return False, (f"replay() launched {len(sequence)} kernels when named but "
-                       f"{len(per_range)} under the profiler: make it launch the same kernels "
-                       "every time (warm it up first; disable autotuning such as "
-                       "torch.backends.cudnn.benchmark)")
+        report.notes.append(
+            f"{dropped} kernel launches past max_kernels={max_kernels} were not measured"
+        )
+    if len(per_range) > len(sequence) or (
+        len(per_range) < len(sequence) and len(per_range) < max_kernels and not dropped
+    ):
+        return False, (
+            f"replay() launched {len(sequence)} kernels when named but "
+            f"{len(per_range)} under the profiler: make it launch the same kernels "
+            "every time (warm it up first; disable autotuning such as "
+            "torch.backends.cudnn.benchmark)"
+        )
     per_kernel: dict[str, list[dict[str, float]]] = {}
     for name, vals in zip(sequence, per_range, strict=False):
         if name in wanted:
@@ -865,12 +1088,20 @@ def _collect_cupti(api: _Cupti, report: DeepDiveReport, replay, max_kernels: int
 
 def _config_image(api: _Cupti, host, names: list[str]):
     """The config image that schedules ``names``: (size, ctypes buffer)."""
-    api.call("cuptiProfilerHostConfigAddMetrics", pHostObject=host, ppMetricNames=_names(names),
-             numMetrics=len(names))
+    api.call(
+        "cuptiProfilerHostConfigAddMetrics",
+        pHostObject=host,
+        ppMetricNames=_names(names),
+        numMetrics=len(names),
+    )
     size = api.call("cuptiProfilerHostGetConfigImageSize", pHostObject=host).configImageSize
     config = (ctypes.c_uint8 * size)()
-    api.call("cuptiProfilerHostGetConfigImage", pHostObject=host, configImageSize=size,
-             pConfigImage=config)
+    api.call(
+        "cuptiProfilerHostGetConfigImage",
+        pHostObject=host,
+        configImageSize=size,
+        pConfigImage=config,
+    )
     return size, config
 
 
@@ -894,9 +1125,18 @@ def _fields_from(raw: dict[str, float], chosen: dict[str, list[str]]) -> dict[st
 # -- Nsight Compute (plan B) -----------------------------------------------------------------
 
 _UNIT_SCALE = {
-    "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
-    "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-    "kibyte": 1024.0, "mibyte": 1024.0 ** 2, "gibyte": 1024.0 ** 3,
+    "nsecond": 1.0,
+    "usecond": 1e3,
+    "msecond": 1e6,
+    "second": 1e9,
+    "byte": 1.0,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "tbyte": 1e12,
+    "kibyte": 1024.0,
+    "mibyte": 1024.0**2,
+    "gibyte": 1024.0**3,
 }
 
 
@@ -923,11 +1163,13 @@ def parse_ncu_csv(text: str) -> list[dict]:
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     head = next((i for i, r in enumerate(rows) if "Kernel Name" in r and "ID" in r), None)
     if head is None:
-        raise ValueError("parse_ncu_csv(): no ncu CSV header (a row with 'ID' and 'Kernel "
-                         "Name') in the text; run ncu with --csv")
+        raise ValueError(
+            "parse_ncu_csv(): no ncu CSV header (a row with 'ID' and 'Kernel "
+            "Name') in the text; run ncu with --csv"
+        )
     header = rows[head]
     col = {name: i for i, name in enumerate(header)}
-    body = rows[head + 1:]
+    body = rows[head + 1 :]
     out: dict[int, dict] = {}
     if "Metric Name" in col:  # long form
         for r in body:
@@ -1016,20 +1258,38 @@ def _ncu_known_metrics(exe: str, names: list[str]) -> list[str]:
     return [n for n in names if n.split(".", 1)[0] in known] if known else names
 
 
-def _run_ncu(report: DeepDiveReport, command: list[str], ncu: str | None,
-             timeout_s: float | None) -> tuple[bool, str]:
+def _run_ncu(
+    report: DeepDiveReport, command: list[str], ncu: str | None, timeout_s: float | None
+) -> tuple[bool, str]:
     exe = ncu or shutil.which("ncu")
     if not exe:
-        return False, ("ncu (Nsight Compute) is not on PATH: install it (CUDA toolkit or the "
-                       "nsight-compute package) or pass ncu='/path/to/ncu'")
+        return False, (
+            "ncu (Nsight Compute) is not on PATH: install it (CUDA toolkit or the "
+            "nsight-compute package) or pass ncu='/path/to/ncu'"
+        )
     names = _ncu_known_metrics(exe, _all_metric_names())
     bases = sorted({re.escape(base_name(k.name)) for k in report.kernels})
     with tempfile.TemporaryDirectory(prefix="gpuprof-ncu-") as tmp:
         rep = os.path.join(tmp, "deepdive")
-        prof_cmd = [exe, "--clock-control", "none", "--target-processes", "all",
-                    "--metrics", ",".join(names), "--kernel-name-base", "function",
-                    "-k", "regex:" + "|".join(bases), "--launch-count", str(20 * len(bases)),
-                    "--export", rep, "--force-overwrite", *command]
+        prof_cmd = [
+            exe,
+            "--clock-control",
+            "none",
+            "--target-processes",
+            "all",
+            "--metrics",
+            ",".join(names),
+            "--kernel-name-base",
+            "function",
+            "-k",
+            "regex:" + "|".join(bases),
+            "--launch-count",
+            str(20 * len(bases)),
+            "--export",
+            rep,
+            "--force-overwrite",
+            *command,
+        ]
         try:
             run = subprocess.run(prof_cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -1039,25 +1299,33 @@ def _run_ncu(report: DeepDiveReport, command: list[str], ncu: str | None,
         if "ERR_NVGPUCTRPERM" in log or "permission to access NVIDIA GPU Performance" in log:
             return False, PRIVILEGES_FIX
         if not os.path.exists(rep + ".ncu-rep"):
-            tail = " | ".join(ln for ln in log.splitlines() if "==ERROR==" in ln or "==WARNING=="
-                              in ln)[-600:]
-            return False, (f"ncu exited with status {run.returncode} and wrote no report"
-                           + (f": {tail}" if tail else ""))
-        imp = subprocess.run([exe, "--import", rep + ".ncu-rep", "--csv", "--page", "raw",
-                              "--print-units", "base"], capture_output=True, text=True,
-                             timeout=timeout_s)
+            tail = " | ".join(
+                ln for ln in log.splitlines() if "==ERROR==" in ln or "==WARNING==" in ln
+            )[-600:]
+            return False, (
+                f"ncu exited with status {run.returncode} and wrote no report"
+                + (f": {tail}" if tail else "")
+            )
+        imp = subprocess.run(
+            [exe, "--import", rep + ".ncu-rep", "--csv", "--page", "raw", "--print-units", "base"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     try:
         rows = parse_ncu_csv(imp.stdout)
     except ValueError as e:
         return False, f"could not read ncu's CSV ({e}); ncu said: {imp.stderr.strip()[:300]}"
     matched = match_ncu_rows(report.kernels, rows)
     chosen = {s.field: [m for m in s.candidates] for s in METRICS}
-    per_kernel = {name: [_fields_from(r["metrics"], chosen) for r in rs]
-                  for name, rs in matched.items()}
+    per_kernel = {
+        name: [_fields_from(r["metrics"], chosen) for r in rs] for name, rs in matched.items()
+    }
     report.backend = "ncu"
     report.available = True
     if not matched:
-        report.notes.append("ncu profiled no launch of the top kernels (does command run the "
-                            "same work?)")
+        report.notes.append(
+            "ncu profiled no launch of the top kernels (does command run the same work?)"
+        )
     _finish(report, per_kernel)
     return True, ""

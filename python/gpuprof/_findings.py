@@ -54,10 +54,13 @@ class Diagnosis(list):
 
     def __str__(self) -> str:
         s = self.summary
-        lines = ["gpuprof diagnosis", "=" * 17,
-                 f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
-                 f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
-                 + ("" if s["gpu"] else " (no GPU activity recorded)")]
+        lines = [
+            "gpuprof diagnosis",
+            "=" * 17,
+            f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
+            f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
+            + ("" if s["gpu"] else " (no GPU activity recorded)"),
+        ]
         if not self:
             lines.append("No bottleneck found: nothing costs more than 5% of step time.")
         for i, f in enumerate(self, 1):
@@ -84,5 +87,3 @@ def _fmt(key: str, v) -> str:
     if isinstance(v, float):
         return f"{v:.3g}"
     return str(v)
-
-

@@ -26,18 +26,24 @@ def check_output_path(path, func: str) -> str:
     if not path:
         raise FileNotFoundError(errno.ENOENT, f"{func}(): path is empty", path)
     if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"{func}(): {path!r} is a directory; "
-                                "pass a file name inside it", path)
+        raise IsADirectoryError(
+            errno.EISDIR, f"{func}(): {path!r} is a directory; pass a file name inside it", path
+        )
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(parent):
-        raise FileNotFoundError(errno.ENOENT, f"{func}(): cannot write {path!r}: folder "
-                                f"{parent!r} does not exist", path)
+        raise FileNotFoundError(
+            errno.ENOENT, f"{func}(): cannot write {path!r}: folder {parent!r} does not exist", path
+        )
     if not os.path.isdir(parent):
-        raise NotADirectoryError(errno.ENOTDIR, f"{func}(): cannot write {path!r}: "
-                                 f"{parent!r} is not a folder", path)
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"{func}(): cannot write {path!r}: {parent!r} is not a folder", path
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, f"{func}(): cannot write {path!r}: folder "
-                              f"{parent!r} is not writable", path)
+        raise PermissionError(
+            errno.EACCES,
+            f"{func}(): cannot write {path!r}: folder {parent!r} is not writable",
+            path,
+        )
     return path
 
 
@@ -61,5 +67,3 @@ def atomic_output(path: str, func: str):
             raise
     except OSError as e:
         reraise_os_error(e, func, path)
-
-

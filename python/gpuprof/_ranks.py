@@ -25,9 +25,10 @@ def _env_int(name: str) -> int | None:
     try:
         return int(v)
     except ValueError:
-        raise ValueError(f"gpuprof: environment variable {name}={v!r} is not an integer; "
-                         f"set it to the process's {name.lower()} (torchrun does) or unset it"
-                         ) from None
+        raise ValueError(
+            f"gpuprof: environment variable {name}={v!r} is not an integer; "
+            f"set it to the process's {name.lower()} (torchrun does) or unset it"
+        ) from None
 
 
 def _torch_dist():
@@ -67,19 +68,22 @@ def rank_info() -> dict:
         rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
         if (rank is None) != (world is None):
             have, missing = ("RANK", "WORLD_SIZE") if world is None else ("WORLD_SIZE", "RANK")
-            raise ValueError(f"gpuprof: {have} is set but {missing} is not; set both (torchrun "
-                             "does) or neither")
+            raise ValueError(
+                f"gpuprof: {have} is set but {missing} is not; set both (torchrun does) or neither"
+            )
         if rank is None:
             rank, world = 0, 1
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"gpuprof: rank {rank} is not inside a world of size {world}; check "
-                         "RANK and WORLD_SIZE")
+        raise ValueError(
+            f"gpuprof: rank {rank} is not inside a world of size {world}; check RANK and WORLD_SIZE"
+        )
     local = _env_int("LOCAL_RANK")
     if local is None:
         local = rank
     if local < 0:
-        raise ValueError(f"gpuprof: LOCAL_RANK={local} is negative; it must be the process's "
-                         "index on its node")
+        raise ValueError(
+            f"gpuprof: LOCAL_RANK={local} is negative; it must be the process's index on its node"
+        )
     return {"rank": rank, "local_rank": local, "world_size": world}
 
 
@@ -120,8 +124,11 @@ def distributed_info() -> dict:
     dist = _torch_dist()
     if dist is not None:
         try:
-            info = {"backend": str(dist.get_backend()), "rank": int(dist.get_rank()),
-                    "world_size": int(dist.get_world_size())}
+            info = {
+                "backend": str(dist.get_backend()),
+                "rank": int(dist.get_rank()),
+                "world_size": int(dist.get_world_size()),
+            }
         except Exception:
             info = None
         if info is not None:
@@ -171,5 +178,3 @@ def expand_name(name):
         return name
     info = rank_info()
     return _PLACEHOLDER.sub(lambda m: str(info[m.group(1)]), name)
-
-

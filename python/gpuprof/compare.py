@@ -29,15 +29,20 @@ def _results(x) -> Results:
     res = getattr(x, "results", None)
     if isinstance(res, Results):
         return res
-    raise TypeError(f"compare(): expected a gpuprof profile, Results or a saved .gpuprof path, "
-                    f"got {type(x).__name__}")
+    raise TypeError(
+        f"compare(): expected a gpuprof profile, Results or a saved .gpuprof path, "
+        f"got {type(x).__name__}"
+    )
 
 
 def _per_step(res: Results) -> tuple[float, int]:
     steps = res.steps()
     n = max(len(steps), 1)
-    mean = float(steps["cpu_ns"].mean()) if len(steps) else float(
-        res.window_bounds()[1] - res.window_bounds()[0])
+    mean = (
+        float(steps["cpu_ns"].mean())
+        if len(steps)
+        else float(res.window_bounds()[1] - res.window_bounds()[0])
+    )
     return mean, n
 
 
@@ -45,7 +50,7 @@ def _per_step(res: Results) -> tuple[float, int]:
 class Delta:
     name: str
     before_ns: float  # per step
-    after_ns: float   # per step
+    after_ns: float  # per step
 
     @property
     def change_ns(self) -> float:
@@ -86,12 +91,16 @@ class Comparison:
 
     def __str__(self) -> str:
         out = ["gpuprof compare (per step: before -> after)", ""]
-        out.append(f"step time: {format_time(self.step_before_ns)} -> "
-                   f"{format_time(self.step_after_ns)} "
-                   f"({_pct(self.step_before_ns, self.step_after_ns)}"
-                   f", {self.speedup:.2f}x)")
-        for title, rows in (("ops (self CPU time)", self.ops),
-                            ("GPU activity (kernel time)", self.kernels)):
+        out.append(
+            f"step time: {format_time(self.step_before_ns)} -> "
+            f"{format_time(self.step_after_ns)} "
+            f"({_pct(self.step_before_ns, self.step_after_ns)}"
+            f", {self.speedup:.2f}x)"
+        )
+        for title, rows in (
+            ("ops (self CPU time)", self.ops),
+            ("GPU activity (kernel time)", self.kernels),
+        ):
             if not rows:
                 continue
             out += ["", title]
@@ -99,12 +108,16 @@ class Comparison:
             out.append(f"  {'name':{width}s} {'before':>11s} {'after':>11s} {'change':>9s}")
             for r in rows:
                 name = r.name if len(r.name) <= width else r.name[: width - 3] + "..."
-                out.append(f"  {name:{width}s} {format_time(r.before_ns):>11s} "
-                           f"{format_time(r.after_ns):>11s} {_pct(r.before_ns, r.after_ns):>9s}")
+                out.append(
+                    f"  {name:{width}s} {format_time(r.before_ns):>11s} "
+                    f"{format_time(r.after_ns):>11s} {_pct(r.before_ns, r.after_ns):>9s}"
+                )
         out.append("")
-        for label, items in (("findings gone", self.findings_gone),
-                             ("findings new", self.findings_new),
-                             ("findings still present", self.findings_kept)):
+        for label, items in (
+            ("findings gone", self.findings_gone),
+            ("findings new", self.findings_new),
+            ("findings still present", self.findings_kept),
+        ):
             out.append(f"{label}: {', '.join(items) if items else 'none'}")
         return "\n".join(out) + "\n"
 
@@ -136,8 +149,9 @@ def _deltas(before: dict[str, float], after: dict[str, float], limit: int) -> li
 def _op_times(res: Results, steps: int) -> dict[str, float]:
     ops = res.ops()
     out: dict[str, float] = {}
-    for name, file, line, kind, self_ns in zip(ops["name"], ops["file"], ops["line"], ops["kind"],
-                                               ops["cpu_self_ns"]):
+    for name, file, line, kind, self_ns in zip(
+        ops["name"], ops["file"], ops["line"], ops["kind"], ops["cpu_self_ns"]
+    ):
         key = _display_name(str(name), str(file), int(line), str(kind))
         out[key] = out.get(key, 0.0) + float(self_ns) / steps
     return out
@@ -167,14 +181,19 @@ def compare(before, after, limit: int = 15) -> Comparison:
     kb = {f.kind for f in db}
     ka = {f.kind for f in da}
     return Comparison(
-        step_before_ns=sb, step_after_ns=sa,
+        step_before_ns=sb,
+        step_after_ns=sa,
         ops=_deltas(_op_times(rb, nb), _op_times(ra, na), limit),
         kernels=_deltas(_kernel_times(rb, nb), _kernel_times(ra, na), limit),
-        findings_gone=sorted(kb - ka), findings_new=sorted(ka - kb),
+        findings_gone=sorted(kb - ka),
+        findings_new=sorted(ka - kb),
         findings_kept=sorted(kb & ka),
-        diagnosis_before=db.to_dict(), diagnosis_after=da.to_dict(),
-        breakdown_before=_mean_breakdown(rb), breakdown_after=_mean_breakdown(ra),
-        labels=(_label(before, "before"), _label(after, "after")))
+        diagnosis_before=db.to_dict(),
+        diagnosis_after=da.to_dict(),
+        breakdown_before=_mean_breakdown(rb),
+        breakdown_after=_mean_breakdown(ra),
+        labels=(_label(before, "before"), _label(after, "after")),
+    )
 
 
 def _mean_breakdown(res: Results) -> dict[str, float]:
@@ -182,9 +201,10 @@ def _mean_breakdown(res: Results) -> dict[str, float]:
     from .diagnose import step_breakdown
 
     b = step_breakdown(res)
-    return {f: float(b[f].mean()) if len(b) else 0.0
-            for f in ("step_ns", "gpu_busy_ns", "comm_ns", "data_wait_ns", "sync_wait_ns",
-                      "idle_ns")}
+    return {
+        f: float(b[f].mean()) if len(b) else 0.0
+        for f in ("step_ns", "gpu_busy_ns", "comm_ns", "data_wait_ns", "sync_wait_ns", "idle_ns")
+    }
 
 
 def _label(x, default: str) -> str:

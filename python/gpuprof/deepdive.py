@@ -32,12 +32,28 @@ __all__ = [
 ]
 
 
-def deep_dive(results, top: int = 5, replay=None, *, command=None, backend: str = "auto",
-              max_kernels: int = 20000, timeout_s: float | None = 1800.0,
-              ncu: str | None = None) -> DeepDiveReport:
+def deep_dive(
+    results,
+    top: int = 5,
+    replay=None,
+    *,
+    command=None,
+    backend: str = "auto",
+    max_kernels: int = 20000,
+    timeout_s: float | None = 1800.0,
+    ncu: str | None = None,
+) -> DeepDiveReport:
     """Hardware metrics and a bound verdict for the ``top`` kernels of ``results``:
     :func:`gpuprof._deepdive.deep_dive` (every argument is documented there), with
     the replay's kernels named by a plain gpuprof profile."""
-    return _deepdive.deep_dive(results, top, replay, command=command, backend=backend,
-                               max_kernels=max_kernels, timeout_s=timeout_s, ncu=ncu,
-                               kernel_sequence=kernel_sequence)
+    return _deepdive.deep_dive(
+        results,
+        top,
+        replay,
+        command=command,
+        backend=backend,
+        max_kernels=max_kernels,
+        timeout_s=timeout_s,
+        ncu=ncu,
+        kernel_sequence=kernel_sequence,
+    )

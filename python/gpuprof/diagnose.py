@@ -35,13 +35,22 @@ from ._spans import python_caller, span_at
 from .distributed import MergedRun, diagnose_ranks
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 
-__all__ = ["STEP_BREAKDOWN_DTYPE", "Diagnosis", "Finding", "data_wait_per_step", "data_wait_spans",
-           "diagnose", "step_breakdown"]
+__all__ = [
+    "STEP_BREAKDOWN_DTYPE",
+    "Diagnosis",
+    "Finding",
+    "data_wait_per_step",
+    "data_wait_spans",
+    "diagnose",
+    "step_breakdown",
+]
 
 
-_FP32_GEMM = re.compile(r"(sgemm|gemm.*(f32|fp32|tf32)|(f32|fp32).*gemm|conv.*(f32|fp32)|"
-                        r"implicit_convolve_sgemm|s\d{3,4}gemm|ampere_sgemm|sm\d+_xmma_gemm_f32)",
-                        re.I)
+_FP32_GEMM = re.compile(
+    r"(sgemm|gemm.*(f32|fp32|tf32)|(f32|fp32).*gemm|conv.*(f32|fp32)|"
+    r"implicit_convolve_sgemm|s\d{3,4}gemm|ampere_sgemm|sm\d+_xmma_gemm_f32)",
+    re.I,
+)
 _GEMM = re.compile(r"(gemm|conv|xmma|cutlass|cublas|matmul|mma)", re.I)
 _HALF = re.compile(r"(bf16|f16|fp16|h16|hmma|half|e4m3|e5m2)", re.I)
 
@@ -93,8 +102,10 @@ class _View:
 
 def _sync_spans(v: _View) -> np.ndarray:
     """Indices of the spans that are synchronizing CUDA API calls."""
-    api_rows = np.flatnonzero((v.raw_ops["kind"] == OP_CUDA_API)
-                              & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC)))
+    api_rows = np.flatnonzero(
+        (v.raw_ops["kind"] == OP_CUDA_API)
+        & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC))
+    )
     return np.flatnonzero(np.isin(v.spans["op_row"], api_rows))
 
 
@@ -116,8 +127,18 @@ def _sync_points(v: _View):
         file, line, func = v.caller(int(i))
         call = v.c_call_of(int(i))
         key = (file, line)
-        d = by_site.setdefault(key, {"wait_ns": 0, "cost_ns": 0, "calls": 0, "via": set(),
-                                     "func": func, "api": set(), "steps": set()})
+        d = by_site.setdefault(
+            key,
+            {
+                "wait_ns": 0,
+                "cost_ns": 0,
+                "calls": 0,
+                "via": set(),
+                "func": func,
+                "api": set(),
+                "steps": set(),
+            },
+        )
         d["steps"].add(int(np.searchsorted(step_starts, sp["start_ns"][i], side="right")))
         wait = int(sp["end_ns"][i] - sp["start_ns"][i])
         nxt = np.searchsorted(starts, sp["end_ns"][i])
@@ -142,12 +163,22 @@ def _sync_points(v: _View):
         if share < 0.02 and not every_step:
             continue
         via = ", ".join(sorted(d["via"])) or ", ".join(sorted(d["api"]))
-        out.append(Finding(
-            "sync_point", share,
-            f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
-            {"wait_ns": d["wait_ns"], "cost_ns": d["cost_ns"], "calls": d["calls"],
-             "wait_per_step_ns": d["wait_ns"] // v.n_steps, "api": ", ".join(sorted(d["api"]))},
-            source_location(file, line), _sync_fix(d["via"])))
+        out.append(
+            Finding(
+                "sync_point",
+                share,
+                f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
+                {
+                    "wait_ns": d["wait_ns"],
+                    "cost_ns": d["cost_ns"],
+                    "calls": d["calls"],
+                    "wait_per_step_ns": d["wait_ns"] // v.n_steps,
+                    "api": ", ".join(sorted(d["api"])),
+                },
+                source_location(file, line),
+                _sync_fix(d["via"]),
+            )
+        )
     return out
 
 
@@ -157,16 +188,21 @@ _TO_DEVICE = ("cuda", "to", "copy_", "pin_memory")
 
 def _sync_fix(via: set) -> str:
     if any(name.rsplit(".", 1)[-1] in _TO_DEVICE for name in via):
-        return ("Copy from pinned memory without waiting: DataLoader(pin_memory=True) or "
-                "tensor.pin_memory(), then .cuda(non_blocking=True) / .to(device, "
-                "non_blocking=True).")
-    return ("Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
-            "print(tensor)): accumulate on the GPU and read every N steps, or log "
-            "asynchronously with non_blocking copies into pinned memory.")
+        return (
+            "Copy from pinned memory without waiting: DataLoader(pin_memory=True) or "
+            "tensor.pin_memory(), then .cuda(non_blocking=True) / .to(device, "
+            "non_blocking=True)."
+        )
+    return (
+        "Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
+        "print(tensor)): accumulate on the GPU and read every N steps, or log "
+        "asynchronously with non_blocking copies into pinned memory."
+    )
 
 
-def data_wait_spans(spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray,
-                    data_fetch=()) -> np.ndarray:
+def data_wait_spans(
+    spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray, data_fetch=()
+) -> np.ndarray:
     """Indices (in start order) of the spans of one window in which the training loop
     waited for its next batch.
 
@@ -187,8 +223,11 @@ def data_wait_spans(spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray,
     is_gen = (raw_ops["flags"] & OPF_GENERATOR) != 0
     loader = np.flatnonzero((is_next | is_gen) & (ops["kind"] == "python"))
     wanted = set(data_fetch)
-    fetch = np.flatnonzero(np.array([n in wanted for n in names], dtype=bool)) if wanted \
+    fetch = (
+        np.flatnonzero(np.array([n in wanted for n in names], dtype=bool))
+        if wanted
         else np.zeros(0, dtype=np.int64)
+    )
     if not len(spans) or not (len(loader) or len(fetch)):
         return np.zeros(0, dtype=np.int64)
     # Loader calls made directly under a step (the training loop's own fetch).
@@ -273,23 +312,35 @@ def _data_stall(v: _View):
         where = source_location(file, line)
     # the hottest function inside the loader
     inner = _hottest_below(v, set(int(i) for i in idx))
-    ev = {"wait_ns": wait, "wait_per_step_ns": wait // v.n_steps,
-          "gpu_busy_during_wait_share": busy / max(wait, 1)}
+    ev = {
+        "wait_ns": wait,
+        "wait_per_step_ns": wait // v.n_steps,
+        "gpu_busy_during_wait_share": busy / max(wait, 1),
+    }
     if inner:
         ev["hottest_inside"] = inner
     hot = _worker_hotspot(v.res)  # -- subprocesses: what the workers were busy with --
     ev.update(hot)
-    return [Finding(
-        "data_stall", severity,
-        f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
-        f"{format_time(wait // v.n_steps)} per step"
-        + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
-           f"{hot['workers_hottest']}" if hot else ""),
-        ev, where,
-        "Load data in parallel and ahead of the GPU: "
-        "DataLoader(num_workers>0, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
-        "workers or the GPU, and cache decoded samples.")]
+    return [
+        Finding(
+            "data_stall",
+            severity,
+            f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
+            f"{format_time(wait // v.n_steps)} per step"
+            + (
+                f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
+                f"{hot['workers_hottest']}"
+                if hot
+                else ""
+            ),
+            ev,
+            where,
+            "Load data in parallel and ahead of the GPU: "
+            "DataLoader(num_workers>0, pin_memory=True, "
+            "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
+            "workers or the GPU, and cache decoded samples.",
+        )
+    ]
 
 
 def _hottest_below(v: _View, roots: set[int]) -> str:
@@ -331,8 +382,9 @@ def _launch_bound(v: _View):
     if len(k) < 10 or share_busy > 0.6:
         return []
     dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
-    launch_rows = np.flatnonzero((v.raw_ops["kind"] == OP_CUDA_API)
-                                 & (v.raw_ops["flags"] == API_LAUNCH))
+    launch_rows = np.flatnonzero(
+        (v.raw_ops["kind"] == OP_CUDA_API) & (v.raw_ops["flags"] == API_LAUNCH)
+    )
     sp = v.spans
     lm = np.isin(sp["op_row"], launch_rows)
     launch_ns = float(np.median(sp["end_ns"][lm] - sp["start_ns"][lm])) if lm.any() else 5000.0
@@ -344,17 +396,25 @@ def _launch_bound(v: _View):
     severity = (1.0 - share_busy) * min(1.0, short + 0.25)
     if short < 0.3:
         return []
-    return [Finding(
-        "launch_bound", severity,
-        f"Launch-bound: {per_step:.0f} kernels per step, "
-        f"{100 * short:.0f}% shorter than a launch "
-        f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
-        {"kernels_per_step": int(per_step), "short_kernel_share": short,
-         "median_kernel_ns": int(np.median(dur)), "median_launch_ns": int(launch_ns),
-         "gpu_busy_share": share_busy},
-        "",
-        "Give the GPU more work per launch: a larger batch, fused ops (torch.compile), CUDA "
-        "graphs (torch.cuda.graphs / mode='reduce-overhead'), or fewer tiny elementwise ops.")]
+    return [
+        Finding(
+            "launch_bound",
+            severity,
+            f"Launch-bound: {per_step:.0f} kernels per step, "
+            f"{100 * short:.0f}% shorter than a launch "
+            f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
+            {
+                "kernels_per_step": int(per_step),
+                "short_kernel_share": short,
+                "median_kernel_ns": int(np.median(dur)),
+                "median_launch_ns": int(launch_ns),
+                "gpu_busy_share": share_busy,
+            },
+            "",
+            "Give the GPU more work per launch: a larger batch, fused ops (torch.compile), CUDA "
+            "graphs (torch.cuda.graphs / mode='reduce-overhead'), or fewer tiny elementwise ops.",
+        )
+    ]
 
 
 def _gpu_idle(v: _View):
@@ -386,13 +446,17 @@ def _gpu_idle(v: _View):
         name, where = _running_at(v, (a + b) // 2)
         top.append(f"{format_time(dur)} during {name}")
         file_line = file_line or where  # the Python line running in the largest gap
-    return [Finding(
-        "gpu_idle", share * 0.5,
-        f"GPU idle {100 * share:.0f}% of step time; largest gaps: " + "; ".join(top),
-        {"idle_ns": total, "gaps": len(gaps), "largest_gap_ns": gaps[0][0]},
-        file_line,
-        "Look at what the host runs during the gaps (above): move it off the critical path, "
-        "overlap it with GPU work, or batch it.")]
+    return [
+        Finding(
+            "gpu_idle",
+            share * 0.5,
+            f"GPU idle {100 * share:.0f}% of step time; largest gaps: " + "; ".join(top),
+            {"idle_ns": total, "gaps": len(gaps), "largest_gap_ns": gaps[0][0]},
+            file_line,
+            "Look at what the host runs during the gaps (above): move it off the critical path, "
+            "overlap it with GPU work, or batch it.",
+        )
+    ]
 
 
 def _running_at(v: _View, ts: int) -> tuple[str, str]:
@@ -414,22 +478,31 @@ def _mixed_precision(v: _View):
     gemm = np.array([bool(_GEMM.search(str(n))) for n in compute["name"]], dtype=bool)
     if not gemm.any():
         return []
-    fp32 = np.array([bool(_FP32_GEMM.search(str(n))) and not _HALF.search(str(n))
-                     for n in compute["name"]], dtype=bool) & gemm
+    fp32 = (
+        np.array(
+            [bool(_FP32_GEMM.search(str(n))) and not _HALF.search(str(n)) for n in compute["name"]],
+            dtype=bool,
+        )
+        & gemm
+    )
     fp32_ns = int(compute["total_ns"][fp32].sum())
     share = fp32_ns / max(total_gpu, 1)
     if share < 0.25:
         return []
     busy_share = float(v.steps["gpu_busy_ns"].sum()) / max(v.step_ns, 1) if len(v.steps) else 1
     top = compute[fp32][np.argmax(compute["total_ns"][fp32])]
-    return [Finding(
-        "no_mixed_precision", share * busy_share * 0.5,
-        f"FP32 matrix kernels take {100 * share:.0f}% of GPU time "
-        f"(e.g. {str(top['name'])[:60]})",
-        {"fp32_gemm_ns": fp32_ns, "gpu_time_ns": total_gpu, "fp32_gemm_share": share},
-        "",
-        "Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the "
-        "forward pass, or torch.set_float32_matmul_precision('high') for TF32.")]
+    return [
+        Finding(
+            "no_mixed_precision",
+            share * busy_share * 0.5,
+            f"FP32 matrix kernels take {100 * share:.0f}% of GPU time "
+            f"(e.g. {str(top['name'])[:60]})",
+            {"fp32_gemm_ns": fp32_ns, "gpu_time_ns": total_gpu, "fp32_gemm_share": share},
+            "",
+            "Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the "
+            "forward pass, or torch.set_float32_matmul_precision('high') for TF32.",
+        )
+    ]
 
 
 def _communication(v: _View):
@@ -448,20 +521,25 @@ def _communication(v: _View):
     share = exposed / max(v.step_ns, 1)
     if share < 0.05:
         return []
-    return [Finding(
-        "communication_wait", share,
-        "Communication not overlapped with compute: "
-        f"{format_time(exposed // v.n_steps)} per step",
-        {"comm_ns": total, "exposed_comm_ns": exposed},
-        "",
-        "Overlap gradients' all-reduce with backward "
-        "(DDP bucket_cap_mb, gradient_as_bucket_view)"
-        ", reduce communication volume (bf16 gradients), or check for a slow rank.")]
+    return [
+        Finding(
+            "communication_wait",
+            share,
+            "Communication not overlapped with compute: "
+            f"{format_time(exposed // v.n_steps)} per step",
+            {"comm_ns": total, "exposed_comm_ns": exposed},
+            "",
+            "Overlap gradients' all-reduce with backward "
+            "(DDP bucket_cap_mb, gradient_as_bucket_view)"
+            ", reduce communication volume (bf16 gradients), or check for a slow rank.",
+        )
+    ]
 
 
 def _memory_churn(v: _View):
-    rows = np.flatnonzero((v.raw_ops["kind"] == OP_CUDA_API)
-                          & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE)))
+    rows = np.flatnonzero(
+        (v.raw_ops["kind"] == OP_CUDA_API) & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE))
+    )
     if not len(rows):
         return []
     calls = int(v.raw_ops["calls"][rows].sum())
@@ -470,17 +548,28 @@ def _memory_churn(v: _View):
     share = t / max(v.step_ns, 1)
     if per_step < 1 or share < 0.02:
         return []
-    return [Finding(
-        "memory_churn", share,
-        f"cudaMalloc/cudaFree inside steps: {per_step:.1f} calls per step",
-        {"calls": calls, "time_ns": t},
-        "",
-        "Let the caching allocator reuse memory: keep tensor shapes stable across steps, "
-        "preallocate buffers, avoid torch.cuda.empty_cache() in the loop.")]
+    return [
+        Finding(
+            "memory_churn",
+            share,
+            f"cudaMalloc/cudaFree inside steps: {per_step:.1f} calls per step",
+            {"calls": calls, "time_ns": t},
+            "",
+            "Let the caching allocator reuse memory: keep tensor shapes stable across steps, "
+            "preallocate buffers, avoid torch.cuda.empty_cache() in the loop.",
+        )
+    ]
 
 
-CHECKS = (_data_stall, _sync_points, _launch_bound, _gpu_idle, _mixed_precision, _communication,
-          _memory_churn)
+CHECKS = (
+    _data_stall,
+    _sync_points,
+    _launch_bound,
+    _gpu_idle,
+    _mixed_precision,
+    _communication,
+    _memory_churn,
+)
 
 
 def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
@@ -495,25 +584,39 @@ def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
     if isinstance(results, MergedRun):
         return diagnose_ranks(results)
     if isinstance(data_fetch, str) or not all(isinstance(n, str) for n in data_fetch):
-        raise TypeError(f"diagnose(): data_fetch must be a list of op names (str), "
-                        f"got {data_fetch!r}")
+        raise TypeError(
+            f"diagnose(): data_fetch must be a list of op names (str), got {data_fetch!r}"
+        )
     v = _View(results, data_fetch=data_fetch)
     findings = []
     for check in CHECKS:
         findings += check(v)
     busy = int(v.steps["gpu_busy_ns"].sum()) if len(v.steps) else 0
-    summary = {"steps": len(v.steps), "step_ns_mean": v.step_ns // v.n_steps,
-               "gpu_busy_share": busy / max(v.step_ns, 1), "gpu": bool(len(v.gpu))}
+    summary = {
+        "steps": len(v.steps),
+        "step_ns_mean": v.step_ns // v.n_steps,
+        "gpu_busy_share": busy / max(v.step_ns, 1),
+        "gpu": bool(len(v.gpu)),
+    }
     return Diagnosis(findings, summary)
 
 
 # -- where each step's time goes: one part per instant, for the step bars of reports --
 
-STEP_BREAKDOWN_DTYPE = np.dtype([
-    ("step", "i8"), ("window", "i4"), ("start_ns", "i8"), ("end_ns", "i8"), ("step_ns", "i8"),
-    ("gpu_busy_ns", "i8"), ("comm_ns", "i8"), ("data_wait_ns", "i8"), ("sync_wait_ns", "i8"),
-    ("idle_ns", "i8"),
-])
+STEP_BREAKDOWN_DTYPE = np.dtype(
+    [
+        ("step", "i8"),
+        ("window", "i4"),
+        ("start_ns", "i8"),
+        ("end_ns", "i8"),
+        ("step_ns", "i8"),
+        ("gpu_busy_ns", "i8"),
+        ("comm_ns", "i8"),
+        ("data_wait_ns", "i8"),
+        ("sync_wait_ns", "i8"),
+        ("idle_ns", "i8"),
+    ]
+)
 
 
 def step_breakdown(results: Results) -> np.ndarray:
@@ -566,18 +669,27 @@ def step_breakdown(results: Results) -> np.ndarray:
         s_end = sp["end_ns"][si].astype(np.int64)
         starts = np.sort(g["start_ns"][work])
         nxt = np.searchsorted(starts, s_end)
-        nxt_start = np.where(nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)],
-                             np.iinfo(np.int64).max)
+        nxt_start = np.where(
+            nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)], np.iinfo(np.int64).max
+        )
         bubble = _union(s_end, np.minimum(s_end + (s_end - sp["start_ns"][si]), nxt_start))
-        gpu_or_loader = _union(np.concatenate([gpu_any[0], loader[0]]),
-                               np.concatenate([gpu_any[1], loader[1]]))
+        gpu_or_loader = _union(
+            np.concatenate([gpu_any[0], loader[0]]), np.concatenate([gpu_any[1], loader[1]])
+        )
         out["gpu_busy_ns"] = _covered(busy, lo, hi)
         out["comm_ns"] = _covered(gpu_any, lo, hi) - out["gpu_busy_ns"]
-        out["data_wait_ns"] = (_covered(loader, lo, hi)
-                               - _covered(_intersect(loader, gpu_any), lo, hi))
-        out["sync_wait_ns"] = (_covered(bubble, lo, hi)
-                               - _covered(_intersect(bubble, gpu_or_loader), lo, hi))
-        out["idle_ns"] = (out["step_ns"] - out["gpu_busy_ns"] - out["comm_ns"]
-                          - out["data_wait_ns"] - out["sync_wait_ns"])
+        out["data_wait_ns"] = _covered(loader, lo, hi) - _covered(
+            _intersect(loader, gpu_any), lo, hi
+        )
+        out["sync_wait_ns"] = _covered(bubble, lo, hi) - _covered(
+            _intersect(bubble, gpu_or_loader), lo, hi
+        )
+        out["idle_ns"] = (
+            out["step_ns"]
+            - out["gpu_busy_ns"]
+            - out["comm_ns"]
+            - out["data_wait_ns"]
+            - out["sync_wait_ns"]
+        )
         parts.append(out)
     return np.concatenate(parts)

@@ -124,8 +124,7 @@ def imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod
-                       for a in node.names]
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
         else:
             continue
         out |= {t for t in targets if t == "gpuprof" or t.startswith("gpuprof.")}
@@ -155,11 +154,13 @@ def test_every_import_names_a_module():
 def test_imports_go_down_the_layers():
     g = graph()
     rank = {name: LAYER_ORDER.index(layer) for name, layer in LAYERS.items()}
-    upward = {(a, b) for a, deps in g.items() for b in deps
-              if b in rank and rank[b] > rank[a]}
+    upward = {(a, b) for a, deps in g.items() for b in deps if b in rank and rank[b] > rank[a]}
     new = sorted(upward - set(KNOWN_UPWARD))
-    assert not new, "upward imports (" + ", ".join(
-        f"{a} [{LAYERS[a]}] -> {b} [{LAYERS[b]}]" for a, b in new) + ")"
+    assert not new, (
+        "upward imports ("
+        + ", ".join(f"{a} [{LAYERS[a]}] -> {b} [{LAYERS[b]}]" for a, b in new)
+        + ")"
+    )
     fixed = sorted(set(KNOWN_UPWARD) - upward)
     assert not fixed, f"remove from KNOWN_UPWARD, these imports are gone: {fixed}"
 
@@ -175,7 +176,7 @@ def test_no_import_cycles():
         stack.append(n)
         for m in sorted(g.get(n, ())):
             if state.get(m) == 1:
-                cycles.append(stack[stack.index(m):] + [m])
+                cycles.append(stack[stack.index(m) :] + [m])
             elif m not in state:
                 visit(m, stack)
         stack.pop()
@@ -187,13 +188,16 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("src, want", [
-    ("from . import tables\n", {"gpuprof.tables"}),
-    ("from .tables import format_time\n", {"gpuprof.tables"}),
-    ("def f():\n    from .exporters.chrome import x\n", {"gpuprof.exporters.chrome"}),
-    ("import gpuprof\n", {"gpuprof"}),
-    ("from . import _gpuprof\n", {"gpuprof._gpuprof"}),
-])
+@pytest.mark.parametrize(
+    "src, want",
+    [
+        ("from . import tables\n", {"gpuprof.tables"}),
+        ("from .tables import format_time\n", {"gpuprof.tables"}),
+        ("def f():\n    from .exporters.chrome import x\n", {"gpuprof.exporters.chrome"}),
+        ("import gpuprof\n", {"gpuprof"}),
+        ("from . import _gpuprof\n", {"gpuprof._gpuprof"}),
+    ],
+)
 def test_the_import_reader_sees_every_form(tmp_path, src, want):
     p = tmp_path / "m.py"
     p.write_text(src)
@@ -207,9 +211,21 @@ def test_c_enum_values_come_from_the_extension():
     from gpuprof import _constants, _gpuprof
 
     table = _gpuprof._test_constants()
-    for name in ("OP_PYTHON", "OP_CFUNC", "OP_USER", "OP_STEP", "OP_CUDA_API", "OPF_HIDDEN",
-                 "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET", "GPU_SYNC", "GPU_MALLOC",
-                 "GPU_FREE", "GPU_API"):
+    for name in (
+        "OP_PYTHON",
+        "OP_CFUNC",
+        "OP_USER",
+        "OP_STEP",
+        "OP_CUDA_API",
+        "OPF_HIDDEN",
+        "GPU_KERNEL",
+        "GPU_MEMCPY",
+        "GPU_MEMSET",
+        "GPU_SYNC",
+        "GPU_MALLOC",
+        "GPU_FREE",
+        "GPU_API",
+    ):
         assert getattr(_constants, name) == getattr(_gpuprof, name) == table[name], name
     assert _constants.OP_KINDS[_gpuprof.OP_CUDA_API] == "cuda_api"
 
@@ -228,12 +244,16 @@ def test_no_module_copies_a_c_enum_value():
         for node in ast.parse(path.read_text()).body:
             if not isinstance(node, ast.Assign):
                 continue
-            targets = [t for n in node.targets
-                       for t in (n.elts if isinstance(n, ast.Tuple) else [n])]
+            targets = [
+                t for n in node.targets for t in (n.elts if isinstance(n, ast.Tuple) else [n])
+            ]
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
             if any(isinstance(v, ast.Constant) and type(v.value) is int for v in values):
-                copies += [f"{name}.{t.id}" for t in targets if isinstance(t, ast.Name)
-                           and t.id.lstrip("_").startswith(ENUM_PREFIXES)]
+                copies += [
+                    f"{name}.{t.id}"
+                    for t in targets
+                    if isinstance(t, ast.Name) and t.id.lstrip("_").startswith(ENUM_PREFIXES)
+                ]
     copies = [c for c in copies if c not in NOT_ENUMS]
     assert not copies, f"C enum values copied into Python: {copies}"
 
@@ -252,6 +272,11 @@ def test_the_type_stub_names_what_the_extension_defines():
     monitoring = {n for n in names if n.startswith("_mon_")}  # 3.12+ only
     assert defined - names == set(), "add to _gpuprof.pyi"
     assert names - monitoring - defined == set(), "not in the extension: remove from _gpuprof.pyi"
-    methods = {n.name for c in stub.body if isinstance(c, ast.ClassDef) and c.name == "Profiler"
-               for n in c.body if isinstance(n, ast.FunctionDef)} - {"__init__"}
+    methods = {
+        n.name
+        for c in stub.body
+        if isinstance(c, ast.ClassDef) and c.name == "Profiler"
+        for n in c.body
+        if isinstance(n, ast.FunctionDef)
+    } - {"__init__"}
     assert methods == {n for n in dir(_gpuprof.Profiler) if not n.startswith("_")}

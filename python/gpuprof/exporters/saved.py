@@ -78,11 +78,18 @@ def save(results: Results, path) -> str:
     children = getattr(results, "subprocesses", None)
     if children is not None:
         doc["subprocesses"] = [
-            {"pid": c.pid, "ppid": c.ppid, "name": c.name, "start_method": c.start_method,
-             "status": c.status,
-             "windows": [_split_window(raw, f"p{j}w{k}/", arrays)
-                         for k, raw in enumerate(c.windows)]}
-            for j, c in enumerate(children)]
+            {
+                "pid": c.pid,
+                "ppid": c.ppid,
+                "name": c.name,
+                "start_method": c.start_method,
+                "status": c.status,
+                "windows": [
+                    _split_window(raw, f"p{j}w{k}/", arrays) for k, raw in enumerate(c.windows)
+                ],
+            }
+            for j, c in enumerate(children)
+        ]
     # -- end subprocesses --
     # -- memory samples (format 3) --
     samples = getattr(results, "memory_samples", None)
@@ -122,18 +129,30 @@ def _split_memory(results: Results, samples, arrays: dict) -> dict:
         allocators[name] = sorted(per_device)
         for device, rows in per_device.items():
             arrays[f"memory/{name}.{device}"] = rows
-    return {"rss_source": kept.rss_source, "interval_s": kept.interval_s,
-            "dropped": kept.dropped, "errors": kept.errors, "allocators": allocators}
+    return {
+        "rss_source": kept.rss_source,
+        "interval_s": kept.interval_s,
+        "dropped": kept.dropped,
+        "errors": kept.errors,
+        "allocators": allocators,
+    }
 
 
 def _load_memory(meta: dict, entries: dict):
     from .._host_sampler import SampleSnapshot
 
-    allocators = {name: {int(d): entries[f"{name}.{d}"] for d in devices}
-                  for name, devices in meta.get("allocators", {}).items()}
-    return SampleSnapshot(entries["host"], allocators, rss_source=meta.get("rss_source", ""),
-                          interval_s=meta.get("interval_s", 0.0),
-                          dropped=meta.get("dropped", 0), errors=meta.get("errors"))
+    allocators = {
+        name: {int(d): entries[f"{name}.{d}"] for d in devices}
+        for name, devices in meta.get("allocators", {}).items()
+    }
+    return SampleSnapshot(
+        entries["host"],
+        allocators,
+        rss_source=meta.get("rss_source", ""),
+        interval_s=meta.get("interval_s", 0.0),
+        dropped=meta.get("dropped", 0),
+        errors=meta.get("errors"),
+    )
 
 
 def _json_default(o):
@@ -159,13 +178,16 @@ def read(path) -> Results:
         try:
             doc = json.loads(zf.read("meta.json"))
         except (KeyError, ValueError) as e:
-            raise ValueError(f"gpuprof.load(): {path!r} is not a gpuprof file (meta.json: {e})"
-                             ) from None
+            raise ValueError(
+                f"gpuprof.load(): {path!r} is not a gpuprof file (meta.json: {e})"
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"gpuprof.load(): {path!r} is not a gpuprof file")
         if doc.get("version", 0) > FORMAT_VERSION:
-            raise ValueError(f"gpuprof.load(): {path!r} has format version {doc['version']}; "
-                             f"this gpuprof reads up to {FORMAT_VERSION}: upgrade gpuprof")
+            raise ValueError(
+                f"gpuprof.load(): {path!r} has format version {doc['version']}; "
+                f"this gpuprof reads up to {FORMAT_VERSION}: upgrade gpuprof"
+            )
         windows = [dict(w) for w in doc["windows"]]
         children = doc.get("subprocesses")  # format 2, with subprocesses=True
         child_windows = [[dict(w) for w in c["windows"]] for c in children or []]
@@ -187,20 +209,30 @@ def read(path) -> Results:
             try:
                 (windows if child is None else child_windows[int(child)])[k][key] = arr
             except IndexError:
-                raise ValueError(f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
-                                 "window listed in meta.json (damaged file?)") from None
+                raise ValueError(
+                    f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
+                    "window listed in meta.json (damaged file?)"
+                ) from None
     results = Results(windows, cuda=doc.get("cuda"), meta=doc.get("meta"))
     if "memory" in doc:  # format 3, with profile_memory=True
         try:
             results.memory_samples = _load_memory(doc["memory"], memory)
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"gpuprof.load(): {path!r}: its memory samples are damaged "
-                             f"({e!r})") from None
+            raise ValueError(
+                f"gpuprof.load(): {path!r}: its memory samples are damaged ({e!r})"
+            ) from None
     if children is not None:  # -- subprocesses --
         results.subprocesses = [
-            ProcessData(int(c["pid"]), int(c["ppid"]), str(c["name"]),
-                        str(c["start_method"]), str(c["status"]), wins)
-            for c, wins in zip(children, child_windows, strict=True)]
+            ProcessData(
+                int(c["pid"]),
+                int(c["ppid"]),
+                str(c["name"]),
+                str(c["start_method"]),
+                str(c["status"]),
+                wins,
+            )
+            for c, wins in zip(children, child_windows, strict=True)
+        ]
     return results
 
 
