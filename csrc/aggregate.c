@@ -60,9 +60,9 @@ vec_reserve_huge(void **v, size_t *cap, size_t n, size_t item)
 }
 
 /* Append a zeroed item; evaluates to a pointer to it or NULL. */
-#define VEC_PUSH(vec)                                                                   \
-    (vec_grow((void **)&(vec).v, &(vec).cap, (vec).n + 1, sizeof(*(vec).v)) == NULL     \
-         ? NULL                                                                         \
+#define VEC_PUSH(vec)                                                                              \
+    (vec_grow((void **)&(vec).v, &(vec).cap, (vec).n + 1, sizeof(*(vec).v)) == NULL                \
+         ? NULL                                                                                    \
          : memset(&(vec).v[(vec).n++], 0, sizeof(*(vec).v)))
 
 /* ---- open-addressing map: uint64 key -> uint32 value ------------------- */
@@ -681,8 +681,8 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
          * that started it (merged into that thread's replay). */
         if (kind == GP_EV_NVTX_END && ev->arg != a->buf_index)
             return 0;
-        int64_t i = find_nvtx(a, kind == GP_EV_NVTX_POP ? E_NVTX : E_NVTX_SE,
-                              GP_EV_PAYLOAD(ev->kind));
+        int64_t i =
+            find_nvtx(a, kind == GP_EV_NVTX_POP ? E_NVTX : E_NVTX_SE, GP_EV_PAYLOAD(ev->kind));
         if (i >= 0)
             remove_entry(a, (size_t)i, ts);
         return 0;
@@ -755,14 +755,12 @@ replay_event(Agg *a, const GpEvent *ev, int64_t ts)
 /* API records from activity-only mode for one thread, as events sorted by
  * time (enter at start, exit at end; ns). */
 static GpEvent *
-api_events_for_thread(const GpAggInput *in, const GpWindowThread *tb, uint8_t *used,
-                      size_t *n_out)
+api_events_for_thread(const GpAggInput *in, const GpWindowThread *tb, uint8_t *used, size_t *n_out)
 {
     size_t n = 0;
     for (size_t i = 0; i < in->n_gpu; i++)
-        if (in->gpu[i].kind == GP_GPU_API &&
-            (in->gpu[i].thread_id == (uint32_t)tb->os_tid ||
-             in->gpu[i].thread_id == (uint32_t)tb->ident))
+        if (in->gpu[i].kind == GP_GPU_API && (in->gpu[i].thread_id == (uint32_t)tb->os_tid ||
+                                              in->gpu[i].thread_id == (uint32_t)tb->ident))
             n++;
     *n_out = 0;
     if (n == 0)
@@ -1042,8 +1040,8 @@ replay_thread(Agg *a, const GpWindowThread *tb, GpThreadRow *tr, const GpClockMa
     }
     GpClockCursor cur;
     gp_clock_cursor_init(&cur, clock);
-    int64_t end = tb->drop_ts ? (int64_t)gp_clock_ns(&cur, tb->drop_ts)
-                              : (int64_t)a->in->window_end_ns;
+    int64_t end =
+        tb->drop_ts ? (int64_t)gp_clock_ns(&cur, tb->drop_ts) : (int64_t)a->in->window_end_ns;
     gp_clock_cursor_init(&cur, clock);
     int64_t last = -1;
     size_t ai = 0;
@@ -1122,7 +1120,8 @@ static const char *copy_kind_names[] = {
     "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP",
 };
 static const char *mem_kind_names[] = {
-    "Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static",
+    "Unknown", "Pageable", "Pinned",        "Device",
+    "Array",   "Managed",  "Device Static", "Managed Static",
 };
 static const char *sync_kind_names[] = {
     "Unknown Sync", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync",
@@ -1304,7 +1303,8 @@ build_gpu(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread)
         if (g->kind == GP_GPU_API)
             continue;
         uint32_t li = g->correlation ? map_get(&a->corr, g->correlation) : UINT32_MAX;
-        if (li == UINT32_MAX && (g->start_ns < in->window_start_ns || g->start_ns > in->window_end_ns))
+        if (li == UINT32_MAX &&
+            (g->start_ns < in->window_start_ns || g->start_ns > in->window_end_ns))
             continue; /* warm-up leftovers and work from outside the window */
         GpGpuEventRow *r = VEC_PUSH(t->gpu);
         if (r == NULL)
@@ -1343,7 +1343,8 @@ build_gpu(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread)
                 node = l->owner_node;
                 r->flags |= GP_GF_ATTRIBUTED;
             } else if (step_thread != UINT32_MAX) {
-                int64_t s = open_span_at(t, span_lo[step_thread], span_hi[step_thread], l->enter_ns);
+                int64_t s =
+                    open_span_at(t, span_lo[step_thread], span_hi[step_thread], l->enter_ns);
                 if (s >= 0) {
                     row = t->spans.v[s].op_row;
                     node = t->spans.v[s].node;

@@ -155,7 +155,11 @@ typedef struct GpThreadRow {
     int64_t busy_ns;     /* time with a non-empty stack */
 } GpThreadRow;
 
-#define GP_VEC(type) struct { type *v; size_t n, cap; }
+#define GP_VEC(type)                                                                               \
+    struct {                                                                                       \
+        type *v;                                                                                   \
+        size_t n, cap;                                                                             \
+    }
 
 typedef struct GpTables {
     GP_VEC(GpOpRow) ops;

@@ -55,7 +55,8 @@ enum {
 #define GP_EV_MAKE(kind, payload) ((uint32_t)(kind) | ((uint32_t)(payload) << 8))
 
 /* API key packed in the payload of GP_EV_API_ENTER: domain in bits 20..23, cbid below. */
-#define GP_API_KEY(domain, cbid) ((((uint32_t)(domain) & 0xfu) << 20) | ((uint32_t)(cbid) & 0xfffffu))
+#define GP_API_KEY(domain, cbid)                                                                   \
+    ((((uint32_t)(domain) & 0xfu) << 20) | ((uint32_t)(cbid) & 0xfffffu))
 #define GP_API_DOMAIN(key) (((key) >> 20) & 0xfu)
 #define GP_API_CBID(key) ((key) & 0xfffffu)
 
@@ -132,9 +133,8 @@ GP_INLINE GpThreadBuf *
 gp_buffer_thread(void)
 {
     GpThreadBuf *tb = gp_buffer_tls.buf;
-    if (GP_LIKELY(tb != NULL && gp_buffer_tls.session == atomic_load_explicit(
-                                                            &gp_buffer_session,
-                                                            memory_order_relaxed)))
+    if (GP_LIKELY(tb != NULL && gp_buffer_tls.session ==
+                                    atomic_load_explicit(&gp_buffer_session, memory_order_relaxed)))
         return tb;
     return gp_buffer_thread_slow();
 }

@@ -112,8 +112,9 @@ gp_capture_arm(GpProfilerObject *self)
         }
     } else if (self->capture == GP_CAPTURE_NVTX) {
         if (gp_nvtx_capture_set(self->capture_name, self->capture_domain) != GP_OK) {
-            PyErr_SetString(PyExc_ValueError,
-                            "profile(capture='nvtx:NAME'): NAME and domain must be under 256 bytes");
+            PyErr_SetString(
+                PyExc_ValueError,
+                "profile(capture='nvtx:NAME'): NAME and domain must be under 256 bytes");
             return -1;
         }
     }
@@ -193,4 +194,3 @@ gp_capture_action_for(GpProfilerObject *self, int64_t step, GpAction *out)
     *out = (GpAction)a;
     return 0;
 }
-

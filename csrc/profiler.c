@@ -59,9 +59,19 @@ gp_status_raise(GpStatus status, const char *context)
 static int
 Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"max_events", "cuda", "memory", "schedule", "schedule_fn",
-                             "on_trace_ready", "owner", "capture", "capture_name",
-                             "capture_domain", "monitoring", "cuda_sync_records", NULL};
+    static char *kwlist[] = {"max_events",
+                             "cuda",
+                             "memory",
+                             "schedule",
+                             "schedule_fn",
+                             "on_trace_ready",
+                             "owner",
+                             "capture",
+                             "capture_name",
+                             "capture_domain",
+                             "monitoring",
+                             "cuda_sync_records",
+                             NULL};
     unsigned long long max_events = 8000000;
     int cuda = 0, memory = 0, capture = GP_CAPTURE_NONE, monitoring = 0, sync_records = 0;
     const char *capture_name = NULL, *capture_domain = NULL;
@@ -96,8 +106,9 @@ Profiler_init(GpProfilerObject *self, PyObject *args, PyObject *kwds)
     self->has_schedule = 0;
     if (sched != Py_None) {
         GpSchedule s;
-        if (!PyArg_ParseTuple(sched, "LLLLLL;schedule must be a tuple (wait, warmup, active, "
-                                     "repeat, skip_first, skip_first_wait)",
+        if (!PyArg_ParseTuple(sched,
+                              "LLLLLL;schedule must be a tuple (wait, warmup, active, "
+                              "repeat, skip_first, skip_first_wait)",
                               &s.wait, &s.warmup, &s.active, &s.repeat, &s.skip_first,
                               &s.skip_first_wait))
             return -1;
@@ -438,7 +449,8 @@ static PyMethodDef Profiler_methods[] = {
 static PyGetSetDef Profiler_getset[] = {
     {"result", (getter)Profiler_get_result, NULL, "Tables of the last completed window.", NULL},
     {"step_num", (getter)Profiler_get_step_num, NULL, "Current step number.", NULL},
-    {"action", (getter)Profiler_get_action, NULL, "Current schedule action, -1 when stopped.", NULL},
+    {"action", (getter)Profiler_get_action, NULL, "Current schedule action, -1 when stopped.",
+     NULL},
     {"running", (getter)Profiler_get_running, NULL, "True between start() and stop().", NULL},
     {"cuda", (getter)Profiler_get_cuda, NULL, "GPU capture state of this session.", NULL},
     {"windows", (getter)Profiler_get_windows, NULL, "Completed windows.", NULL},
@@ -463,4 +475,3 @@ PyType_Spec gp_profiler_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .slots = Profiler_slots,
 };
-

@@ -101,4 +101,3 @@ gp_profiler_after_fork_child(void)
         gp_intern_clear();
     }
 }
-

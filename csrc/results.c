@@ -86,8 +86,8 @@ gp_profiler_result_dict(GpTables *t)
     if (knames == NULL)
         goto fail;
     for (size_t i = 0; i < t->strings.n; i++) {
-        PyObject *s = PyUnicode_DecodeUTF8(t->strings.v[i], (Py_ssize_t)strlen(t->strings.v[i]),
-                                           "replace");
+        PyObject *s =
+            PyUnicode_DecodeUTF8(t->strings.v[i], (Py_ssize_t)strlen(t->strings.v[i]), "replace");
         if (s == NULL)
             goto fail;
         PyList_SET_ITEM(knames, (Py_ssize_t)i, s); /* steals */
@@ -106,10 +106,12 @@ gp_profiler_result_dict(GpTables *t)
     knames = NULL;
     if (dict_steal(d, "ops", gp_arrays_build(GP_ROWS_OPS, t->ops.v, t->ops.n)) < 0 ||
         dict_steal(d, "nodes", gp_arrays_build(GP_ROWS_NODES, t->nodes.v, t->nodes.n)) < 0 ||
-        dict_steal(d, "kernels", gp_arrays_build(GP_ROWS_KERNELS, t->kernels.v, t->kernels.n)) < 0 ||
+        dict_steal(d, "kernels", gp_arrays_build(GP_ROWS_KERNELS, t->kernels.v, t->kernels.n)) <
+            0 ||
         dict_steal(d, "gpu", gp_arrays_build(GP_ROWS_GPU, t->gpu.v, t->gpu.n)) < 0 ||
         dict_steal(d, "steps", gp_arrays_build(GP_ROWS_STEPS, t->steps.v, t->steps.n)) < 0 ||
-        dict_steal(d, "threads", gp_arrays_build(GP_ROWS_THREADS, t->threads.v, t->threads.n)) < 0 ||
+        dict_steal(d, "threads", gp_arrays_build(GP_ROWS_THREADS, t->threads.v, t->threads.n)) <
+            0 ||
         dict_steal(d, "window_start_ns", PyLong_FromLongLong(t->window_start_ns)) < 0 ||
         dict_steal(d, "window_end_ns", PyLong_FromLongLong(t->window_end_ns)) < 0 ||
         dict_steal(d, "dropped_events", PyLong_FromLongLong(t->dropped_events)) < 0 ||
@@ -118,10 +120,9 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "unattributed_gpu_ns", PyLong_FromLongLong(t->unattributed_gpu_ns)) < 0 ||
         dict_steal(d, "epoch_offset_ns", PyLong_FromLongLong(gp_clock_epoch_offset())) < 0)
         goto fail_after_names;
-    if (t->has_spans &&
-        dict_steal(d, "spans",
-                   gp_window_spans_array(t, (PyObject *const *)gp_intern.refs, gp_intern.kinds,
-                                         gp_intern.n_ops)) < 0)
+    if (t->has_spans && dict_steal(d, "spans",
+                                   gp_window_spans_array(t, (PyObject *const *)gp_intern.refs,
+                                                         gp_intern.kinds, gp_intern.n_ops)) < 0)
         goto fail_after_names;
     return d;
 fail:
@@ -133,4 +134,3 @@ fail_after_names:
     Py_DECREF(d);
     return NULL;
 }
-

@@ -320,8 +320,8 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const Ap
     int64_t pid = dl->device, tid = gpu_tid(g, dl);
     int64_t stream = g->stream ? (int64_t)g->stream : (int64_t)dl->zero_sub;
     int64_t dur = key->end - key->start;
-    const Str *name = g->kernel_row < c->n_kernel_names ? &c->kernel_names[g->kernel_row]
-                                                        : &gpu_activity_name;
+    const Str *name =
+        g->kernel_row < c->n_kernel_names ? &c->kernel_names[g->kernel_row] : &gpu_activity_name;
     uint32_t ext = key->api ? api_up[key->api - 1].ext : 0;
     switch (g->kind) {
     case GP_GPU_KERNEL:
@@ -372,9 +372,8 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const Ap
                 blocks *= g->grid[d] ? g->grid[d] : 1;
                 threads *= g->block[d] ? g->block[d] : 1;
             }
-            int64_t warp = (size_t)pid < c->n_warp_sizes && c->warp_sizes[pid] > 0
-                               ? c->warp_sizes[pid]
-                               : 32;
+            int64_t warp =
+                (size_t)pid < c->n_warp_sizes && c->warp_sizes[pid] > 0 ? c->warp_sizes[pid] : 32;
             double warps = (double)(((int64_t)threads + warp - 1) / warp);
             PUT(o, ",\"blocks per SM\":");
             gp_trace_out_fixed2(o, blocks / (double)sms);
@@ -409,7 +408,7 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const Ap
 
 int
 gp_trace_gpu_write(const Ctx *c, Out *o, Devices *devs, const ApiUp *api_up, const Anns *anns,
-          int64_t *max_end)
+                   int64_t *max_end)
 {
     size_t n = c->n_gpu;
     Key *keys = malloc((n + 1) * sizeof(Key));

@@ -182,8 +182,8 @@ put_lane_ts(Out *o, int64_t pid, int64_t tid, int64_t ts)
 }
 
 static inline void
-put_slice_head(Out *o, const char *cat, size_t cat_len, const Str *name, int64_t pid,
-               int64_t tid, int64_t ts, int64_t dur)
+put_slice_head(Out *o, const char *cat, size_t cat_len, const Str *name, int64_t pid, int64_t tid,
+               int64_t ts, int64_t dur)
 {
     begin_event(o);
     PUT(o, "{\"ph\":\"X\",\"cat\":\"");
@@ -227,6 +227,6 @@ int gp_trace_gpu_devices(const Ctx *c, Devices *d);
 
 /* Write every GPU record, its flows and the projected annotations. */
 int gp_trace_gpu_write(const Ctx *c, Out *o, Devices *devs, const ApiUp *api_up, const Anns *anns,
-          int64_t *max_end);
+                       int64_t *max_end);
 
 #endif /* GPUPROF_CSRC_TRACE_INTERNAL_H */

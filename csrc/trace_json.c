@@ -134,7 +134,8 @@ meta_part(PyObject *meta, int *part)
     }
     PyErr_Format(PyExc_ValueError,
                  "_write_trace: meta['part'] must be 'whole', 'open', 'append' or 'close', "
-                 "got %R", v);
+                 "got %R",
+                 v);
     return -1;
 }
 

@@ -219,7 +219,8 @@ gp_trace_out_escape_list(PyObject *list, Str **out, size_t *n, const char *what)
         return -1;
     }
     for (size_t i = 0; i < len; i++) {
-        if (gp_trace_out_escape_obj(PyList_GET_ITEM(list, (Py_ssize_t)i), &v[i], what) < 0) { /* borrowed */
+        if (gp_trace_out_escape_obj(PyList_GET_ITEM(list, (Py_ssize_t)i), &v[i], what) <
+            0) { /* borrowed */
             gp_trace_out_free_strs(v, len);
             return -1;
         }

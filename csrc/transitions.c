@@ -213,4 +213,3 @@ gp_transition_run(GpProfilerObject *self, GpAction prev, GpAction cur)
     }
     return rc;
 }
-

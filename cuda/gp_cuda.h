@@ -33,19 +33,38 @@ enum {
 
 /* GpGpuRecord.subkind for GP_GPU_MEMCPY: the direction (trace-format 6.6). */
 enum {
-    GP_COPY_UNKNOWN = 0, GP_COPY_HTOD, GP_COPY_DTOH, GP_COPY_HTOA, GP_COPY_ATOH,
-    GP_COPY_ATOA, GP_COPY_ATOD, GP_COPY_DTOA, GP_COPY_DTOD, GP_COPY_HTOH, GP_COPY_PTOP,
+    GP_COPY_UNKNOWN = 0,
+    GP_COPY_HTOD,
+    GP_COPY_DTOH,
+    GP_COPY_HTOA,
+    GP_COPY_ATOH,
+    GP_COPY_ATOA,
+    GP_COPY_ATOD,
+    GP_COPY_DTOA,
+    GP_COPY_DTOD,
+    GP_COPY_HTOH,
+    GP_COPY_PTOP,
 };
 
 /* src_mem / dst_mem: memory kinds (trace-format 6.6 names, in this order). */
 enum {
-    GP_MEM_UNKNOWN = 0, GP_MEM_PAGEABLE, GP_MEM_PINNED, GP_MEM_DEVICE, GP_MEM_ARRAY,
-    GP_MEM_MANAGED, GP_MEM_DEVICE_STATIC, GP_MEM_MANAGED_STATIC,
+    GP_MEM_UNKNOWN = 0,
+    GP_MEM_PAGEABLE,
+    GP_MEM_PINNED,
+    GP_MEM_DEVICE,
+    GP_MEM_ARRAY,
+    GP_MEM_MANAGED,
+    GP_MEM_DEVICE_STATIC,
+    GP_MEM_MANAGED_STATIC,
 };
 
 /* GpGpuRecord.subkind for GP_GPU_SYNC (trace-format 6.8 names). */
 enum {
-    GP_SYNC_UNKNOWN = 0, GP_SYNC_EVENT, GP_SYNC_STREAM_WAIT_EVENT, GP_SYNC_STREAM, GP_SYNC_CONTEXT,
+    GP_SYNC_UNKNOWN = 0,
+    GP_SYNC_EVENT,
+    GP_SYNC_STREAM_WAIT_EVENT,
+    GP_SYNC_STREAM,
+    GP_SYNC_CONTEXT,
 };
 
 /* API domains in GP_API_KEY (csrc/buffer.h). */
@@ -69,14 +88,14 @@ typedef struct GpGpuRecord {
     uint32_t registers;     /* per thread */
     uint32_t static_smem;   /* bytes per block */
     uint32_t dynamic_smem;  /* bytes per block */
-    uint32_t wait_stream;   /* GP_SYNC_STREAM_WAIT_EVENT: stream that recorded the event, else 0 */
-    int16_t device;         /* CUDA device index; -1 unknown */
-    int16_t src_device;     /* peer copies, else -1 */
-    int16_t dst_device;     /* peer copies, else -1 */
-    uint8_t kind;           /* GP_GPU_* */
-    uint8_t subkind;        /* GP_COPY_* / GP_SYNC_* / api domain for GP_GPU_API */
-    uint8_t src_mem;        /* GP_MEM_* (memcpy) */
-    uint8_t dst_mem;        /* GP_MEM_* (memcpy, memset, malloc/free) */
+    uint32_t wait_stream; /* GP_SYNC_STREAM_WAIT_EVENT: stream that recorded the event, else 0 */
+    int16_t device; /* CUDA device index; -1 unknown */
+    int16_t src_device; /* peer copies, else -1 */
+    int16_t dst_device; /* peer copies, else -1 */
+    uint8_t kind; /* GP_GPU_* */
+    uint8_t subkind; /* GP_COPY_* / GP_SYNC_* / api domain for GP_GPU_API */
+    uint8_t src_mem; /* GP_MEM_* (memcpy) */
+    uint8_t dst_mem; /* GP_MEM_* (memcpy, memset, malloc/free) */
     uint8_t pad[6];
 } GpGpuRecord;
 
@@ -169,8 +188,8 @@ uint64_t gp_cuda_dropped(void);
 /* What decoding CUPTI's buffers has cost since the extension was loaded,
  * for the benchmarks (cumulative; any thread). */
 typedef struct GpCudaStats {
-    uint64_t decode_ns;         /* inside the buffer-completed callback, decoding */
-    uint64_t decoded_records;   /* CUPTI records walked */
+    uint64_t decode_ns; /* inside the buffer-completed callback, decoding */
+    uint64_t decoded_records; /* CUPTI records walked */
     uint64_t completed_buffers; /* buffers CUPTI handed back */
 } GpCudaStats;
 void gp_cuda_stats(GpCudaStats *out);
@@ -182,14 +201,14 @@ const char *gp_cuda_api_name(uint32_t api_key);
 /* What an API call does, for attribution and the sync/launch findings. */
 enum {
     GP_APICLASS_OTHER = 0,
-    GP_APICLASS_LAUNCH,      /* kernel launches (runtime, driver, cooperative, Ex) */
-    GP_APICLASS_GRAPH,       /* graph launches */
-    GP_APICLASS_MEMCPY,      /* asynchronous copies */
+    GP_APICLASS_LAUNCH, /* kernel launches (runtime, driver, cooperative, Ex) */
+    GP_APICLASS_GRAPH, /* graph launches */
+    GP_APICLASS_MEMCPY, /* asynchronous copies */
     GP_APICLASS_MEMCPY_SYNC, /* copies that block the host (cudaMemcpy, cuMemcpyDtoH, ...) */
     GP_APICLASS_MEMSET,
-    GP_APICLASS_SYNC,        /* stream/device/context/event synchronize, event query loops */
-    GP_APICLASS_ALLOC,       /* cudaMalloc*, cuMemAlloc*, cuMemCreate, pools */
-    GP_APICLASS_FREE,        /* cudaFree*, cuMemFree*, cuMemRelease */
+    GP_APICLASS_SYNC, /* stream/device/context/event synchronize, event query loops */
+    GP_APICLASS_ALLOC, /* cudaMalloc*, cuMemAlloc*, cuMemCreate, pools */
+    GP_APICLASS_FREE, /* cudaFree*, cuMemFree*, cuMemRelease */
 };
 int gp_cuda_api_class(uint32_t api_key);
 
@@ -216,13 +235,13 @@ int gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size
 void gp_nvtx_clear(void);
 
 typedef struct GpNvtxInfo {
-    int clients;             /* NVTX clients attached to gpuprof's injection */
-    int emit;                /* gpuprof's ranges go out to another NVTX tool */
+    int clients; /* NVTX clients attached to gpuprof's injection */
+    int emit; /* gpuprof's ranges go out to another NVTX tool */
     const char *emit_reason; /* why (not); static storage */
-    uint32_t names;          /* distinct NVTX names this session */
-    uint32_t domains;        /* named domains created */
-    uint64_t names_dropped;  /* events named "<nvtx: too many ...>" (table full) */
-    unsigned probe_hits;     /* NVTX marks "gpuprof-nvtx-probe..." that reached us */
+    uint32_t names; /* distinct NVTX names this session */
+    uint32_t domains; /* named domains created */
+    uint64_t names_dropped; /* events named "<nvtx: too many ...>" (table full) */
+    unsigned probe_hits; /* NVTX marks "gpuprof-nvtx-probe..." that reached us */
 } GpNvtxInfo;
 void gp_nvtx_info(GpNvtxInfo *out);
 

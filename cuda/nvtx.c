@@ -59,17 +59,34 @@ typedef const void *(*NvGetExportTable)(uint32_t table_id);
 enum { NV_ETID_CALLBACKS = 1, NV_ETID_VERSIONINFO = 3 };
 enum { NV_MODULE_CORE = 1, NV_MODULE_CORE2 = 5 };
 enum {
-    NV_CORE_MarkEx = 1, NV_CORE_MarkA = 2, NV_CORE_MarkW = 3, NV_CORE_RangeStartEx = 4, NV_CORE_RangeStartA = 5, NV_CORE_RangeStartW = 6,
-    NV_CORE_RangeEnd = 7, NV_CORE_RangePushEx = 8, NV_CORE_RangePushA = 9,
-    NV_CORE_RangePushW = 10, NV_CORE_RangePop = 11, NV_CORE_NameCategoryA = 12,
-    NV_CORE_NameCategoryW = 13, NV_CORE_SIZE = 16,
+    NV_CORE_MarkEx = 1,
+    NV_CORE_MarkA = 2,
+    NV_CORE_MarkW = 3,
+    NV_CORE_RangeStartEx = 4,
+    NV_CORE_RangeStartA = 5,
+    NV_CORE_RangeStartW = 6,
+    NV_CORE_RangeEnd = 7,
+    NV_CORE_RangePushEx = 8,
+    NV_CORE_RangePushA = 9,
+    NV_CORE_RangePushW = 10,
+    NV_CORE_RangePop = 11,
+    NV_CORE_NameCategoryA = 12,
+    NV_CORE_NameCategoryW = 13,
+    NV_CORE_SIZE = 16,
 };
 enum {
-    NV_CORE2_DomainMarkEx = 1, NV_CORE2_DomainRangeStartEx = 2, NV_CORE2_DomainRangeEnd = 3,
-    NV_CORE2_DomainRangePushEx = 4, NV_CORE2_DomainRangePop = 5,
-    NV_CORE2_DomainNameCategoryA = 8, NV_CORE2_DomainNameCategoryW = 9,
-    NV_CORE2_DomainRegisterStringA = 10, NV_CORE2_DomainRegisterStringW = 11,
-    NV_CORE2_DomainCreateA = 12, NV_CORE2_DomainCreateW = 13, NV_CORE2_DomainDestroy = 14,
+    NV_CORE2_DomainMarkEx = 1,
+    NV_CORE2_DomainRangeStartEx = 2,
+    NV_CORE2_DomainRangeEnd = 3,
+    NV_CORE2_DomainRangePushEx = 4,
+    NV_CORE2_DomainRangePop = 5,
+    NV_CORE2_DomainNameCategoryA = 8,
+    NV_CORE2_DomainNameCategoryW = 9,
+    NV_CORE2_DomainRegisterStringA = 10,
+    NV_CORE2_DomainRegisterStringW = 11,
+    NV_CORE2_DomainCreateA = 12,
+    NV_CORE2_DomainCreateW = 13,
+    NV_CORE2_DomainDestroy = 14,
     NV_CORE2_SIZE = 16,
 };
 enum { NV_MSG_ASCII = 1, NV_MSG_UNICODE = 2, NV_MSG_REGISTERED = 3 };
@@ -645,7 +662,8 @@ static void
 end(uint64_t id)
 {
     uint64_t want = id;
-    if (id != 0 && atomic_load(&cap_range) == id && atomic_compare_exchange_strong(&cap_range, &want, 0)) {
+    if (id != 0 && atomic_load(&cap_range) == id &&
+        atomic_compare_exchange_strong(&cap_range, &want, 0)) {
         if (recording())
             record(0, GP_EV_MAKE(GP_EV_NVTX_END, (uint32_t)(id & 0xffffffu)));
         cap_close();
@@ -686,6 +704,8 @@ mark(const NvAttr *a, const char *ascii, const wchar_t *wide)
         atomic_fetch_add(&probe_hits, 1);
 }
 
+/* The entry points NVTX calls, one a line (clang-format would spread them out). */
+/* clang-format off */
 static void cb_mark_ex(const NvAttr *a) { if (a) mark(a, NULL, NULL); }
 static void cb_mark_a(const char *s) { mark(NULL, s, NULL); }
 static void cb_mark_w(const wchar_t *s) { mark(NULL, NULL, s); }
@@ -712,6 +732,7 @@ static const void *cb_dregister_w(const void *d, const wchar_t *s) { return regi
 static const void *cb_dcreate_a(const char *n) { return domain_create(n, NULL); }
 static const void *cb_dcreate_w(const wchar_t *n) { return domain_create(NULL, n); }
 static void cb_ddestroy(const void *d) { (void)d; /* handles stay valid: see GpNvtxDomain */ }
+/* clang-format on */
 
 static void
 set_slot(NvTable t, unsigned int size, unsigned int id, NvFn fn)
@@ -870,7 +891,8 @@ out_attach(void)
         out_core2_table[i] = &out_core2[i];
     const char *path = getenv("NVTX_INJECTION64_PATH");
     if (path == NULL || path[0] == '\0') {
-        snprintf(out_reason, sizeof out_reason, "no NVTX tool attached (NVTX_INJECTION64_PATH is unset)");
+        snprintf(out_reason, sizeof out_reason,
+                 "no NVTX tool attached (NVTX_INJECTION64_PATH is unset)");
         return;
     }
     void *h = dlopen(path, RTLD_LAZY);
@@ -899,7 +921,8 @@ out_attach(void)
     int (*p)(const char *) = (int (*)(const char *))out_core[NV_CORE_RangePushA];
     int (*q)(void) = (int (*)(void))out_core[NV_CORE_RangePop];
     if (p == NULL || q == NULL) {
-        snprintf(out_reason, sizeof out_reason, "%s did not take nvtxRangePushA/nvtxRangePop", path);
+        snprintf(out_reason, sizeof out_reason, "%s did not take nvtxRangePushA/nvtxRangePop",
+                 path);
         return;
     }
     out_push = p;
