@@ -636,8 +636,8 @@ def export_html(
 
 def compare_data(comparison, title: str | None = None) -> dict:
     """The document the comparison page draws; see :func:`export_compare_html`."""
+    from .._comparison import Comparison
     from .._version import __version__
-    from ..compare import Comparison
 
     if not isinstance(comparison, Comparison):
         raise TypeError(
