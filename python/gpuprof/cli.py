@@ -583,18 +583,13 @@ def cmd_report(args) -> int:
 
 def _trace_report(path: str, kernels: bool, limit: int):
     """Totals by name from an exported Chrome trace (ours or any Kineto-style trace)."""
-    import gzip
-    import json
-
     from ._format import format_time
+    from ._trace_read import read_trace
     from .views import Table
 
-    opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            trace = json.load(f)
-        events = trace["traceEvents"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        events = read_trace(path, "report")["traceEvents"]
+    except (OSError, ValueError) as e:
         raise _CliError(f"cannot read {path!r}: not a Chrome trace ({e})") from e
     gpu_cats = {"kernel", "gpu_memcpy", "gpu_memset"}
     host_cats = {"python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver"}

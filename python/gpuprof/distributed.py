@@ -37,6 +37,7 @@ from ._intervals import intersect as _intersect
 from ._intervals import union as _union
 from ._output import check_output_path
 from ._ranks import distributed_info, expand_name, rank_info
+from ._trace_read import read_trace
 from ._version import __version__
 
 __all__ = [
@@ -153,25 +154,7 @@ def collective_name(kernel_name: str) -> str:
 
 
 def _read_json(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-            f.seek(0)
-            if head == b"\x1f\x8b":
-                with gzip.GzipFile(fileobj=f) as gz:
-                    data = gz.read()
-            else:
-                data = f.read()
-        doc = json.loads(data)
-    except OSError as e:
-        raise OSError(e.errno, f"merge(): cannot read {path!r}: {e.strerror or e}", path) from e
-    except (ValueError, EOFError) as e:
-        raise ValueError(f"merge(): {path!r} is not a JSON trace ({e})") from None
-    if isinstance(doc, list):
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise ValueError(f"merge(): {path!r} is not a Chrome trace: it has no traceEvents list")
-    return doc
+    return read_trace(path, "merge")
 
 
 def _ns(ts) -> int:
