@@ -42,7 +42,7 @@ enum {
     GP_EV_API_ENTER,    /* CUDA API entered: arg = correlation id, kind >> 8 = api key */
     GP_EV_API_EXIT,     /* CUDA API left: arg = correlation id */
     GP_EV_FRAME,        /* initial-stack frame (window start snapshot): arg = op id */
-    /* NVTX ranges (cuda/nvtx.c), written from any thread like API events. */
+    /* NVTX ranges (csrc/nvtx.c), written from any thread like API events. */
     GP_EV_NVTX_PUSH,    /* nvtx*RangePush*: arg = NVTX name id, payload = domain index */
     GP_EV_NVTX_POP,     /* nvtx*RangePop: payload = domain index */
     GP_EV_NVTX_START,   /* nvtx*RangeStart*: arg = NVTX name id, payload = range tag */
