@@ -58,6 +58,9 @@ LAYERS = {
     "gpuprof.diagnose": "analysis",
     "gpuprof._comparison": "analysis",
     "gpuprof._deepdive": "analysis",
+    "gpuprof._deepdive._report": "analysis",
+    "gpuprof._deepdive._cupti": "analysis",
+    "gpuprof._deepdive._ncu": "analysis",
     # exporters: files written from results and analyses
     "gpuprof.exporters.chrome": "exporters",
     "gpuprof.exporters.stacks": "exporters",

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from gpuprof import _deepdive as dd
 from gpuprof import _gpuprof
+from gpuprof._deepdive import _cupti as ddc
+from gpuprof._deepdive import _ncu as ddn
 from gpuprof.deepdive import deep_dive
 from gpuprof.occupancy import (
     ARCH_LIMITS,
@@ -477,7 +479,7 @@ def test_parse_ncu_long_csv():
 
 def test_kernel_base_names_match_across_demanglers():
     assert (
-        dd.base_name(
+        ddn.base_name(
             "void at::native::vectorized_elementwise_kernel<4, "
             "at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
             "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)"
@@ -485,10 +487,10 @@ def test_kernel_base_names_match_across_demanglers():
         == "vectorized_elementwise_kernel"
     )
     assert (
-        dd.base_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")
+        ddn.base_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")
         == "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
     )
-    assert dd.base_name("copy(float*)") == "copy"
+    assert ddn.base_name("copy(float*)") == "copy"
     k = [
         dd.KernelDeepDive(
             "copy_kernel<float>(float*, float const*, int)", 0, 10, 1, 1.0, float("nan"), ""
@@ -571,12 +573,12 @@ def test_deep_dive_without_counters_says_why_and_keeps_the_rest(monkeypatch):
 
 
 def test_privileges_error_is_explained():
-    e = dd._CuptiFailure("cuptiRangeProfilerStart", 35, "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
+    e = ddc._CuptiFailure("cuptiRangeProfilerStart", 35, "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
     text = e.explain()
     assert "INSUFFICIENT_PRIVILEGES" in text and "NVreg_RestrictProfilingToAdminUsers=0" in text
     assert "SYS_ADMIN" in text
-    assert "virtual GPU" in dd._CuptiFailure("x", 40, "t").explain()
-    assert "another profiler" in dd._CuptiFailure("x", 26, "t").explain()
+    assert "virtual GPU" in ddc._CuptiFailure("x", 40, "t").explain()
+    assert "another profiler" in ddc._CuptiFailure("x", 26, "t").explain()
 
 
 FAKE_NCU = r"""#!{python}
@@ -687,7 +689,7 @@ def test_ctypes_parameter_structs_match_the_cupti_headers(tmp_path):
         "#include <cupti_range_profiler.h>",
         "int main() {",
     ]
-    for key, cls in dd.CUPTI_PARAMS.items():
+    for key, cls in ddc.CUPTI_PARAMS.items():
         c = cls.__name__
         lines.append(f'printf("{key} size %zu\\n", (size_t){c}_STRUCT_SIZE);')
         for f, _ in cls._fields_:
@@ -704,11 +706,11 @@ def test_ctypes_parameter_structs_match_the_cupti_headers(tmp_path):
     subprocess.run(["g++", "-I", _cupti_include(), str(src), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     enums = {
-        "AutoRange": dd.CUPTI_AUTO_RANGE,
-        "KernelReplay": dd.CUPTI_KERNEL_REPLAY,
-        "RangeProfiler": dd.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
-        "RangeProfiling": dd.CUPTI_PROFILER_RANGE_PROFILING,
-        "Supported": dd.SUPPORT_SUPPORTED,
+        "AutoRange": ddc.CUPTI_AUTO_RANGE,
+        "KernelReplay": ddc.CUPTI_KERNEL_REPLAY,
+        "RangeProfiler": ddc.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
+        "RangeProfiling": ddc.CUPTI_PROFILER_RANGE_PROFILING,
+        "Supported": ddc.SUPPORT_SUPPORTED,
     }
     checked = 0
     for line in out.splitlines():
@@ -716,7 +718,7 @@ def test_ctypes_parameter_structs_match_the_cupti_headers(tmp_path):
         if key == "enum":
             assert enums[f] == int(value), f
             continue
-        cls = dd.CUPTI_PARAMS[key]
+        cls = ddc.CUPTI_PARAMS[key]
         mine = cls.size if f == "size" else getattr(cls, f).offset
         assert mine == int(value), (key, f)
         checked += 1
@@ -730,7 +732,7 @@ def _loaded_cupti():
     if not st["loaded"] or not st["library"]:
         return None
     try:
-        return dd._Cupti(st["library"], driver=False)
+        return ddc._Cupti(st["library"], driver=False)
     except (OSError, RuntimeError):
         return None  # a libcupti older than CUDA 12.6: no range profiler
 
@@ -743,13 +745,13 @@ def test_every_metric_exists_on_every_chip_and_schedules(chip):
     api = _loaded_cupti()
     host = api.call(
         "cuptiProfilerHostInitialize",
-        profilerType=dd.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
+        profilerType=ddc.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
         pChipName=chip.encode(),
     ).pHostObject
     try:
-        names, chosen = dd._supported_metrics(api, host)
+        names, chosen = ddc._supported_metrics(api, host)
         assert set(chosen) == {s.field for s in dd.METRICS}, chip
-        size, config = dd._config_image(api, host, names)
+        size, config = ddc._config_image(api, host, names)
         passes = api.call(
             "cuptiProfilerHostGetNumOfPasses", configImageSize=size, pConfigImage=config
         ).numOfPasses
