@@ -240,8 +240,8 @@ def test_c_call_sites_resolve_to_the_callers_line():
 
     data = []
     with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        line = inspect.currentframe().f_lineno + 1  # the next line's
         data.append(1)
-        line = inspect.currentframe().f_lineno  # noqa: E702
     ops = prof.ops()
     row = int(np.flatnonzero(ops["name"] == "list.append")[0])
     spans = prof.results.spans()
