@@ -104,8 +104,8 @@ def test_item_is_a_sync_point_with_its_line():
             loss = model(x).square().mean()
             loss.backward()
             opt.step()
+            line = inspect.currentframe().f_lineno + 1  # the next line's
             value = loss.item()
-            line = inspect.currentframe().f_lineno  # noqa: E702
             prof.step()
     del value
     diag = prof.diagnose()
