@@ -44,6 +44,7 @@ typedef struct Ctx {
     int64_t *sm_counts, *warp_sizes;
     size_t n_sm_counts, n_warp_sizes;
 } Ctx;
+
 /* One slice in lane order: lane, start ascending, then longest first. */
 typedef struct Key {
     int64_t start; /* relative ns, >= 0 */
