@@ -8,7 +8,7 @@ PYTEST_ARGS ?= -q
 # PyTorch's CPU build (a pinned version), for the command-line tests on real training scripts
 TORCH ?= torch==2.13.0
 
-.PHONY: help venv frameworks build demo test test-gpu bench lint format asan valgrind docs clean
+.PHONY: help venv frameworks build demo test test-gpu bench lint lint-tools format asan valgrind docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -47,11 +47,23 @@ test-gpu: build  ## run only the GPU tests, failing if no GPU is usable
 bench: build  ## run the benchmarks side by side with peers
 	$(VPY) benchmarks/bench_python_hook.py
 
-lint:  ## ruff over the Python sources
-	$(VPY) -m pip install -q ruff && $(VPY) -m ruff check python tests benchmarks
+# The C style is .clang-format's; ruff and clang-format come from PyPI at pinned versions
+# (the clang-format wheel), so that every machine formats alike.
+C_SOURCES = csrc/*.c csrc/*.h cuda/*.c cuda/*.h
+LINT_TOOLS = "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)"
+CLANG_FORMAT_VERSION ?= 23.1.5
+RUFF_VERSION ?= 0.17.6
 
-format:  ## format C with clang-format and Python with ruff
-	clang-format -i csrc/*.c csrc/*.h cuda/*.c cuda/*.h
+lint-tools: $(VPY)
+	$(VPY) -m pip install -q $(LINT_TOOLS)
+
+lint: lint-tools  ## ruff check, ruff format --check and clang-format --dry-run (what CI runs)
+	$(VPY) -m ruff check python tests benchmarks
+	$(VPY) -m ruff format --check python tests benchmarks
+	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
+
+format: lint-tools  ## format C with clang-format and Python with ruff
+	$(VENV)/bin/clang-format -i $(C_SOURCES)
 	$(VPY) -m ruff format python tests benchmarks
 
 # `make asan` builds a second copy of the package into build/asan (the in-place

@@ -45,8 +45,8 @@ def find_cupti_include():
 
 
 def extension():
-    # cuda/nvtx.c (the NVTX injection library) needs no CUDA headers: always built.
-    sources = sorted(glob.glob("csrc/*.c")) + ["cuda/nvtx.c"]
+    # csrc/nvtx.c (the NVTX injection library) needs no CUDA headers: always built.
+    sources = sorted(glob.glob("csrc/*.c"))
     include_dirs = [numpy.get_include(), "csrc"]
     macros = []
     cupti = find_cupti_include()

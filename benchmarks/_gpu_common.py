@@ -14,8 +14,16 @@ ROOT = os.path.dirname(HERE)
 BUILD = os.path.join(ROOT, "build", "bench")
 
 # gpuprof's CUPTI parts (gpuprof.cuda_status()["parts"]) -> cupti_floor.c's bits.
-PART_BITS = {"kernels": 1, "rtcb": 2, "drvcb": 4, "memcpy": 32, "memset": 128, "sync": 256,
-             "serial": 512, "memory": 1024}
+PART_BITS = {
+    "kernels": 1,
+    "rtcb": 2,
+    "drvcb": 4,
+    "memcpy": 32,
+    "memset": 128,
+    "sync": 256,
+    "serial": 512,
+    "memory": 1024,
+}
 
 
 def floor_bits(parts: str | None = None, memory: bool = False) -> int:
@@ -63,9 +71,21 @@ def build_floor() -> str | None:
     out = os.path.join(BUILD, "libgpfloor.so")
     soname = sorted(os.path.basename(p) for p in glob.glob(os.path.join(lib, "libcupti.so*")))[0]
     cuda_inc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
-    cmd = ["gcc", "-O2", "-shared", "-fPIC", f"-I{inc}", f"-I{cuda_inc}",
-           f"-I{os.path.join(ROOT, 'csrc')}", os.path.join(HERE, "cupti_floor.c"), "-o", out,
-           f"-L{lib}", f"-l:{soname}", f"-Wl,-rpath,{lib}"]
+    cmd = [
+        "gcc",
+        "-O2",
+        "-shared",
+        "-fPIC",
+        f"-I{inc}",
+        f"-I{cuda_inc}",
+        f"-I{os.path.join(ROOT, 'csrc')}",
+        os.path.join(HERE, "cupti_floor.c"),
+        "-o",
+        out,
+        f"-L{lib}",
+        f"-l:{soname}",
+        f"-Wl,-rpath,{lib}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"floor: build failed, floor modes skipped:\n{r.stderr[-1500:]}")
@@ -75,10 +95,23 @@ def build_floor() -> str | None:
 
 def build_launch_loop() -> str:
     """Build benchmarks/launch_loop.cu with nvcc; its path."""
-    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"),
-                                                "bin", "nvcc")
+    nvcc = shutil.which("nvcc") or os.path.join(
+        os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"
+    )
     os.makedirs(BUILD, exist_ok=True)
     out = os.path.join(BUILD, "liblaunch.so")
-    subprocess.run([nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90",
-                    os.path.join(HERE, "launch_loop.cu"), "-o", out], check=True)
+    subprocess.run(
+        [
+            nvcc,
+            "-O2",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-arch=sm_90",
+            os.path.join(HERE, "launch_loop.cu"),
+            "-o",
+            out,
+        ],
+        check=True,
+    )
     return out

@@ -29,6 +29,8 @@ def run_info(benchmark: str) -> dict:
         "benchmark": benchmark,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "git": {"commit": git("rev-parse", "HEAD"),
-                "dirty": None if status is None else bool(status)},
+        "git": {
+            "commit": git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status),
+        },
     }

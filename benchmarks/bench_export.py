@@ -55,6 +55,7 @@ WARMUP_STEPS = 20  # as bench_gpu.py: optimizer state, cuBLAS handles, workspace
 
 # ---- workloads ---------------------------------------------------------------------------------
 
+
 def launch_bound_step(torch):
     """bench_gpu.py's workload (a). bench_gpu.py runs its workloads in subprocesses from the
     source string ``CHILD``; its ``make()`` is taken from there as it is, so that both
@@ -66,8 +67,10 @@ def launch_bound_step(torch):
         start = src.index("def make():")
         end = src.index("\nif wl == ", start)
     except ValueError:
-        raise SystemExit("bench_export: bench_gpu.CHILD no longer defines make() before "
-                         "'if wl == ...'; update launch_bound_step()") from None
+        raise SystemExit(
+            "bench_export: bench_gpu.CHILD no longer defines make() before "
+            "'if wl == ...'; update launch_bound_step()"
+        ) from None
     torch.backends.cuda.matmul.allow_tf32 = False
     ns = {"torch": torch, "wl": "a"}
     exec(compile(src[start:end], "bench_gpu.CHILD", "exec"), ns)
@@ -81,8 +84,9 @@ def cpu_stand_in_step():
 
     rng = random.Random(0)
     width = 16
-    weights = [[[rng.uniform(-0.3, 0.3) for _ in range(width)] for _ in range(width)]
-               for _ in range(16)]
+    weights = [
+        [[rng.uniform(-0.3, 0.3) for _ in range(width)] for _ in range(width)] for _ in range(16)
+    ]
     x = [rng.uniform(-1, 1) for _ in range(width)]
 
     def linear(w, v):
@@ -112,6 +116,7 @@ def record(prof, step, sync, steps):
 
 
 # ---- measuring ---------------------------------------------------------------------------------
+
 
 def time_export(export, path, repeats):
     """Wall times (s) of `repeats` calls of export(): the first writes `path`, the others a
@@ -155,20 +160,30 @@ def count_events(path):
         row[2] += _compact_len(e.get("args", {})) if "args" in e else 0
         if cat in ("python_function", "cpu_op"):
             name_bytes[e.get("name", "")] += len(str(e.get("name", "")).encode())
-    steps = sum(1 for e in events if e.get("cat") == "user_annotation"
-                and str(e.get("name", "")).startswith("ProfilerStep#"))
+    steps = sum(
+        1
+        for e in events
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    )
     # where each writer puts its step markers and which ranges it draws on the GPU rows
-    step_cats = collections.Counter(e.get("cat") for e in events
-                                    if str(e.get("name", "")).startswith("ProfilerStep#"))
-    gpu_ranges = collections.Counter(re.sub(r"#\d+$", "#<n>", str(e.get("name", "")))
-                                     for e in events if e.get("cat") == "gpu_user_annotation")
-    return {"step_marker_cats": dict(step_cats), "gpu_range_names": dict(gpu_ranges),
-            "events": len(events), "omitted_calls": doc.get("gpuprof_omitted_calls", 0)
-            if isinstance(doc, dict) else 0,
-            "events_by_cat": dict(by_cat.most_common()),
-            "bytes_by_cat": {c: dict(zip(("compact", "name", "args"), size[c])) for c in by_cat},
-            "heaviest_host_names": dict(name_bytes.most_common(20)),
-            "step_slices": steps}
+    step_cats = collections.Counter(
+        e.get("cat") for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    gpu_ranges = collections.Counter(
+        re.sub(r"#\d+$", "#<n>", str(e.get("name", "")))
+        for e in events
+        if e.get("cat") == "gpu_user_annotation"
+    )
+    return {
+        "step_marker_cats": dict(step_cats),
+        "gpu_range_names": dict(gpu_ranges),
+        "events": len(events),
+        "omitted_calls": doc.get("gpuprof_omitted_calls", 0) if isinstance(doc, dict) else 0,
+        "events_by_cat": dict(by_cat.most_common()),
+        "bytes_by_cat": {c: dict(zip(("compact", "name", "args"), size[c])) for c in by_cat},
+        "heaviest_host_names": dict(name_bytes.most_common(20)),
+        "step_slices": steps,
+    }
 
 
 def _compact_len(value):
@@ -179,11 +194,17 @@ def _compact_len(value):
 
 def export_result(export, path, repeats):
     times, size = time_export(export, path, repeats)
-    return {"path": str(path), "export_s": times, "export_s_median": statistics.median(times),
-            "size_bytes": size, **count_events(path)}
+    return {
+        "path": str(path),
+        "export_s": times,
+        "export_s_median": statistics.median(times),
+        "size_bytes": size,
+        **count_events(path),
+    }
 
 
 # ---- report ------------------------------------------------------------------------------------
+
 
 def ratio(a, b):
     return a / b if a is not None and b else None
@@ -202,8 +223,10 @@ def print_report(out):
     def row(name, a, b, target=False, spec=".3f"):
         q = ratio(a, b)
         verdict = ("met" if q <= 0.5 else "not met") if target and q is not None else ""
-        print(f"{name:28s} {fmt(a, spec):>10s} {fmt(b, spec):>10s} "
-              f"{fmt(q, '.2f') + 'x' if q is not None else '-':>7s}  {verdict}")
+        print(
+            f"{name:28s} {fmt(a, spec):>10s} {fmt(b, spec):>10s} "
+            f"{fmt(q, '.2f') + 'x' if q is not None else '-':>7s}  {verdict}"
+        )
 
     size = lambda d: d["size_bytes"] / mb if "size_bytes" in d else None  # noqa: E731
     row("export .json (s)", g["json"]["export_s_median"], t.get("export_s_median"), True)
@@ -213,8 +236,10 @@ def print_report(out):
     row("export .json.gz (s)", g["gz"]["export_s_median"], None)
     row("file size .gz (MB)", g["gz"]["size_bytes"] / mb, None)
     for m, d in g.get("thinned", {}).items():
-        print(f"min_duration_us={m}: {d['omitted_calls']:,d} of "
-              f"{g['json']['events_by_cat'].get('python_function', 0):,d} calls left out")
+        print(
+            f"min_duration_us={m}: {d['omitted_calls']:,d} of "
+            f"{g['json']['events_by_cat'].get('python_function', 0):,d} calls left out"
+        )
         row("  export (s)", d["export_s_median"], t.get("export_s_median"), True)
         row("  file size (MB)", size(d), size(t), True)
     if ts:
@@ -230,38 +255,69 @@ def print_report(out):
         cats += [c for c in d.get("events_by_cat", {}) if c not in cats]
     print(f"\n{'events by category':24s}" + "".join(f"{n:>14s}" for n, _ in cols))
     for c in cats:
-        print(f"  {c:22s}" + "".join(
-            f"{fmt(d['events_by_cat'].get(c, 0), ',d') if 'events_by_cat' in d else '-':>14s}"
-            for _, d in cols))
-    print(f"\n{'MB by category':24s}" + "".join(f"{n:>20s}" for n, _ in cols)
-          + "   (compact JSON (name/args))")
+        print(
+            f"  {c:22s}"
+            + "".join(
+                f"{fmt(d['events_by_cat'].get(c, 0), ',d') if 'events_by_cat' in d else '-':>14s}"
+                for _, d in cols
+            )
+        )
+    print(
+        f"\n{'MB by category':24s}"
+        + "".join(f"{n:>20s}" for n, _ in cols)
+        + "   (compact JSON (name/args))"
+    )
     for c in cats:
         cells = []
         for _, d in cols:
             x = d.get("bytes_by_cat", {}).get(c)
-            cells.append("-" if x is None else
-                         f"{x['compact'] / mb:.2f} ({x['name'] / mb:.1f}/{x['args'] / mb:.1f})")
+            cells.append(
+                "-"
+                if x is None
+                else f"{x['compact'] / mb:.2f} ({x['name'] / mb:.1f}/{x['args'] / mb:.1f})"
+            )
         print(f"  {c:22s}" + "".join(f"{x:>20s}" for x in cells))
 
 
 # ---- main --------------------------------------------------------------------------------------
 
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="recorded steps (default 200)")
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="gpuprof export_chrome_trace calls per format (default 5; median)")
-    ap.add_argument("--torch-repeats", type=int, default=1,
-                    help="torch.profiler export_chrome_trace calls (default 1: PyTorch 2.11 "
-                         "refuses a second export of one profile, 'Trace is already saved')")
-    ap.add_argument("--min-duration-us", type=float, nargs="*", default=[1.0, 10.0],
-                    help="also export with these min_duration_us (default 1 10)")
-    ap.add_argument("--no-torch-stacks", action="store_true",
-                    help="skip the torch.profiler run with with_stack=True")
-    ap.add_argument("--json", default=str(HERE / "results" / "bench_export.json"),
-                    help="where the results go")
-    ap.add_argument("--out-dir", default=None,
-                    help="folder for the trace files (default: a temporary folder, removed)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="gpuprof export_chrome_trace calls per format (default 5; median)",
+    )
+    ap.add_argument(
+        "--torch-repeats",
+        type=int,
+        default=1,
+        help="torch.profiler export_chrome_trace calls (default 1: PyTorch 2.11 "
+        "refuses a second export of one profile, 'Trace is already saved')",
+    )
+    ap.add_argument(
+        "--min-duration-us",
+        type=float,
+        nargs="*",
+        default=[1.0, 10.0],
+        help="also export with these min_duration_us (default 1 10)",
+    )
+    ap.add_argument(
+        "--no-torch-stacks",
+        action="store_true",
+        help="skip the torch.profiler run with with_stack=True",
+    )
+    ap.add_argument(
+        "--json", default=str(HERE / "results" / "bench_export.json"), help="where the results go"
+    )
+    ap.add_argument(
+        "--out-dir",
+        default=None,
+        help="folder for the trace files (default: a temporary folder, removed)",
+    )
     args = ap.parse_args()
 
     try:
@@ -277,8 +333,10 @@ def main():
         else:
             skip = None
     if skip:
-        print(f"bench_export: {skip}: skipping torch.profiler and the GPU workload; timing "
-              "gpuprof's export on a CPU-only stand-in step (not comparable with a GPU run)")
+        print(
+            f"bench_export: {skip}: skipping torch.profiler and the GPU workload; timing "
+            "gpuprof's export on a CPU-only stand-in step (not comparable with a GPU run)"
+        )
         step, sync = cpu_stand_in_step()
         workload = "a CPU-only stand-in (16-layer pure-Python MLP; no GPU)"
         activities = [gpuprof.ProfilerActivity.CPU]
@@ -293,10 +351,15 @@ def main():
 
     meta = {
         **run_info("bench_export"),
-        "machine": {"platform": platform.platform(), "machine": platform.machine(),
-                    "cpu_count": os.cpu_count()},
-        "python": {"version": platform.python_version(),
-                   "implementation": platform.python_implementation()},
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
         "gpuprof": getattr(gpuprof, "__version__", None),
         "cuda": gpuprof.cuda_status(),
         "torch": getattr(torch, "__version__", None),
@@ -309,24 +372,32 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         # gpuprof first: torch.profiler keeps CUPTI's callbacks after it ran
-        prof = record(gpuprof.profile(activities=activities, max_events=50_000_000), step,
-                      sync, args.steps)
+        prof = record(
+            gpuprof.profile(activities=activities, max_events=50_000_000), step, sync, args.steps
+        )
         res = prof.results
         out["gpuprof"] = {
             "steps": len(prof.steps()),
             "dropped_events": res.dropped_events,
-            "json": export_result(prof.export_chrome_trace, out_dir / "gpuprof.pt.trace.json",
-                                  args.repeats),
+            "json": export_result(
+                prof.export_chrome_trace, out_dir / "gpuprof.pt.trace.json", args.repeats
+            ),
         }
-        times, size = time_export(prof.export_chrome_trace,
-                                  out_dir / "gpuprof.pt.trace.json.gz", args.repeats)
-        out["gpuprof"]["gz"] = {"export_s": times, "export_s_median": statistics.median(times),
-                                "size_bytes": size}
+        times, size = time_export(
+            prof.export_chrome_trace, out_dir / "gpuprof.pt.trace.json.gz", args.repeats
+        )
+        out["gpuprof"]["gz"] = {
+            "export_s": times,
+            "export_s_median": statistics.median(times),
+            "size_bytes": size,
+        }
         out["gpuprof"]["thinned"] = {}
         for m in args.min_duration_us:
             out["gpuprof"]["thinned"][f"{m:g}"] = export_result(
                 functools.partial(prof.export_chrome_trace, min_duration_us=m),
-                out_dir / f"gpuprof.min{m:g}us.pt.trace.json", args.repeats)
+                out_dir / f"gpuprof.min{m:g}us.pt.trace.json",
+                args.repeats,
+            )
         del prof, res
 
         if skip:
@@ -337,11 +408,20 @@ def main():
             for key, stacks in (("torch", False), ("torch_stacks", True)):
                 if stacks and args.no_torch_stacks:
                     continue
-                tp = record(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                                    record_shapes=False, with_stack=stacks,
-                                    profile_memory=False), step, sync, args.steps)
-                out[key] = export_result(tp.export_chrome_trace,
-                                         out_dir / f"{key}.pt.trace.json", args.torch_repeats)
+                tp = record(
+                    profile(
+                        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                        record_shapes=False,
+                        with_stack=stacks,
+                        profile_memory=False,
+                    ),
+                    step,
+                    sync,
+                    args.steps,
+                )
+                out[key] = export_result(
+                    tp.export_chrome_trace, out_dir / f"{key}.pt.trace.json", args.torch_repeats
+                )
                 del tp
     finally:
         if args.out_dir is None:

@@ -79,8 +79,9 @@ def _workload(wl):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if wl in ("mlp", "compute"):
-        width, depth, batch, act = ((256, 16, 64, torch.nn.ReLU) if wl == "mlp"
-                                    else (4096, 4, 8192, torch.nn.GELU))
+        width, depth, batch, act = (
+            (256, 16, 64, torch.nn.ReLU) if wl == "mlp" else (4096, 4, 8192, torch.nn.GELU)
+        )
         layers = []
         for _ in range(depth):
             layers += [torch.nn.Linear(width, width), act()]
@@ -135,8 +136,8 @@ def _gpt2(torch):
             for b in blocks:
                 x = b(x, mask)
             logits = head(x)
-            return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
-                                               ids[:, 1:].flatten())
+            return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
     ids = torch.randint(0, vocab, (batch, seq), device="cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -207,9 +208,15 @@ def measure(wl, mode, steps, want_table, floor_lib):
             out["window_to_table_s"] = time.perf_counter() - t0
             # CUDA-side events minus copies, memsets and the GPU-side copy of each
             # ProfilerStep#N range (a user annotation, one per step, not a kernel)
-            out["kernels"] = len([e for e in prof.events() if e.device_type.name == "CUDA"
-                                  and not e.name.startswith(("Memcpy", "Memset"))
-                                  and not getattr(e, "is_user_annotation", False)])
+            out["kernels"] = len(
+                [
+                    e
+                    for e in prof.events()
+                    if e.device_type.name == "CUDA"
+                    and not e.name.startswith(("Memcpy", "Memset"))
+                    and not getattr(e, "is_user_annotation", False)
+                ]
+            )
     else:
         import gpuprof
 
@@ -217,10 +224,17 @@ def measure(wl, mode, steps, want_table, floor_lib):
         if mode != "gpuprof_cpu":
             acts.append(gpuprof.ProfilerActivity.CUDA)
         # gpuprof_wait: a schedule still waiting for its first window (every step WAIT)
-        sched = (gpuprof.schedule(wait=10 * steps, warmup=0, active=1)
-                 if mode == "gpuprof_wait" else None)
-        prof = gpuprof.profile(activities=acts, profile_memory=(mode == "gpuprof_mem"),
-                               max_events=50_000_000, schedule=sched)
+        sched = (
+            gpuprof.schedule(wait=10 * steps, warmup=0, active=1)
+            if mode == "gpuprof_wait"
+            else None
+        )
+        prof = gpuprof.profile(
+            activities=acts,
+            profile_memory=(mode == "gpuprof_mem"),
+            max_events=50_000_000,
+            schedule=sched,
+        )
         prof.start()
         out["step_ns"] = run(steps, prof)
         if mode == "gpuprof_wait":
@@ -231,7 +245,8 @@ def measure(wl, mode, steps, want_table, floor_lib):
         prof.stop()
         table = prof.key_averages().table(
             sort_by="self_cuda_time_total" if mode != "gpuprof_cpu" else "self_cpu_time_total",
-            row_limit=10)
+            row_limit=10,
+        )
         out["window_to_table_s"] = time.perf_counter() - t0
         res = prof.results
         out["cuda"] = res.cuda
@@ -283,10 +298,22 @@ def run_child(wl, mode, steps, want_table, floor_lib, fork, timeout=600):
     """measure() in a new process: forked from this one (frameworks already
     imported), or a fresh interpreter."""
     if not fork:
-        r = subprocess.run([sys.executable, __file__, "--child", wl, mode, str(steps),
-                            "1" if want_table else "0", floor_lib or ""], capture_output=True,
-                           text=True, timeout=timeout,
-                           env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+        r = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                wl,
+                mode,
+                str(steps),
+                "1" if want_table else "0",
+                floor_lib or "",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+        )
         for line in r.stdout.splitlines():
             if line.startswith("RESULT "):
                 return json.loads(line[7:])
@@ -300,8 +327,13 @@ def run_child(wl, mode, steps, want_table, floor_lib, fork, timeout=600):
         except BaseException as e:  # noqa: BLE001
             import traceback
 
-            payload = json.dumps({"workload": wl, "mode": mode,
-                                  "error": "".join(traceback.format_exception(e))[-2000:]})
+            payload = json.dumps(
+                {
+                    "workload": wl,
+                    "mode": mode,
+                    "error": "".join(traceback.format_exception(e))[-2000:],
+                }
+            )
         with os.fdopen(wfd, "w") as f:
             f.write(payload)
         os._exit(0)  # no atexit, no CUPTI teardown of a profiler left attached
@@ -324,52 +356,67 @@ def summarize(results, workloads, modes):
     as ratios to none's."""
     rows = []
     for wl in workloads:
-        per = {m: [r for r in results if r["workload"] == wl and r["mode"] == m
-                   and "step_ns" in r] for m in modes}
+        per = {
+            m: [r for r in results if r["workload"] == wl and r["mode"] == m and "step_ns" in r]
+            for m in modes
+        }
         meds = {m: [statistics.median(r["step_ns"]) for r in rs] for m, rs in per.items() if rs}
         if "none" not in meds:
             continue
         base_med = statistics.median(meds["none"])
         base_min = min(meds["none"])
-        paired = {m: [statistics.median(r["step_ns"]) / statistics.median(r["base_ns"])
-                      for r in rs] for m, rs in per.items() if rs}
+        paired = {
+            m: [statistics.median(r["step_ns"]) / statistics.median(r["base_ns"]) for r in rs]
+            for m, rs in per.items()
+            if rs
+        }
         after_base = statistics.median(statistics.median(r["after_ns"]) for r in per["none"])
         for m, ms in meds.items():
             afters = [statistics.median(r["after_ns"]) for r in per[m] if r.get("after_ns")]
             first = next((r for r in per[m] if "window_to_table_s" in r), {})
             k = [r["kernels"] for r in per[m] if "kernels" in r]
             att = [r["attributed"] for r in per[m] if "attributed" in r]
-            rows.append({
-                "workload": wl, "mode": m, "n": len(ms),
-                "step_ms": statistics.median(ms) / 1e6,
-                "ratio_median": statistics.median(ms) / base_med,
-                "ratio_min": min(ms) / base_min,
-                "paired_median": statistics.median(paired[m]),
-                "paired_min": min(paired[m]),
-                "after_ratio": statistics.median(afters) / after_base if afters else None,
-                "to_table_s": first.get("window_to_table_s"),
-                "kernels_per_step": (statistics.median(k) / per[m][0]["steps"]) if k else None,
-                "attributed": min(att) if att else None,
-                "what": per[m][0].get("what", ""),
-            })
+            rows.append(
+                {
+                    "workload": wl,
+                    "mode": m,
+                    "n": len(ms),
+                    "step_ms": statistics.median(ms) / 1e6,
+                    "ratio_median": statistics.median(ms) / base_med,
+                    "ratio_min": min(ms) / base_min,
+                    "paired_median": statistics.median(paired[m]),
+                    "paired_min": min(paired[m]),
+                    "after_ratio": statistics.median(afters) / after_base if afters else None,
+                    "to_table_s": first.get("window_to_table_s"),
+                    "kernels_per_step": (statistics.median(k) / per[m][0]["steps"]) if k else None,
+                    "attributed": min(att) if att else None,
+                    "what": per[m][0].get("what", ""),
+                }
+            )
     return rows
 
 
 def print_rows(rows):
-    print("\nratios to `none`: paired = each process's profiled steps over its own unprofiled"
-          " steps\n(median and min over processes); across = against the `none` processes")
-    print(f"\n{'workload':9s} {'mode':26s} {'n':>2s} {'step ms':>8s} {'paired':>7s} {'min':>7s}"
-          f" {'across':>7s} {'min':>7s} {'after':>6s} {'table s':>8s} {'k/step':>7s}"
-          f" {'attrib':>7s}")
+    print(
+        "\nratios to `none`: paired = each process's profiled steps over its own unprofiled"
+        " steps\n(median and min over processes); across = against the `none` processes"
+    )
+    print(
+        f"\n{'workload':9s} {'mode':26s} {'n':>2s} {'step ms':>8s} {'paired':>7s} {'min':>7s}"
+        f" {'across':>7s} {'min':>7s} {'after':>6s} {'table s':>8s} {'k/step':>7s}"
+        f" {'attrib':>7s}"
+    )
     for r in rows:
         after = f"{r['after_ratio']:.3f}" if r["after_ratio"] else "-"
         tt = f"{r['to_table_s']:.3f}" if r["to_table_s"] is not None else "-"
         ks = f"{r['kernels_per_step']:.1f}" if r["kernels_per_step"] else "-"
         att = f"{100 * r['attributed']:.2f}%" if r["attributed"] is not None else "-"
-        print(f"{r['workload']:9s} {r['mode']:26s} {r['n']:2d} {r['step_ms']:8.3f}"
-              f" {r['paired_median']:6.3f}x {r['paired_min']:6.3f}x"
-              f" {r['ratio_median']:6.3f}x {r['ratio_min']:6.3f}x {after:>6s} {tt:>8s}"
-              f" {ks:>7s} {att:>7s}")
+        print(
+            f"{r['workload']:9s} {r['mode']:26s} {r['n']:2d} {r['step_ms']:8.3f}"
+            f" {r['paired_median']:6.3f}x {r['paired_min']:6.3f}x"
+            f" {r['ratio_median']:6.3f}x {r['ratio_min']:6.3f}x {after:>6s} {tt:>8s}"
+            f" {ks:>7s} {att:>7s}"
+        )
 
 
 def main():
@@ -377,12 +424,19 @@ def main():
     ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--workloads", default="mlp,gpt2,cupy,compute")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--steps-scale", type=float, default=1.0,
-                    help="multiply each workload's step count (default 1)")
+    ap.add_argument(
+        "--steps-scale",
+        type=float,
+        default=1.0,
+        help="multiply each workload's step count (default 1)",
+    )
     ap.add_argument("--json", default=os.path.join(HERE, "results", "bench_gpu.json"))
-    ap.add_argument("--no-fork", action="store_true",
-                    help="start every measurement as a fresh interpreter instead of forking "
-                         "one that has imported the frameworks")
+    ap.add_argument(
+        "--no-fork",
+        action="store_true",
+        help="start every measurement as a fresh interpreter instead of forking "
+        "one that has imported the frameworks",
+    )
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -400,17 +454,22 @@ def main():
             continue
         modes.append(m)
     fork = not args.no_fork and preload(workloads)
-    meta = {"python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "reps": args.reps, "floor_default_bits": floor_bits() if floor_lib else None,
-            "forked": fork}
-    meta["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    cwd=ROOT).stdout.strip()
+    meta = {
+        "python": sys.version.split()[0],
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "reps": args.reps,
+        "floor_default_bits": floor_bits() if floor_lib else None,
+        "forked": fork,
+    }
+    meta["commit"] = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     results = []
     t_start = time.time()
     for rep in range(args.reps):
         for wl in workloads:
-            order = modes[rep % len(modes):] + modes[:rep % len(modes)]
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for mode in order:
                 steps = max(4, int(STEPS[wl] * args.steps_scale))
                 # torch.profiler's table only once, on the first workload

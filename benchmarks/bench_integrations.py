@@ -64,9 +64,13 @@ def child(mode: str, batches: int, every: int, accelerator: str, folder: str) ->
     class Regressor(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
-                                           torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                           torch.nn.Linear(256, 1))
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 256),
+                torch.nn.ReLU(),
+                torch.nn.Linear(256, 256),
+                torch.nn.ReLU(),
+                torch.nn.Linear(256, 1),
+            )
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -100,19 +104,33 @@ def child(mode: str, batches: int, every: int, accelerator: str, folder: str) ->
     elif mode == "pytorch":
         from lightning.pytorch.profilers import PyTorchProfiler
 
-        profiler = PyTorchProfiler(schedule=torch.profiler.schedule(wait=every - 2, warmup=1,
-                                                                    active=1))
+        profiler = PyTorchProfiler(
+            schedule=torch.profiler.schedule(wait=every - 2, warmup=1, active=1)
+        )
     data = TensorDataset(torch.randn(64 * 256, 32), torch.randn(64 * 256, 1))
     timer = LoopTimer()
-    trainer = L.Trainer(accelerator=accelerator, devices=1, max_steps=batches, profiler=profiler,
-                        logger=CSVLogger(folder), log_every_n_steps=50, callbacks=[timer],
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=batches,
+        profiler=profiler,
+        logger=CSVLogger(folder),
+        log_every_n_steps=50,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     t0 = time.perf_counter()
     trainer.fit(Regressor(), DataLoader(data, batch_size=64, shuffle=True))
     fit_s = time.perf_counter() - t0
-    out = {"mode": mode, "fit_s": fit_s, "loop_s": timer.t1 - timer.t0,
-           "loop_cpu_s": timer.c1 - timer.c0, "batches": trainer.global_step}
+    out = {
+        "mode": mode,
+        "fit_s": fit_s,
+        "loop_s": timer.t1 - timer.t0,
+        "loop_cpu_s": timer.c1 - timer.c0,
+        "batches": trainer.global_step,
+    }
     if mode == "gpuprof":
         out["recorded_steps"] = int(len(profiler.steps()))
     return out
@@ -120,13 +138,30 @@ def child(mode: str, batches: int, every: int, accelerator: str, folder: str) ->
 
 def run_child(mode: str, batches: int, every: int, accelerator: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(REPO / "python"), os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.run([sys.executable, __file__, "--child", mode, "--batches",
-                               str(batches), "--every", str(every), "--accelerator",
-                               accelerator, "--folder", folder],
-                              capture_output=True,
-                              text=True, env=env, cwd=folder)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(REPO / "python"), os.environ.get("PYTHONPATH", "")]),
+        )
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--batches",
+                str(batches),
+                "--every",
+                str(every),
+                "--accelerator",
+                accelerator,
+                "--folder",
+                folder,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=folder,
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} run failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -154,41 +189,60 @@ def main() -> None:
         ap.error(f"--modes: choose from {', '.join(MODES)}, base included; got {a.modes!r}")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(a.repeats):
-        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
         for m in order:
             res = run_child(m, a.batches, a.every, a.accelerator)
             runs[m].append(res)
-            print(f"repeat {r + 1}/{a.repeats} {m:8s} fit {res['fit_s']:.3f} s, loop "
-                  f"{res['loop_s']:.3f} s, loop CPU {res['loop_cpu_s']:.3f} s", flush=True)
+            print(
+                f"repeat {r + 1}/{a.repeats} {m:8s} fit {res['fit_s']:.3f} s, loop "
+                f"{res['loop_s']:.3f} s, loop CPU {res['loop_cpu_s']:.3f} s",
+                flush=True,
+            )
     keys = ("fit_s", "loop_s", "loop_cpu_s")
     med = {m: {k: statistics.median(x[k] for x in runs[m]) for k in keys} for m in modes}
-    paired = {m: {k: statistics.median(x[k] / b[k] for x, b in zip(runs[m], runs["base"]))
-                  for k in keys} for m in modes}
-    print(f"\n{a.batches} batches on {a.accelerator}, one in {a.every} recorded; medians of "
-          f"{a.repeats} interleaved processes per mode (ratio: over base; paired: median of "
-          f"the repeats' ratios)")
-    print(f"{'mode':8s} {'fit (s)':>8s} {'ratio':>6s} {'loop (s)':>9s} {'ratio':>6s} "
-          f"{'paired':>6s} {'loop CPU (s)':>12s} {'ratio':>6s} {'paired':>6s}")
+    paired = {
+        m: {k: statistics.median(x[k] / b[k] for x, b in zip(runs[m], runs["base"])) for k in keys}
+        for m in modes
+    }
+    print(
+        f"\n{a.batches} batches on {a.accelerator}, one in {a.every} recorded; medians of "
+        f"{a.repeats} interleaved processes per mode (ratio: over base; paired: median of "
+        f"the repeats' ratios)"
+    )
+    print(
+        f"{'mode':8s} {'fit (s)':>8s} {'ratio':>6s} {'loop (s)':>9s} {'ratio':>6s} "
+        f"{'paired':>6s} {'loop CPU (s)':>12s} {'ratio':>6s} {'paired':>6s}"
+    )
     for m in modes:
         b = med["base"]
-        print(f"{m:8s} {med[m]['fit_s']:8.3f} {med[m]['fit_s'] / b['fit_s']:6.3f} "
-              f"{med[m]['loop_s']:9.3f} {med[m]['loop_s'] / b['loop_s']:6.3f} "
-              f"{paired[m]['loop_s']:6.3f} {med[m]['loop_cpu_s']:12.3f} "
-              f"{med[m]['loop_cpu_s'] / b['loop_cpu_s']:6.3f} {paired[m]['loop_cpu_s']:6.3f}")
+        print(
+            f"{m:8s} {med[m]['fit_s']:8.3f} {med[m]['fit_s'] / b['fit_s']:6.3f} "
+            f"{med[m]['loop_s']:9.3f} {med[m]['loop_s'] / b['loop_s']:6.3f} "
+            f"{paired[m]['loop_s']:6.3f} {med[m]['loop_cpu_s']:12.3f} "
+            f"{med[m]['loop_cpu_s'] / b['loop_cpu_s']:6.3f} {paired[m]['loop_cpu_s']:6.3f}"
+        )
     import lightning
     import torch
 
     sys.path.insert(0, str(HERE))
     from _runinfo import run_info
 
-    doc = {**run_info("bench_integrations"), "machine": platform.machine(),
-           "cpus": os.cpu_count(), "python": platform.python_version(),
-           "torch": torch.__version__, "lightning": lightning.__version__,
-           "accelerator": a.accelerator, "batches": a.batches, "every": a.every,
-           "repeats": a.repeats, "runs": runs,
-           "median": med,
-           "ratio": {m: {k: med[m][k] / med["base"][k] for k in med[m]} for m in modes},
-           "paired_ratio": paired}
+    doc = {
+        **run_info("bench_integrations"),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "accelerator": a.accelerator,
+        "batches": a.batches,
+        "every": a.every,
+        "repeats": a.repeats,
+        "runs": runs,
+        "median": med,
+        "ratio": {m: {k: med[m][k] / med["base"][k] for k in med[m]} for m in modes},
+        "paired_ratio": paired,
+    }
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
         json.dump(doc, f, indent=1)

@@ -40,7 +40,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _gpu_common import build_floor, build_launch_loop, floor_bits  # noqa: E402
 
-CHILD = r'''
+CHILD = r"""
 import ctypes, json, os, statistics, sys, time
 modes, lib_path, floor_path = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
 batches, rounds = int(sys.argv[4]), int(sys.argv[5])
@@ -96,14 +96,17 @@ for rnd in range(rounds):
             o["parts"] = prof.results.cuda.get("parts", "")
             o["cuda_mode"] = prof.results.cuda.get("mode")
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def run(modes, lib, floor, batches, rounds):
-    r = subprocess.run([sys.executable, "-c", CHILD, ",".join(modes), lib, floor or "",
-                        str(batches), str(rounds)],
-                       capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, ",".join(modes), lib, floor or "", str(batches), str(rounds)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+    )
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -125,7 +128,7 @@ def main():
         modes = [m for m in modes if not m.startswith("floor:")]
     procs = []
     for rep in range(args.reps):
-        order = modes[rep % len(modes):] + modes[:rep % len(modes)]
+        order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
         r = run(order, lib, floor, args.batches, args.rounds)
         if "error" in r:
             print(f"process {rep}: ERROR {r['error']}")
@@ -144,29 +147,39 @@ def main():
             row[key] = statistics.median(per)
             if "none" in modes:
                 row["added_" + key] = statistics.median(
-                    statistics.median(p[m][key]) - statistics.median(p["none"][key])
-                    for p in procs)
+                    statistics.median(p[m][key]) - statistics.median(p["none"][key]) for p in procs
+                )
         table[m] = row
     print(f"\n{len(procs)} processes x {args.rounds} rounds, {args.batches} x 256 launches each")
     print(f"{'mode':30s} {'runtime ns':>10s} {'added':>7s} {'driver ns':>10s} {'added':>7s}")
     for m, v in table.items():
-        print(f"{m:30s} {v['runtime_ns']:10.0f} {v.get('added_runtime_ns', 0):7.0f}"
-              f" {v['driver_ns']:10.0f} {v.get('added_driver_ns', 0):7.0f}")
+        print(
+            f"{m:30s} {v['runtime_ns']:10.0f} {v.get('added_runtime_ns', 0):7.0f}"
+            f" {v['driver_ns']:10.0f} {v.get('added_driver_ns', 0):7.0f}"
+        )
     for m in modes:
         p0 = procs[0][m]
         if "stop_ns" not in p0:
             continue
         dec = statistics.median(x for p in procs for x in p[m]["decode_ns_per_record"])
         end = statistics.median(x for p in procs for x in p[m]["stop_ns"]) / p0["launches"]
-        print(f"{m}: parts {p0['parts']} ({p0['cuda_mode']}); {p0['kernels']} kernels of "
-              f"{p0['launches']} launches, {100 * p0['attributed']:.1f}% attributed; decoding "
-              f"{dec:.0f} ns/record; window end (flush + decode + attribution) {end:.0f} ns/launch")
+        print(
+            f"{m}: parts {p0['parts']} ({p0['cuda_mode']}); {p0['kernels']} kernels of "
+            f"{p0['launches']} launches, {100 * p0['attributed']:.1f}% attributed; decoding "
+            f"{dec:.0f} ns/record; window end (flush + decode + attribution) {end:.0f} ns/launch"
+        )
         fl = f"floor:{floor_bits(p0['parts'])}"
         if fl in modes:
-            d = {key: statistics.median(statistics.median(p[m][key]) - statistics.median(p[fl][key])
-                                        for p in procs) for key in ("runtime_ns", "driver_ns")}
-            print(f"  above {fl} (paired): runtime {d['runtime_ns']:.0f} ns,"
-                  f" driver {d['driver_ns']:.0f} ns per launch")
+            d = {
+                key: statistics.median(
+                    statistics.median(p[m][key]) - statistics.median(p[fl][key]) for p in procs
+                )
+                for key in ("runtime_ns", "driver_ns")
+            }
+            print(
+                f"  above {fl} (paired): runtime {d['runtime_ns']:.0f} ns,"
+                f" driver {d['driver_ns']:.0f} ns per launch"
+            )
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"table": table, "processes": procs}, f, indent=1)

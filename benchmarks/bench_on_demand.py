@@ -67,7 +67,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _runinfo import run_info  # noqa: E402
 
-CHILD = r'''
+CHILD = r"""
 import json, os, statistics, sys, time
 workload, device, steps, warmup, capture_first = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
                                                   int(sys.argv[4]), sys.argv[5] == "1")
@@ -130,7 +130,7 @@ print(json.dumps({
     # gpuprof's own loader state (cuda_status() would load libcupti to answer)
     "cupti_loaded": bool(gp._gpuprof.cuda_info()["loaded"]) if gp is not None else False,
 }))
-'''
+"""
 
 
 def _command(child: str, workload: str, mode: str, args) -> tuple[list[str], dict]:
@@ -139,11 +139,18 @@ def _command(child: str, workload: str, mode: str, args) -> tuple[list[str], dic
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONHASHSEED="0")
     if args.fixed_malloc:
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python")] + (
-        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.pop("GPUPROF_ON_DEMAND", None)
-    tail = [child, workload, args.device, str(args.steps), str(args.warmup),
-            "1" if mode == "after" else "0"]
+    tail = [
+        child,
+        workload,
+        args.device,
+        str(args.steps),
+        str(args.warmup),
+        "1" if mode == "after" else "0",
+    ]
     if mode == "plain":
         return [sys.executable, *tail], env
     if mode == "env":
@@ -162,8 +169,9 @@ def _run(child: str, workload: str, mode: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-on-demand-rt-") as rt:
         os.chmod(rt, 0o700)
         env["GPUPROF_RUNTIME_DIR"] = rt
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
-                           cwd=tempfile.gettempdir())
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=tempfile.gettempdir()
+        )
     if r.returncode != 0:
         raise SystemExit(f"{workload}/{mode} failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -218,8 +226,14 @@ def _timed_steps(step, n: int) -> list[int]:
     return out
 
 
-def _per_step_cost(device: str = "cpu", threads: int = 1, blocks: int = 15,
-                   calls: int = 20_000, ab_blocks: int = 20, ab_steps: int = 25) -> dict:
+def _per_step_cost(
+    device: str = "cpu",
+    threads: int = 1,
+    blocks: int = 15,
+    calls: int = 20_000,
+    ab_blocks: int = 20,
+    ab_steps: int = 25,
+) -> dict:
     """What arming adds to one step, in this process, against the same call unarmed in
     alternating blocks (arm() before each armed block, disarm() after it):
 
@@ -243,8 +257,12 @@ def _per_step_cost(device: str = "cpu", threads: int = 1, blocks: int = 15,
             armed = min(armed, _blocks(armed_fn(), calls, depth) / calls)
             found = od.found
             gpuprof.disarm()
-        return {"bare_ns": bare, "armed_ns": armed, "added_ns": armed - bare,
-                "steps_found_per_block": found}
+        return {
+            "bare_ns": bare,
+            "armed_ns": armed,
+            "added_ns": armed - bare,
+            "steps_found_per_block": found,
+        }
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as rt:
@@ -273,13 +291,19 @@ def _per_step_cost(device: str = "cpu", threads: int = 1, blocks: int = 15,
                 bare_all += bare
             q = statistics.quantiles(ratios, n=4)
             out["mlp_step_alternating"] = {
-                "bare_ns": statistics.median(bare_all), "ratio": statistics.median(ratios),
-                "ratio_q1": q[0], "ratio_q3": q[2], "blocks": ab_blocks, "steps": ab_steps,
-                "fastest_ratio": statistics.median(fastest_ratios)}
+                "bare_ns": statistics.median(bare_all),
+                "ratio": statistics.median(ratios),
+                "ratio_q1": q[0],
+                "ratio_q3": q[2],
+                "blocks": ab_blocks,
+                "steps": ab_steps,
+                "fastest_ratio": statistics.median(fastest_ratios),
+            }
         main = sys.modules["__main__"]
         bare = main._bench_step_fn  # arm() replaces it by its wrapper, of this function
-        out["step_fn_wrapper"] = fastest(bare, lambda: main._bench_step_fn, 5,
-                                         "__main__:_bench_step_fn")
+        out["step_fn_wrapper"] = fastest(
+            bare, lambda: main._bench_step_fn, 5, "__main__:_bench_step_fn"
+        )
         os.environ.pop("GPUPROF_RUNTIME_DIR", None)
     return out
 
@@ -299,10 +323,17 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="plain,armed,env,after")
     p.add_argument("--json", default=os.path.join(HERE, "results", "bench_on_demand.json"))
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds of 40 steps")
-    p.add_argument("--no-fixed-malloc", dest="fixed_malloc", action="store_false",
-                   help="leave glibc's mmap threshold dynamic in the children")
-    p.add_argument("--per-step-only", action="store_true",
-                   help="only the in-process cost per step, no processes")
+    p.add_argument(
+        "--no-fixed-malloc",
+        dest="fixed_malloc",
+        action="store_false",
+        help="leave glibc's mmap threshold dynamic in the children",
+    )
+    p.add_argument(
+        "--per-step-only",
+        action="store_true",
+        help="only the in-process cost per step, no processes",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.reps, args.steps, args.warmup = 2, 40, 5
@@ -311,24 +342,36 @@ def main(argv=None) -> int:
     if "plain" not in modes:
         raise SystemExit("--modes must include plain (the baseline)")
     if args.reps < 5 and not args.quick:
-        print("note: fewer than 5 rounds; medians of so few processes are noisy",
-              file=sys.stderr)
-    out = {**run_info("bench_on_demand"), "machine": platform.node(),
-           "python": sys.version.split()[0], "device": args.device, "reps": args.reps,
-           "steps": args.steps, "threads": args.threads, "fixed_malloc": args.fixed_malloc,
-           "results": {}}
+        print("note: fewer than 5 rounds; medians of so few processes are noisy", file=sys.stderr)
+    out = {
+        **run_info("bench_on_demand"),
+        "machine": platform.node(),
+        "python": sys.version.split()[0],
+        "device": args.device,
+        "reps": args.reps,
+        "steps": args.steps,
+        "threads": args.threads,
+        "fixed_malloc": args.fixed_malloc,
+        "results": {},
+    }
     small = {"blocks": 3, "calls": 2000, "ab_blocks": 4, "ab_steps": 5} if args.quick else {}
     cost = out["per_step_cost"] = _per_step_cost(args.device, args.threads, **small)
-    print("what arming adds to each step, timed in this process against the same call "
-          "unarmed, in alternating blocks:")
+    print(
+        "what arming adds to each step, timed in this process against the same call "
+        "unarmed, in alternating blocks:"
+    )
     for name, c in cost.items():
         if "added_ns" in c:
-            print(f"  {name:<24} {c['bare_ns']:>9.0f} ns bare, +{c['added_ns']:.0f} ns armed "
-                  "(fastest blocks)")
+            print(
+                f"  {name:<24} {c['bare_ns']:>9.0f} ns bare, +{c['added_ns']:.0f} ns armed "
+                "(fastest blocks)"
+            )
         else:
-            print(f"  {name:<24} {c['bare_ns'] / 1e3:>9.1f} us bare, armed/bare {c['ratio']:.4f}"
-                  f" (quartiles {c['ratio_q1']:.4f}-{c['ratio_q3']:.4f} over {c['blocks']} "
-                  f"pairs of {c['steps']}-step blocks; fastest steps {c['fastest_ratio']:.4f})")
+            print(
+                f"  {name:<24} {c['bare_ns'] / 1e3:>9.1f} us bare, armed/bare {c['ratio']:.4f}"
+                f" (quartiles {c['ratio_q1']:.4f}-{c['ratio_q3']:.4f} over {c['blocks']} "
+                f"pairs of {c['steps']}-step blocks; fastest steps {c['fastest_ratio']:.4f})"
+            )
     if args.per_step_only:
         _write(out, args.json)
         return 0
@@ -347,10 +390,14 @@ def main(argv=None) -> int:
     finally:
         os.unlink(child)
 
-    print(f"\nmedian step time per process, median over {args.reps} processes per mode "
-          f"({args.device}, OMP_NUM_THREADS={args.threads})")
-    print(f"{'workload':<8} {'mode':<6} {'step':>10} {'ratio':>7} {'p10 ratio':>9} "
-          f"{'paired med':>10} {'paired min':>10} {'paired max':>10}  checks")
+    print(
+        f"\nmedian step time per process, median over {args.reps} processes per mode "
+        f"({args.device}, OMP_NUM_THREADS={args.threads})"
+    )
+    print(
+        f"{'workload':<8} {'mode':<6} {'step':>10} {'ratio':>7} {'p10 ratio':>9} "
+        f"{'paired med':>10} {'paired min':>10} {'paired max':>10}  checks"
+    )
     for w in workloads:
         base = [r["median_ns"] for r in rows[(w, "plain")]]
         base10 = [r["p10_ns"] for r in rows[(w, "plain")]]
@@ -358,22 +405,36 @@ def main(argv=None) -> int:
             med = [r["median_ns"] for r in rows[(w, m)]]
             paired = [a / b for a, b in zip(med, base)]
             ratio = statistics.median(med) / statistics.median(base)
-            ratio10 = statistics.median([r["p10_ns"] for r in rows[(w, m)]]) / \
-                statistics.median(base10)
+            ratio10 = statistics.median([r["p10_ns"] for r in rows[(w, m)]]) / statistics.median(
+                base10
+            )
             checks = "-"
             if m != "plain":
                 armed = all(r["armed"] and r["found"] for r in rows[(w, m)])
                 hook = any(r["hook"] for r in rows[(w, m)])
                 cupti = any(r["cupti_loaded"] for r in rows[(w, m)])
-                checks = ("armed, steps found" if armed else "NOT ARMED") + \
-                    (", HOOK SEEN" if hook else ", no hook") + \
-                    (", CUPTI loaded (detached after the capture)" if cupti and m == "after"
-                     else ", CUPTI LOADED" if cupti else ", no CUPTI")
-            print(f"{w:<8} {m:<6} {statistics.median(med) / 1e3:>8.1f}us {ratio:>7.3f} "
-                  f"{ratio10:>9.3f} {statistics.median(paired):>10.3f} {min(paired):>10.3f} "
-                  f"{max(paired):>10.3f}  {checks}")
-            out["results"][f"{w}/{m}"] = {"processes": rows[(w, m)], "ratio": ratio,
-                                          "p10_ratio": ratio10, "paired": paired}
+                checks = (
+                    ("armed, steps found" if armed else "NOT ARMED")
+                    + (", HOOK SEEN" if hook else ", no hook")
+                    + (
+                        ", CUPTI loaded (detached after the capture)"
+                        if cupti and m == "after"
+                        else ", CUPTI LOADED"
+                        if cupti
+                        else ", no CUPTI"
+                    )
+                )
+            print(
+                f"{w:<8} {m:<6} {statistics.median(med) / 1e3:>8.1f}us {ratio:>7.3f} "
+                f"{ratio10:>9.3f} {statistics.median(paired):>10.3f} {min(paired):>10.3f} "
+                f"{max(paired):>10.3f}  {checks}"
+            )
+            out["results"][f"{w}/{m}"] = {
+                "processes": rows[(w, m)],
+                "ratio": ratio,
+                "p10_ratio": ratio10,
+                "paired": paired,
+            }
     _write(out, args.json)
     return 0
 

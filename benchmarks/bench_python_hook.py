@@ -121,7 +121,7 @@ class Lexer:
         start = self.pos
         while not self.at_end and pred(self.peek_char()):
             self.advance()
-        return self.source[start:self.pos]
+        return self.source[start : self.pos]
 
     def tokens(self):
         out = []
@@ -344,8 +344,9 @@ def make_numpy(iters: int):
             total += b.shape[0] + int(np.argmin(b))
         return total
 
-    return run, (f"{iters} iterations of sum/add/multiply/index/len/maximum/max/argmin "
-                 "on 8-element arrays")
+    return run, (
+        f"{iters} iterations of sum/add/multiply/index/len/maximum/max/argmin on 8-element arrays"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -354,9 +355,11 @@ def make_numpy(iters: int):
 
 
 def _rusage_delta(a, b) -> dict:
-    return {"utime_s": round(b.ru_utime - a.ru_utime, 4),
-            "stime_s": round(b.ru_stime - a.ru_stime, 4),
-            "minflt": b.ru_minflt - a.ru_minflt}
+    return {
+        "utime_s": round(b.ru_utime - a.ru_utime, 4),
+        "stime_s": round(b.ru_stime - a.ru_stime, 4),
+        "minflt": b.ru_minflt - a.ru_minflt,
+    }
 
 
 def _timed(fn, start, stop, info=None):
@@ -436,8 +439,9 @@ class GpuprofActive(Mode):
         self.max_events = max_events
 
     def run(self, fn):
-        prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU],
-                               max_events=self.max_events)
+        prof = gpuprof.profile(
+            activities=[gpuprof.ProfilerActivity.CPU], max_events=self.max_events
+        )
         out = _run(fn, prof.__enter__, partial(prof.__exit__, None, None, None))
         threads = prof.results.threads()
         out["events"] = int(threads["events"].sum())
@@ -595,8 +599,16 @@ def build_floor(tmp: Path):
     # 2. plain cc with the interpreter's include dir.
     out = tmp / ("floor_hook" + suffix)
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    cmdline = [cc, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-               str(src), "-o", str(out)]
+    cmdline = [
+        cc,
+        "-O2",
+        "-shared",
+        "-fPIC",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(src),
+        "-o",
+        str(out),
+    ]
     try:
         proc = subprocess.run(cmdline, capture_output=True, text=True)
         if proc.returncode == 0:
@@ -630,7 +642,8 @@ def metadata(args) -> dict:
             "machine": platform.machine(),
             "cpu_model": _cpu_model(),
             "cpu_count": os.cpu_count(),
-            "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            "affinity_cpus": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
             else None,
         },
         "python": {
@@ -653,10 +666,20 @@ def metadata(args) -> dict:
 
 def sizes(quick: bool) -> dict:
     if quick:
-        return {"fib": (20, 6), "parser": (150, 4), "numpy": 4000,
-                "throughput": (27, 1), "throughput_repeats": 1}
-    return {"fib": (22, 150), "parser": (400, 25), "numpy": 40000,
-            "throughput": (30, 2), "throughput_repeats": 3}
+        return {
+            "fib": (20, 6),
+            "parser": (150, 4),
+            "numpy": 4000,
+            "throughput": (27, 1),
+            "throughput_repeats": 1,
+        }
+    return {
+        "fib": (22, 150),
+        "parser": (400, 25),
+        "numpy": 40000,
+        "throughput": (30, 2),
+        "throughput_repeats": 3,
+    }
 
 
 def bench_workloads(workloads, modes, repeats) -> dict:
@@ -676,11 +699,15 @@ def bench_workloads(workloads, modes, repeats) -> dict:
             total = [r["ns"] + r["stop_ns"] for r in rs]  # recording plus stop()
             cpu = [r["cpu_ns"] for r in rs]
             cpu_total = [r["cpu_ns"] + r["stop_cpu_ns"] for r in rs]
-            entry = {"median_ns": int(statistics.median(ns)), "min_ns": min(ns),
-                     "median_total_ns": int(statistics.median(total)), "min_total_ns": min(total),
-                     "median_cpu_ns": int(statistics.median(cpu)),
-                     "median_total_cpu_ns": int(statistics.median(cpu_total)),
-                     "runs": rs}
+            entry = {
+                "median_ns": int(statistics.median(ns)),
+                "min_ns": min(ns),
+                "median_total_ns": int(statistics.median(total)),
+                "min_total_ns": min(total),
+                "median_cpu_ns": int(statistics.median(cpu)),
+                "median_total_cpu_ns": int(statistics.median(cpu_total)),
+                "runs": rs,
+            }
             if "events" in rs[0]:
                 entry["events"] = rs[0]["events"]
             if "dropped" in rs[0]:
@@ -690,8 +717,12 @@ def bench_workloads(workloads, modes, repeats) -> dict:
             if "stop_ns" in rs[0]:
                 entry["median_stop_ns"] = int(statistics.median(r["stop_ns"] for r in rs))
             per_mode[name] = entry
-        results[wname] = {"description": desc, "modes": per_mode, "wall_s": round(elapsed, 2),
-                          "derived": derive(per_mode)}
+        results[wname] = {
+            "description": desc,
+            "modes": per_mode,
+            "wall_s": round(elapsed, 2),
+            "derived": derive(per_mode),
+        }
         print(f"  {wname}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
     return results
 
@@ -701,31 +732,40 @@ def derive(per_mode: dict) -> dict:
     ("median_ns") and for recording plus the stop call ("median_total_ns"), which
     is what a user timing the whole ``with`` block sees."""
     out: dict = {}
-    for suffix, key in (("", "median_ns"), ("_with_stop", "median_total_ns"),
-                        ("_min", "min_ns"), ("_with_stop_min", "min_total_ns"),
-                        ("_cpu", "median_cpu_ns"), ("_with_stop_cpu", "median_total_cpu_ns")):
+    for suffix, key in (
+        ("", "median_ns"),
+        ("_with_stop", "median_total_ns"),
+        ("_min", "min_ns"),
+        ("_with_stop_min", "min_total_ns"),
+        ("_cpu", "median_cpu_ns"),
+        ("_with_stop_cpu", "median_total_cpu_ns"),
+    ):
         base = per_mode["none"][key]
         added = {n: m[key] - base for n, m in per_mode.items()}
         out["slowdown" + suffix] = {n: m[key] / base for n, m in per_mode.items()}
         out["added_ns" + suffix] = added
         if "floor" in per_mode and added["floor"] > 0:
             out["gpuprof_added_over_floor_added" + suffix] = added["gpuprof"] / added["floor"]
-            out["gpuprof_wait_added_over_floor_added" + suffix] = \
+            out["gpuprof_wait_added_over_floor_added" + suffix] = (
                 added["gpuprof-wait"] / added["floor"]
+            )
             # What recording costs on top of an installed-but-idle hook: on CPython
             # 3.10/3.11 any profile hook switches the eval loop to its tracing dispatch,
             # which is most of the floor; this ratio isolates clock+store vs gpuprof.
             idle = per_mode["gpuprof-wait"][key]
             floor_rec = per_mode["floor"][key] - idle
             if floor_rec > 0:
-                out["gpuprof_over_floor_above_idle_hook" + suffix] = \
-                    (per_mode["gpuprof"][key] - idle) / floor_rec
+                out["gpuprof_over_floor_above_idle_hook" + suffix] = (
+                    per_mode["gpuprof"][key] - idle
+                ) / floor_rec
         if "cProfile" in per_mode:
-            out["gpuprof_over_cprofile" + suffix] = per_mode["gpuprof"][key] / \
-                per_mode["cProfile"][key]
+            out["gpuprof_over_cprofile" + suffix] = (
+                per_mode["gpuprof"][key] / per_mode["cProfile"][key]
+            )
             if added["cProfile"] > 0:
-                out["gpuprof_added_over_cprofile_added" + suffix] = \
+                out["gpuprof_added_over_cprofile_added" + suffix] = (
                     added["gpuprof"] / added["cProfile"]
+                )
     per_event = {}
     for name in ("floor", "gpuprof"):
         ev = per_mode.get(name, {}).get("events")
@@ -759,6 +799,7 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
     """prof.stop() on a window of >= 10 M events, repeated; then the key_averages()
     table of that window. Every run is a new session in this process, as a program
     that profiles several times would make them."""
+
     def work():
         for _ in range(reps):
             fib(n)
@@ -767,16 +808,25 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
     for _ in range(repeats):
         prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], max_events=max_events)
         info: dict = {}
-        record_ns, stop_ns = _timed(work, prof.__enter__, partial(prof.__exit__, None, None, None),
-                                    info)
+        record_ns, stop_ns = _timed(
+            work, prof.__enter__, partial(prof.__exit__, None, None, None), info
+        )
         threads = prof.results.threads()
         events = int(threads["events"].sum())
         t3 = perf_ns()
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
         t4 = perf_ns()
-        runs.append({"record_ns": record_ns, "stop_ns": stop_ns, "events": events, **info,
-                     "dropped": int(threads["dropped"].sum()), "table_ns": t4 - t3,
-                     "table_lines": table.count("\n") + 1})
+        runs.append(
+            {
+                "record_ns": record_ns,
+                "stop_ns": stop_ns,
+                "events": events,
+                **info,
+                "dropped": int(threads["dropped"].sum()),
+                "table_ns": t4 - t3,
+                "table_lines": table.count("\n") + 1,
+            }
+        )
         del prof, threads, table
         gc.collect()
     stop = int(statistics.median(r["stop_ns"] for r in runs))
@@ -797,7 +847,8 @@ def bench_throughput(n: int, reps: int, repeats: int, max_events: int) -> dict:
         "stop_cpu_spread": max(per_event_cpu) / min(per_event_cpu) - 1 if per_event_cpu else None,
         "median_record_ns": int(statistics.median(r["record_ns"] for r in runs)),
         "record_ns_per_event": statistics.median(r["record_ns"] for r in runs) / events
-        if events else None,
+        if events
+        else None,
         "median_stop_utime_s": statistics.median(r["stop_rusage"]["utime_s"] for r in runs),
         "median_stop_stime_s": statistics.median(r["stop_rusage"]["stime_s"] for r in runs),
         "median_stop_minflt": int(statistics.median(r["stop_rusage"]["minflt"] for r in runs)),
@@ -825,16 +876,24 @@ def memory_probe(n: int, reps: int, max_events: int) -> dict:
     rss1 = _proc_status_kib("VmRSS")
     gc.enable()
     events = int(prof.results.threads()["events"].sum())
-    return {"events": events, "rss_before_kib": rss0, "peak_kib": peak, "rss_after_kib": rss1,
-            "peak_reset": can_reset,
-            "peak_bytes_per_event": (peak - rss0) * 1024 / events if can_reset and events
-            else None}
+    return {
+        "events": events,
+        "rss_before_kib": rss0,
+        "peak_kib": peak,
+        "rss_after_kib": rss1,
+        "peak_reset": can_reset,
+        "peak_bytes_per_event": (peak - rss0) * 1024 / events if can_reset and events else None,
+    }
 
 
 def run_memory_probe(n: int, reps: int, max_events: int) -> dict | None:
     """memory_probe in a child process (this script with --memory-probe)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe",
-           f"{n},{reps},{max_events}"]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-probe",
+        f"{n},{reps},{max_events}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"memory probe failed: {proc.stderr.strip()[-2000:]}", file=sys.stderr)
@@ -847,42 +906,53 @@ def run_memory_probe(n: int, reps: int, max_events: int) -> dict | None:
 # ---------------------------------------------------------------------------
 
 
-def report(meta: dict, floor_info: str, results: dict, throughput: dict | None,
-           memory: dict | None = None) -> str:
+def report(
+    meta: dict, floor_info: str, results: dict, throughput: dict | None, memory: dict | None = None
+) -> str:
     lines = []
     m = meta["machine"]
-    lines.append(f"bench_python_hook: Python {meta['python']['version']}, NumPy {meta['numpy']}, "
-                 f"{m['cpu_count']} CPUs ({m['cpu_model']}), commit "
-                 f"{(meta['git']['commit'] or 'unknown')[:12]}"
-                 f"{' (dirty)' if meta['git']['dirty'] else ''}, "
-                 f"median of {meta['repeats']} repeats")
+    lines.append(
+        f"bench_python_hook: Python {meta['python']['version']}, NumPy {meta['numpy']}, "
+        f"{m['cpu_count']} CPUs ({m['cpu_model']}), commit "
+        f"{(meta['git']['commit'] or 'unknown')[:12]}"
+        f"{' (dirty)' if meta['git']['dirty'] else ''}, "
+        f"median of {meta['repeats']} repeats"
+    )
     lines.append(f"floor hook: {floor_info}")
-    lines.append("rec = the workload alone; +stop = the workload plus the profiler's stop call "
-                 "(gpuprof: closing the window and building its tables)")
+    lines.append(
+        "rec = the workload alone; +stop = the workload plus the profiler's stop call "
+        "(gpuprof: closing the window and building its tables)"
+    )
     for wname, res in results.items():
         d = res["derived"]
         lines.append("")
         lines.append(f"[{wname}] {res['description']}")
-        lines.append(f"  {'mode':<19}{'rec ms':>9}{'min':>8}{'slowdown':>9}{'x floor':>8}"
-                     f"{'+stop ms':>10}{'min':>8}{'slowdown':>9}{'x floor':>8}{'events':>10}"
-                     f"{'ns/event':>9}{'sys ms':>7}{'faults':>7}")
+        lines.append(
+            f"  {'mode':<19}{'rec ms':>9}{'min':>8}{'slowdown':>9}{'x floor':>8}"
+            f"{'+stop ms':>10}{'min':>8}{'slowdown':>9}{'x floor':>8}{'events':>10}"
+            f"{'ns/event':>9}{'sys ms':>7}{'faults':>7}"
+        )
         floor_added = d["added_ns"].get("floor")
         floor_added_total = d["added_ns_with_stop"].get("floor")
         for name, mm in res["modes"].items():
             added = d["added_ns"][name]
             added_total = d["added_ns_with_stop"][name]
-            xf = (f"{added / floor_added:7.2f}x" if floor_added and name != "none"
-                  else f"{'':>8}")
-            xft = (f"{added_total / floor_added_total:7.2f}x"
-                   if floor_added_total and name != "none" else f"{'':>8}")
+            xf = f"{added / floor_added:7.2f}x" if floor_added and name != "none" else f"{'':>8}"
+            xft = (
+                f"{added_total / floor_added_total:7.2f}x"
+                if floor_added_total and name != "none"
+                else f"{'':>8}"
+            )
             ev = mm.get("events")
             npe = d["added_ns_per_event"].get(name)
-            lines.append(f"  {name:<19}{mm['median_ns'] / 1e6:9.1f}{mm['min_ns'] / 1e6:8.1f}"
-                         f"{d['slowdown'][name]:8.2f}x{xf}"
-                         f"{mm['median_total_ns'] / 1e6:10.1f}{mm['min_total_ns'] / 1e6:8.1f}"
-                         f"{d['slowdown_with_stop'][name]:8.2f}x{xft}"
-                         f"{ev if ev else '':>10}{f'{npe:.1f}' if npe else '':>9}"
-                         f"{mm['median_stime_s'] * 1e3:7.0f}{mm['median_minflt']:7d}")
+            lines.append(
+                f"  {name:<19}{mm['median_ns'] / 1e6:9.1f}{mm['min_ns'] / 1e6:8.1f}"
+                f"{d['slowdown'][name]:8.2f}x{xf}"
+                f"{mm['median_total_ns'] / 1e6:10.1f}{mm['min_total_ns'] / 1e6:8.1f}"
+                f"{d['slowdown_with_stop'][name]:8.2f}x{xft}"
+                f"{ev if ev else '':>10}{f'{npe:.1f}' if npe else '':>9}"
+                f"{mm['median_stime_s'] * 1e3:7.0f}{mm['median_minflt']:7d}"
+            )
         nan = float("nan")
         if "gpuprof_added_over_floor_added" in d:
             lines.append(
@@ -892,7 +962,8 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None,
                 f"minimums), {d['gpuprof_added_over_floor_added']:.2f}x recording only; above "
                 "the idle hook (minus gpuprof-wait): "
                 f"{d.get('gpuprof_over_floor_above_idle_hook_with_stop', nan):.2f}x, "
-                f"{d.get('gpuprof_over_floor_above_idle_hook', nan):.2f}x")
+                f"{d.get('gpuprof_over_floor_above_idle_hook', nan):.2f}x"
+            )
         if "gpuprof_over_cprofile" in d:
             lines.append(
                 "  gpuprof / cProfile time: "
@@ -900,48 +971,66 @@ def report(meta: dict, floor_info: str, results: dict, throughput: dict | None,
                 f"({d.get('gpuprof_over_cprofile_with_stop_min', nan):.2f} of the minimums), "
                 f"{d['gpuprof_over_cprofile']:.2f} recording only; added time: "
                 f"{d.get('gpuprof_added_over_cprofile_added_with_stop', nan):.2f}, "
-                f"{d.get('gpuprof_added_over_cprofile_added', nan):.2f}")
+                f"{d.get('gpuprof_added_over_cprofile_added', nan):.2f}"
+            )
         if "gpuprof_added_over_floor_added_with_stop_cpu" in d:
             lines.append(
                 "  the same in this thread's CPU time (other load on the machine does not "
                 "count): gpuprof added / floor added "
                 f"{d['gpuprof_added_over_floor_added_with_stop_cpu']:.2f}x with stop(), "
                 f"{d['gpuprof_added_over_floor_added_cpu']:.2f}x recording only; gpuprof / "
-                f"cProfile {d.get('gpuprof_over_cprofile_with_stop_cpu', nan):.2f} with stop()")
+                f"cProfile {d.get('gpuprof_over_cprofile_with_stop_cpu', nan):.2f} with stop()"
+            )
         if res["modes"]["gpuprof"].get("dropped"):
             lines.append(f"  WARNING: gpuprof dropped {res['modes']['gpuprof']['dropped']} events")
     if throughput:
         t = throughput
         lines.append("")
         lines.append(f"[aggregation] gpuprof on {t['workload']}, max_events={t['max_events']:,}")
-        lines.append(f"  events recorded {t['events']:,} ({t['event_bytes']} bytes each, "
-                     f"{t['events'] * t['event_bytes'] / 2**20:.0f} MiB), dropped {t['dropped']}")
-        lines.append(f"  recording {t['median_record_ns'] / 1e9:.2f} s "
-                     f"({t['record_ns_per_event']:.1f} ns/event incl. the workload)")
-        lines.append(f"  prof.stop() (aggregation) {t['median_stop_ns'] / 1e9:.3f} s = "
-                     f"{t['stop_ns_per_event']:.1f} ns/event "
-                     f"(user {t['median_stop_utime_s']:.2f} s, "
-                     f"sys {t['median_stop_stime_s']:.2f} s, "
-                     f"{t['median_stop_minflt']:,} minor faults)")
-        lines.append("  stop() of each run: "
-                     + ", ".join(f"{r['stop_ns'] / 1e9:.3f} s" for r in t["runs"])
-                     + " = " + ", ".join(f"{x:.1f}" for x in t["stop_ns_per_event_runs"])
-                     + f" ns/event (largest / smallest - 1: {t['stop_spread'] * 100:.0f}%)")
-        lines.append("  the same in this thread's CPU time: "
-                     + ", ".join(f"{x:.1f}" for x in t["stop_cpu_ns_per_event_runs"])
-                     + f" ns/event (largest / smallest - 1: {t['stop_cpu_spread'] * 100:.0f}%)")
-        lines.append(f"  key_averages().table() of that window: "
-                     f"{t['median_table_ns'] / 1e9:.3f} s (each run: "
-                     + ", ".join(f"{r['table_ns'] / 1e9:.3f} s" for r in t["runs"]) + ")")
+        lines.append(
+            f"  events recorded {t['events']:,} ({t['event_bytes']} bytes each, "
+            f"{t['events'] * t['event_bytes'] / 2**20:.0f} MiB), dropped {t['dropped']}"
+        )
+        lines.append(
+            f"  recording {t['median_record_ns'] / 1e9:.2f} s "
+            f"({t['record_ns_per_event']:.1f} ns/event incl. the workload)"
+        )
+        lines.append(
+            f"  prof.stop() (aggregation) {t['median_stop_ns'] / 1e9:.3f} s = "
+            f"{t['stop_ns_per_event']:.1f} ns/event "
+            f"(user {t['median_stop_utime_s']:.2f} s, "
+            f"sys {t['median_stop_stime_s']:.2f} s, "
+            f"{t['median_stop_minflt']:,} minor faults)"
+        )
+        lines.append(
+            "  stop() of each run: "
+            + ", ".join(f"{r['stop_ns'] / 1e9:.3f} s" for r in t["runs"])
+            + " = "
+            + ", ".join(f"{x:.1f}" for x in t["stop_ns_per_event_runs"])
+            + f" ns/event (largest / smallest - 1: {t['stop_spread'] * 100:.0f}%)"
+        )
+        lines.append(
+            "  the same in this thread's CPU time: "
+            + ", ".join(f"{x:.1f}" for x in t["stop_cpu_ns_per_event_runs"])
+            + f" ns/event (largest / smallest - 1: {t['stop_cpu_spread'] * 100:.0f}%)"
+        )
+        lines.append(
+            f"  key_averages().table() of that window: "
+            f"{t['median_table_ns'] / 1e9:.3f} s (each run: "
+            + ", ".join(f"{r['table_ns'] / 1e9:.3f} s" for r in t["runs"])
+            + ")"
+        )
     if memory:
         if memory.get("peak_bytes_per_event") is None:
             lines.append("  peak memory of one window: not measured (cannot reset the peak RSS)")
         else:
-            lines.append(f"  peak memory of one window, fresh process: "
-                         f"{(memory['peak_kib'] - memory['rss_before_kib']) / 1024:.0f} MiB for "
-                         f"{memory['events']:,} events = "
-                         f"{memory['peak_bytes_per_event']:.1f} bytes/event "
-                         "(peak RSS from start() to the printed table, minus the RSS before)")
+            lines.append(
+                f"  peak memory of one window, fresh process: "
+                f"{(memory['peak_kib'] - memory['rss_before_kib']) / 1024:.0f} MiB for "
+                f"{memory['events']:,} events = "
+                f"{memory['peak_bytes_per_event']:.1f} bytes/event "
+                "(peak RSS from start() to the printed table, minus the RSS before)"
+            )
     return "\n".join(lines)
 
 
@@ -949,10 +1038,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes and 2 repeats (smoke run)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats per mode (default 5)")
-    ap.add_argument("--json", default=str(HERE / "results" / "bench_python_hook.json"),
-                    help="where to write the JSON results")
-    ap.add_argument("--workloads", default="fib,parser,numpy",
-                    help="comma-separated subset of fib,parser,numpy")
+    ap.add_argument(
+        "--json",
+        default=str(HERE / "results" / "bench_python_hook.json"),
+        help="where to write the JSON results",
+    )
+    ap.add_argument(
+        "--workloads", default="fib,parser,numpy", help="comma-separated subset of fib,parser,numpy"
+    )
     ap.add_argument("--no-throughput", action="store_true", help="skip the aggregation run")
     ap.add_argument("--memory-probe", metavar="N,REPS,MAX_EVENTS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -970,8 +1063,11 @@ def main(argv=None) -> int:
         return 2
 
     sz = sizes(args.quick)
-    makers = {"fib": lambda: make_fib(*sz["fib"]), "parser": lambda: make_parser(*sz["parser"]),
-              "numpy": lambda: make_numpy(sz["numpy"])}
+    makers = {
+        "fib": lambda: make_fib(*sz["fib"]),
+        "parser": lambda: make_parser(*sz["parser"]),
+        "numpy": lambda: make_numpy(sz["numpy"]),
+    }
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in wanted if w not in makers]
     if unknown:
@@ -993,8 +1089,11 @@ def main(argv=None) -> int:
             modes.append(GpuprofSetprofile(max_events))
         meta["modes"] = {m.name: m.description for m in modes}
         meta["workload_sizes"] = sz
-        print(f"modes: {', '.join(m.name for m in modes)}; workloads: {', '.join(workloads)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"modes: {', '.join(m.name for m in modes)}; workloads: {', '.join(workloads)}",
+            file=sys.stderr,
+            flush=True,
+        )
         results = bench_workloads(workloads, modes, args.repeats)
 
     throughput = memory = None
@@ -1006,8 +1105,14 @@ def main(argv=None) -> int:
 
     text = report(meta, floor_info, results, throughput, memory)
     print(text)
-    out = {"meta": meta, "floor_build": floor_info, "workloads": results,
-           "aggregation": throughput, "window_memory": memory, "report": text}
+    out = {
+        "meta": meta,
+        "floor_build": floor_info,
+        "workloads": results,
+        "aggregation": throughput,
+        "window_memory": memory,
+        "report": text,
+    }
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -79,7 +79,7 @@ def to_float(x):
 
 def random_crop(x, size=80):
     i, j = np.random.randint(0, x.shape[0] - size, 2)
-    return x[i:i + size, j:j + size]
+    return x[i : i + size, j : j + size]
 
 
 def hflip(x):
@@ -115,8 +115,11 @@ def work_transforms(i):
     return label_of(x)
 
 
-WORK = {"calls": (work_calls, 4000), "transforms": (work_transforms, 8000),
-        "numpy": (work_numpy, 400)}
+WORK = {
+    "calls": (work_calls, 4000),
+    "transforms": (work_transforms, 8000),
+    "numpy": (work_numpy, 400),
+}
 MODES = ("off", "parent", "children")
 
 
@@ -124,8 +127,9 @@ def one_run(method: str, mode: str, work, n: int) -> dict:
     ctx = mp.get_context(method)
     prof = None
     if mode != "off":
-        prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU],
-                               subprocesses=(mode == "children"))
+        prof = gpuprof.profile(
+            activities=[gpuprof.ProfilerActivity.CPU], subprocesses=(mode == "children")
+        )
         prof.start()
     try:
         t0 = time.perf_counter()
@@ -141,8 +145,7 @@ def one_run(method: str, mode: str, work, n: int) -> dict:
         t4 = time.perf_counter()
     pool.close()
     pool.join()
-    out = {"startup_s": t1 - t0, "map_s": t2 - t1, "items_per_s": n / (t2 - t1),
-           "stop_s": t4 - t3}
+    out = {"startup_s": t1 - t0, "map_s": t2 - t1, "items_per_s": n / (t2 - t1), "stop_s": t4 - t3}
     if mode == "children":
         w = prof.processes()
         out["worker_events"] = int(w["events"][1:].sum())
@@ -152,8 +155,13 @@ def one_run(method: str, mode: str, work, n: int) -> dict:
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except OSError:
         return "?"
 
@@ -172,7 +180,7 @@ def main() -> None:
             n //= scale
             runs: dict[str, list[dict]] = {m: [] for m in MODES}
             for r in range(repeats):
-                order = MODES[r % 3:] + MODES[:r % 3]
+                order = MODES[r % 3 :] + MODES[: r % 3]
                 for mode in order:
                     runs[mode].append(one_run(method, mode, work, n))
             key = f"{method}/{wname}"
@@ -184,15 +192,23 @@ def main() -> None:
             print(f"{key:14s} n={n}")
             for mode in MODES:
                 m = results[key][mode]
-                extra = (f"  worker events {m['worker_events']:,}" if "worker_events" in m
-                         else "")
-                print(f"  {mode:9s} {m['items_per_s']:10.1f} items/s "
-                      f"({100 * (base / m['items_per_s'] - 1):+6.1f}% time)  "
-                      f"start-up {1e3 * m['startup_s']:7.1f} ms  stop {1e3 * m['stop_s']:6.1f} ms"
-                      + extra)
-    doc = {"benchmark": "bench_subprocesses", "python": sys.version.split()[0],
-           "machine": platform.machine(), "cpus": os.cpu_count(), "platform": platform.platform(),
-           "commit": commit(), "repeats": repeats, "results": results}
+                extra = f"  worker events {m['worker_events']:,}" if "worker_events" in m else ""
+                print(
+                    f"  {mode:9s} {m['items_per_s']:10.1f} items/s "
+                    f"({100 * (base / m['items_per_s'] - 1):+6.1f}% time)  "
+                    f"start-up {1e3 * m['startup_s']:7.1f} ms  stop {1e3 * m['stop_s']:6.1f} ms"
+                    + extra
+                )
+    doc = {
+        "benchmark": "bench_subprocesses",
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "commit": commit(),
+        "repeats": repeats,
+        "results": results,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1))
     print(f"wrote {args.json}")

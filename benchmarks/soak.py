@@ -49,6 +49,7 @@ CHUNK_EVENTS = gpuprof._gpuprof._test_constants()["CHUNK_EVENTS"]  # events per 
 
 # -- the work of one step -------------------------------------------------------
 
+
 def leaf(x):
     return x * 2 + 1
 
@@ -76,6 +77,7 @@ def step_work():
 
 # -- measurements ------------------------------------------------------------------
 
+
 def rss_bytes() -> int:
     try:
         with open(f"/proc/{os.getpid()}/status") as f:
@@ -95,9 +97,21 @@ def _mallinfo2():
     import ctypes.util
 
     class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
-                                                    "hblkhd", "usmblks", "fsmblks", "uordblks",
-                                                    "fordblks", "keepcost")]
+        _fields_ = [
+            (n, ctypes.c_size_t)
+            for n in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -127,10 +141,15 @@ def heap_in_use() -> dict:
 def metadata(args) -> dict:
     return {
         **run_info("soak"),
-        "machine": {"platform": platform.platform(), "machine": platform.machine(),
-                    "cpu_count": os.cpu_count()},
-        "python": {"version": platform.python_version(),
-                   "implementation": platform.python_implementation()},
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
         "gpuprof": getattr(gpuprof, "__version__", None),
         "cuda": gpuprof.cuda_status().get("reason") or "usable",
         "args": vars(args),
@@ -159,8 +178,10 @@ def run(args) -> dict:
         ops = p.ops()
         calls = int(ops["calls"][ops["name"] == "step_work"].sum())
         if calls < args.active:  # every active step ran it on the main thread
-            raise AssertionError(f"window {n_windows[0]}: step_work called {calls} times, "
-                                 f"expected >= {args.active}\n{table}")
+            raise AssertionError(
+                f"window {n_windows[0]}: step_work called {calls} times, "
+                f"expected >= {args.active}\n{table}"
+            )
         i = n_windows[0]
         held[i] = p.buffer_stats()["bytes_held"]
         per_thread = p.results.threads()["events"]
@@ -190,8 +211,12 @@ def run(args) -> dict:
     sched = gpuprof.schedule(wait=args.wait, warmup=args.warmup, active=args.active)
     rss_start = rss_bytes()
     t0 = time.perf_counter()
-    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], schedule=sched,
-                         on_trace_ready=on_trace_ready, max_events=args.max_events) as prof:
+    with gpuprof.profile(
+        activities=[gpuprof.ProfilerActivity.CPU],
+        schedule=sched,
+        on_trace_ready=on_trace_ready,
+        max_events=args.max_events,
+    ) as prof:
         for t in workers:
             t.start()
         for _ in range(args.steps):
@@ -247,8 +272,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="worker threads running step_work")
     ap.add_argument("--max-events", type=int, default=1_000_000)
     ap.add_argument("--rss-every", type=int, default=500, help="sample RSS every N windows")
-    ap.add_argument("--rss-tolerance-mb", type=float, default=16.0,
-                    help="allowed RSS growth between the warm-up cycles and the end")
+    ap.add_argument(
+        "--rss-tolerance-mb",
+        type=float,
+        default=16.0,
+        help="allowed RSS growth between the warm-up cycles and the end",
+    )
     ap.add_argument("--json", default=str(HERE / "results" / "soak.json"))
     args = ap.parse_args(argv)
     cycle = args.wait + args.warmup + args.active
@@ -261,34 +290,52 @@ def main(argv=None) -> int:
     def fmt(b):
         return "n/a" if b is None else f"{b / mib:.1f} MiB"
 
-    print(f"gpuprof soak: {res['steps']:,} steps, schedule wait={args.wait} warmup={args.warmup} "
-          f"active={args.active} (cycle {cycle}), {args.threads} worker threads")
-    print(f"  windows handed to on_trace_ready: {res['windows']:,} in {res['elapsed_s']:.1f} s "
-          f"({res['steps_per_s']:,.0f} steps/s)")
-    print(f"  RSS: start {fmt(res['rss_start_bytes'])}, after {WARM_CYCLES} cycles "
-          f"{fmt(res['rss_after_warmup_bytes'])}, last cycle {fmt(res['rss_last_cycle_bytes'])} "
-          f"(drift {fmt(res['rss_drift_after_warmup_bytes'])}), after stop "
-          f"{fmt(res['rss_end_bytes'])}")
+    print(
+        f"gpuprof soak: {res['steps']:,} steps, schedule wait={args.wait} warmup={args.warmup} "
+        f"active={args.active} (cycle {cycle}), {args.threads} worker threads"
+    )
+    print(
+        f"  windows handed to on_trace_ready: {res['windows']:,} in {res['elapsed_s']:.1f} s "
+        f"({res['steps_per_s']:,.0f} steps/s)"
+    )
+    print(
+        f"  RSS: start {fmt(res['rss_start_bytes'])}, after {WARM_CYCLES} cycles "
+        f"{fmt(res['rss_after_warmup_bytes'])}, last cycle {fmt(res['rss_last_cycle_bytes'])} "
+        f"(drift {fmt(res['rss_drift_after_warmup_bytes'])}), after stop "
+        f"{fmt(res['rss_end_bytes'])}"
+    )
     hw, he = res["heap_after_warmup"], res["heap_end"]
     if hw and he:
-        line = (f"  live heap after {WARM_CYCLES} cycles -> last cycle: Python blocks "
-                f"{hw['py_blocks']:,} -> {he['py_blocks']:,}")
+        line = (
+            f"  live heap after {WARM_CYCLES} cycles -> last cycle: Python blocks "
+            f"{hw['py_blocks']:,} -> {he['py_blocks']:,}"
+        )
         if "malloc_in_use_bytes" in hw:
-            line += (f", malloc in use {fmt(hw['malloc_in_use_bytes'])} -> "
-                     f"{fmt(he['malloc_in_use_bytes'])}")
+            line += (
+                f", malloc in use {fmt(hw['malloc_in_use_bytes'])} -> "
+                f"{fmt(he['malloc_in_use_bytes'])}"
+            )
         print(line)
-    print(f"  event buffers: {fmt(res['buffer_bytes_first'])} at the first window, "
-          f"{fmt(res['buffer_bytes_max'])} max, {fmt(res['buffer_bytes_last'])} at the last; "
-          f"values seen: {[fmt(b) for b in res['buffer_bytes_distinct']]}")
-    print(f"  events per window (max) {res['events_per_window_max']:,}, "
-          f"dropped {res['dropped_total']:,}")
+    print(
+        f"  event buffers: {fmt(res['buffer_bytes_first'])} at the first window, "
+        f"{fmt(res['buffer_bytes_max'])} max, {fmt(res['buffer_bytes_last'])} at the last; "
+        f"values seen: {[fmt(b) for b in res['buffer_bytes_distinct']]}"
+    )
+    print(
+        f"  events per window (max) {res['events_per_window_max']:,}, "
+        f"dropped {res['dropped_total']:,}"
+    )
     ok = res["buffer_flat"] and res["rss_ok"]
     for i, b, e in res["buffer_growth"]:
-        print(f"  event pool grew to {fmt(b)} at window {i:,}, the largest so far "
-              f"({e:,} events)" if res["buffer_flat"] else
-              f"  event pool grew to {fmt(b)} at window {i:,} ({e:,} events)")
-    print(f"  flat: buffers {'yes' if res['buffer_flat'] else 'NO'}, "
-          f"RSS {'yes' if res['rss_ok'] else 'NO'} (tolerance {args.rss_tolerance_mb} MiB)")
+        print(
+            f"  event pool grew to {fmt(b)} at window {i:,}, the largest so far ({e:,} events)"
+            if res["buffer_flat"]
+            else f"  event pool grew to {fmt(b)} at window {i:,} ({e:,} events)"
+        )
+    print(
+        f"  flat: buffers {'yes' if res['buffer_flat'] else 'NO'}, "
+        f"RSS {'yes' if res['rss_ok'] else 'NO'} (tolerance {args.rss_tolerance_mb} MiB)"
+    )
     if args.json:
         out = {"meta": metadata(args), "results": res}
         if args.json != os.devnull:

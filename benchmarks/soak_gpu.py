@@ -82,8 +82,17 @@ def run(args) -> dict:
     torch.cuda.synchronize()
     per_step = kernels_per_step(torch, step)
 
-    st = {"windows": 0, "sessions": 0, "steps": 0, "kernels": 0, "bad_windows": [],
-          "dropped_events": 0, "dropped_gpu": 0, "unattributed": 0, "rss": []}
+    st = {
+        "windows": 0,
+        "sessions": 0,
+        "steps": 0,
+        "kernels": 0,
+        "bad_windows": [],
+        "dropped_events": 0,
+        "dropped_gpu": 0,
+        "unattributed": 0,
+        "rss": [],
+    }
     rss_warm = rss_last = 0
     heap_warm: dict = {}
 
@@ -112,8 +121,9 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     deadline = t0 + args.seconds
     while time.perf_counter() < deadline and st["steps"] < args.max_steps:
-        with gpuprof.profile(activities=CUDA, schedule=sched,
-                             on_trace_ready=on_trace_ready) as prof:
+        with gpuprof.profile(
+            activities=CUDA, schedule=sched, on_trace_ready=on_trace_ready
+        ) as prof:
             for i in range(args.session_steps):
                 loss = step()
                 if i % 50 == 49:
@@ -141,8 +151,13 @@ def run(args) -> dict:
         "rss_drift_bytes": drift,
         "heap_after_warmup": heap_warm,
         "heap_end": heap_last,
-        "ok": (not st["bad_windows"] and st["dropped_events"] == 0 and st["dropped_gpu"] == 0
-               and drift is not None and drift <= args.rss_tolerance_mb * 2**20),
+        "ok": (
+            not st["bad_windows"]
+            and st["dropped_events"] == 0
+            and st["dropped_gpu"] == 0
+            and drift is not None
+            and drift <= args.rss_tolerance_mb * 2**20
+        ),
     }
 
 
@@ -150,8 +165,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--seconds", type=float, default=1200.0)
     ap.add_argument("--max-steps", type=int, default=10**9)
-    ap.add_argument("--session-steps", type=int, default=500,
-                    help="steps per profile; a new profile (and CUPTI attach) after each")
+    ap.add_argument(
+        "--session-steps",
+        type=int,
+        default=500,
+        help="steps per profile; a new profile (and CUPTI attach) after each",
+    )
     ap.add_argument("--wait", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--active", type=int, default=2)
@@ -176,30 +195,39 @@ def main(argv=None) -> int:
 
     res = run(args)
     mib = 2**20
-    print(f"gpuprof GPU soak: {res['steps']:,} steps in {res['elapsed_s']} s "
-          f"({res['steps_per_s']:,} steps/s), {res['sessions']} sessions, "
-          f"{res['windows']:,} windows, {res['kernels']:,} kernels recorded "
-          f"({res['kernels_per_step']} per step)")
-    print(f"  windows with a wrong kernel count or an unattributed kernel: "
-          f"{res['n_bad_windows']} {res['bad_windows'][:5]}")
+    print(
+        f"gpuprof GPU soak: {res['steps']:,} steps in {res['elapsed_s']} s "
+        f"({res['steps_per_s']:,} steps/s), {res['sessions']} sessions, "
+        f"{res['windows']:,} windows, {res['kernels']:,} kernels recorded "
+        f"({res['kernels_per_step']} per step)"
+    )
+    print(
+        f"  windows with a wrong kernel count or an unattributed kernel: "
+        f"{res['n_bad_windows']} {res['bad_windows'][:5]}"
+    )
     print(f"  dropped: CPU events {res['dropped_events']}, CUPTI records {res['dropped_gpu']}")
     drift = res["rss_drift_bytes"]
-    print(f"  RSS: start {res['rss_start_bytes'] / mib:.1f} MiB, after {args.warm_windows} "
-          f"windows {res['rss_after_warmup_bytes'] / mib:.1f} MiB, last sample "
-          f"{res['rss_last_window_bytes'] / mib:.1f} MiB (drift "
-          f"{'n/a' if drift is None else f'{drift / mib:+.1f} MiB'}), end "
-          f"{res['rss_end_bytes'] / mib:.1f} MiB")
+    print(
+        f"  RSS: start {res['rss_start_bytes'] / mib:.1f} MiB, after {args.warm_windows} "
+        f"windows {res['rss_after_warmup_bytes'] / mib:.1f} MiB, last sample "
+        f"{res['rss_last_window_bytes'] / mib:.1f} MiB (drift "
+        f"{'n/a' if drift is None else f'{drift / mib:+.1f} MiB'}), end "
+        f"{res['rss_end_bytes'] / mib:.1f} MiB"
+    )
     hw, he = res["heap_after_warmup"], res["heap_end"]
     if hw and he and "malloc_in_use_bytes" in hw:
-        print(f"  malloc in use {hw['malloc_in_use_bytes'] / mib:.1f} -> "
-              f"{he['malloc_in_use_bytes'] / mib:.1f} MiB, free in its arenas "
-              f"{hw['malloc_free_bytes'] / mib:.1f} -> {he['malloc_free_bytes'] / mib:.1f} MiB; "
-              f"Python blocks {hw['py_blocks']:,} -> {he['py_blocks']:,}")
+        print(
+            f"  malloc in use {hw['malloc_in_use_bytes'] / mib:.1f} -> "
+            f"{he['malloc_in_use_bytes'] / mib:.1f} MiB, free in its arenas "
+            f"{hw['malloc_free_bytes'] / mib:.1f} -> {he['malloc_free_bytes'] / mib:.1f} MiB; "
+            f"Python blocks {hw['py_blocks']:,} -> {he['py_blocks']:,}"
+        )
     print(f"  {'PASS' if res['ok'] else 'FAIL'}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"meta": {**run_info("soak_gpu"), "args": vars(args)}, "results": res}, f,
-                  indent=1)
+        json.dump(
+            {"meta": {**run_info("soak_gpu"), "args": vars(args)}, "results": res}, f, indent=1
+        )
     print(f"  JSON: {args.json}")
     return 0 if res["ok"] else 1
 

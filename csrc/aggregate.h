@@ -30,6 +30,11 @@ enum {
     GP_GF_BLOCKED_THREAD = 2,  /* launched off-Python; charged to the thread blocked on it */
 };
 
+/* GpSpanRow.flags */
+enum {
+    GP_SF_ENTERED = 1, /* entered before the window (snapshot frame) */
+};
+
 /* One row per op (Python function, C function, label, step, CUDA API). */
 typedef struct GpOpRow {
     uint32_t op;           /* intern op id; api key for GP_OP_CUDA_API */
@@ -134,7 +139,7 @@ typedef struct GpSpanRow {
     int32_t line;   /* C calls: the caller's line, filled when results are built */
     uint16_t depth;
     uint8_t kind;   /* GP_OP_* of its op */
-    uint8_t flags;  /* 1 = entered before the window (snapshot frame) */
+    uint8_t flags;  /* GP_SF_* */
     uint32_t pad;
 } GpSpanRow;
 
@@ -150,7 +155,11 @@ typedef struct GpThreadRow {
     int64_t busy_ns;     /* time with a non-empty stack */
 } GpThreadRow;
 
-#define GP_VEC(type) struct { type *v; size_t n, cap; }
+#define GP_VEC(type)                                                                               \
+    struct {                                                                                       \
+        type *v;                                                                                   \
+        size_t n, cap;                                                                             \
+    }
 
 typedef struct GpTables {
     GP_VEC(GpOpRow) ops;

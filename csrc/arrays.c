@@ -20,6 +20,8 @@ typedef struct Field {
 
 #define F(type, field, fmt) {#field, fmt, offsetof(type, field)}
 
+/* One field a line, in the row struct's order. */
+/* clang-format off */
 static const Field op_fields[] = {
     F(GpOpRow, op, "u4"),
     F(GpOpRow, kind, "u1"),
@@ -134,6 +136,7 @@ static const Field thread_fields[] = {
     F(GpThreadRow, busy_ns, "i8"),
     {NULL, NULL, 0},
 };
+/* clang-format on */
 
 static const struct {
     const Field *fields;

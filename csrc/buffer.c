@@ -353,7 +353,8 @@ gp_buffer_record_api(uint64_t ts, uint32_t correlation, uint32_t api_key, int en
      * re-check the phase; the reader sets the phase, then waits for 0. */
     atomic_store(&tb->writing, 1);
     if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP) {
-        uint32_t kind = enter ? GP_EV_MAKE(GP_EV_API_ENTER, api_key) : GP_EV_MAKE(GP_EV_API_EXIT, 0);
+        uint32_t kind =
+            enter ? GP_EV_MAKE(GP_EV_API_ENTER, api_key) : GP_EV_MAKE(GP_EV_API_EXIT, 0);
         gp_buffer_push(tb, ts, correlation, kind);
     }
     atomic_store(&tb->writing, 0);

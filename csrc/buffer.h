@@ -42,7 +42,7 @@ enum {
     GP_EV_API_ENTER,    /* CUDA API entered: arg = correlation id, kind >> 8 = api key */
     GP_EV_API_EXIT,     /* CUDA API left: arg = correlation id */
     GP_EV_FRAME,        /* initial-stack frame (window start snapshot): arg = op id */
-    /* NVTX ranges (cuda/nvtx.c), written from any thread like API events. */
+    /* NVTX ranges (csrc/nvtx.c), written from any thread like API events. */
     GP_EV_NVTX_PUSH,    /* nvtx*RangePush*: arg = NVTX name id, payload = domain index */
     GP_EV_NVTX_POP,     /* nvtx*RangePop: payload = domain index */
     GP_EV_NVTX_START,   /* nvtx*RangeStart*: arg = NVTX name id, payload = range tag */
@@ -55,7 +55,8 @@ enum {
 #define GP_EV_MAKE(kind, payload) ((uint32_t)(kind) | ((uint32_t)(payload) << 8))
 
 /* API key packed in the payload of GP_EV_API_ENTER: domain in bits 20..23, cbid below. */
-#define GP_API_KEY(domain, cbid) ((((uint32_t)(domain) & 0xfu) << 20) | ((uint32_t)(cbid) & 0xfffffu))
+#define GP_API_KEY(domain, cbid)                                                                   \
+    ((((uint32_t)(domain) & 0xfu) << 20) | ((uint32_t)(cbid) & 0xfffffu))
 #define GP_API_DOMAIN(key) (((key) >> 20) & 0xfu)
 #define GP_API_CBID(key) ((key) & 0xfffffu)
 
@@ -132,9 +133,8 @@ GP_INLINE GpThreadBuf *
 gp_buffer_thread(void)
 {
     GpThreadBuf *tb = gp_buffer_tls.buf;
-    if (GP_LIKELY(tb != NULL && gp_buffer_tls.session == atomic_load_explicit(
-                                                            &gp_buffer_session,
-                                                            memory_order_relaxed)))
+    if (GP_LIKELY(tb != NULL && gp_buffer_tls.session ==
+                                    atomic_load_explicit(&gp_buffer_session, memory_order_relaxed)))
         return tb;
     return gp_buffer_thread_slow();
 }

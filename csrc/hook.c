@@ -165,7 +165,8 @@ is_thread_bootstrap(PyObject *obj)
 static int
 check_no_other_profiler(PyInterpreterState *interp)
 {
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
+         ts = PyThreadState_Next(ts)) {
         if (ts->c_profilefunc == NULL || ts->c_profilefunc == profile_callback ||
             is_thread_bootstrap(ts->c_profileobj))
             continue;
@@ -191,7 +192,8 @@ gp_hook_install(PyObject *owner)
 #else
     PyThreadState *self = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
+         ts = PyThreadState_Next(ts)) {
         /* _PyEval_SetProfile is the 3.10/3.11 way to set another thread's
          * profiler (public PyEval_SetProfile only sets the caller's). */
         if (_PyEval_SetProfile(ts, profile_callback, owner) < 0)
@@ -216,7 +218,8 @@ gp_hook_uninstall(void)
     PyThreadState *self = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
     int foreign = 0; /* a thread whose profile function is someone else's */
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
+         ts = PyThreadState_Next(ts)) {
         if (ts->c_profilefunc != profile_callback) {
             foreign |= ts->c_profilefunc != NULL;
             continue;

@@ -97,14 +97,14 @@ grow_slots(void)
     return 0;
 }
 
-#define GROW(field, type)                                                        \
-    do {                                                                         \
-        type *p = realloc((void *)gp_intern.field, (size_t)cap * sizeof(type));  \
-        if (p == NULL)                                                           \
-            return -1;                                                           \
-        memset((void *)(p + gp_intern.cap_ops), 0,                               \
-               (size_t)(cap - gp_intern.cap_ops) * sizeof(type));                \
-        gp_intern.field = p;                                                     \
+#define GROW(field, type)                                                                          \
+    do {                                                                                           \
+        type *p = realloc((void *)gp_intern.field, (size_t)cap * sizeof(type));                    \
+        if (p == NULL)                                                                             \
+            return -1;                                                                             \
+        memset((void *)(p + gp_intern.cap_ops), 0,                                                 \
+               (size_t)(cap - gp_intern.cap_ops) * sizeof(type));                                  \
+        gp_intern.field = p;                                                                       \
     } while (0)
 
 static int

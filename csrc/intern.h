@@ -34,11 +34,11 @@ typedef struct GpIntern {
     int32_t *gen_lasti; /* per op id: largest f_lasti of a generator frame's first entry */
     PyObject **refs;    /* per op id, strong: code, module/type, or label str */
     const PyMethodDef **methods; /* per op id (C functions) */
-    PyObject **names;   /* per op id, strong or NULL: a C function's name, made on first describe */
+    PyObject **names; /* per op id, strong or NULL: a C function's name, made on first describe */
     PyObject *binding_index; /* dict or NULL: binding module name -> {PyMethodDef address: name} */
-    PyObject *labels;   /* dict: label str -> op id (int) */
+    PyObject *labels; /* dict: label str -> op id (int) */
     PyObject *hidden_prefix; /* str, tuple of str or NULL: co_filename prefixes of hidden code */
-    PyObject *shown_prefix;  /* str or NULL: under hidden_prefix, but shown (bundled workloads) */
+    PyObject *shown_prefix; /* str or NULL: under hidden_prefix, but shown (bundled workloads) */
 } GpIntern;
 
 extern GpIntern gp_intern;
@@ -55,7 +55,8 @@ uint32_t gp_intern_cfunc_slow(const PyMethodDef *ml, PyObject *owner);
 GP_INLINE uint32_t
 intern_hash(const void *a, const void *b)
 {
-    uint64_t h = ((uintptr_t)a >> 4) * 0x9E3779B97F4A7C15ull ^ ((uintptr_t)b >> 4) * 0xC2B2AE3D27D4EB4Full;
+    uint64_t h =
+        ((uintptr_t)a >> 4) * 0x9E3779B97F4A7C15ull ^ ((uintptr_t)b >> 4) * 0xC2B2AE3D27D4EB4Full;
     return (uint32_t)(h >> 32);
 }
 

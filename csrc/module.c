@@ -8,7 +8,9 @@
 #include "clock.h"
 #include "hook.h"
 #include "intern.h"
+#include "opkinds.h"
 #include "profiler.h"
+#include "schedule.h"
 #include "testing.h"
 #include "trace_json.h"
 #include "window.h"
@@ -89,14 +91,15 @@ mod_device_props(PyObject *module, PyObject *Py_UNUSED(ignored))
         if (gp_cuda_device_props(i, &p) != GP_OK)
             continue;
         PyObject *d = Py_BuildValue(
-            "{sisssK" "sisisisisisisisisisisisi}", "id", p.id, "name", p.name, "totalGlobalMem",
-            (unsigned long long)p.total_global_mem, "computeMajor", p.compute_major,
-            "computeMinor", p.compute_minor, "maxThreadsPerBlock", p.max_threads_per_block,
-            "maxThreadsPerMultiprocessor", p.max_threads_per_sm, "regsPerBlock", p.regs_per_block,
-            "regsPerMultiprocessor", p.regs_per_sm, "warpSize", p.warp_size, "sharedMemPerBlock",
-            p.shared_mem_per_block, "sharedMemPerBlockOptin", p.shared_mem_per_block_optin,
-            "sharedMemPerMultiprocessor", p.shared_mem_per_sm, "maxBlocksPerMultiprocessor",
-            p.max_blocks_per_sm, "numSms", p.num_sms);
+            "{sisssK"
+            "sisisisisisisisisisisisi}",
+            "id", p.id, "name", p.name, "totalGlobalMem", (unsigned long long)p.total_global_mem,
+            "computeMajor", p.compute_major, "computeMinor", p.compute_minor, "maxThreadsPerBlock",
+            p.max_threads_per_block, "maxThreadsPerMultiprocessor", p.max_threads_per_sm,
+            "regsPerBlock", p.regs_per_block, "regsPerMultiprocessor", p.regs_per_sm, "warpSize",
+            p.warp_size, "sharedMemPerBlock", p.shared_mem_per_block, "sharedMemPerBlockOptin",
+            p.shared_mem_per_block_optin, "sharedMemPerMultiprocessor", p.shared_mem_per_sm,
+            "maxBlocksPerMultiprocessor", p.max_blocks_per_sm, "numSms", p.num_sms);
         if (d == NULL || PyList_Append(list, d) < 0) {
             Py_XDECREF(d);
             Py_DECREF(list);
@@ -169,7 +172,8 @@ static PyMethodDef module_methods[] = {
      "(prefix, shown=None): code under prefix (a str or a tuple of str) is not shown, "
      "except under shown."},
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
-    {"cuda_info", mod_cuda_info, METH_NOARGS, "compiled/loaded/version/reason/mode/parts of CUDA capture."},
+    {"cuda_info", mod_cuda_info, METH_NOARGS,
+     "compiled/loaded/version/reason/mode/parts of CUDA capture."},
     {"_cuda_stats", mod_cuda_stats, METH_NOARGS,
      "Cumulative cost of decoding CUPTI buffers: decode_ns, decoded_records, completed_buffers."},
     {"device_props", mod_device_props, METH_NOARGS, "Properties of each visible CUDA device."},
@@ -193,8 +197,7 @@ static PyMethodDef module_methods[] = {
     {"_after_fork_child", mod_after_fork_child, METH_NOARGS,
      "os.register_at_fork hook: a forked child stops recording the parent's session."},
     {"clock_ns", mod_clock_ns, METH_NOARGS, "The profiler clock (CLOCK_MONOTONIC ns)."},
-    {"epoch_offset_ns", mod_epoch_offset_ns, METH_NOARGS,
-     "Unix-epoch ns minus profiler-clock ns."},
+    {"epoch_offset_ns", mod_epoch_offset_ns, METH_NOARGS, "Unix-epoch ns minus profiler-clock ns."},
     {"_complete_window", gp_window_complete, METH_O,
      "_complete_window(raw) -> raw: a window dict with its spans, built from the events it "
      "kept (raw[\"_events\"], then removed) when it has none yet."},
@@ -204,6 +207,57 @@ static PyMethodDef module_methods[] = {
      "_trace_keep(window, min_ns) -> (mask, omitted): spans kept without the shortest calls."},
     {NULL, NULL, 0, NULL},
 };
+
+/* The enum values Python reads (python/gpuprof/_constants.py), exported once so
+ * that no Python module copies a number. The names drop the GP_ prefix. */
+#define GP_CONST(name) {#name, GP_##name}
+static const struct {
+    const char *name;
+    int value;
+} module_constants[] = {
+    GP_CONST(OP_NONE),
+    GP_CONST(OP_PYTHON),
+    GP_CONST(OP_CFUNC),
+    GP_CONST(OP_USER),
+    GP_CONST(OP_STEP),
+    GP_CONST(OP_CUDA_API),
+    GP_CONST(OPF_HIDDEN),
+    GP_CONST(OPF_GENERATOR),
+    GP_CONST(OPF_NVTX),
+    GP_CONST(GPU_KERNEL),
+    GP_CONST(GPU_MEMCPY),
+    GP_CONST(GPU_MEMSET),
+    GP_CONST(GPU_SYNC),
+    GP_CONST(GPU_MALLOC),
+    GP_CONST(GPU_FREE),
+    GP_CONST(GPU_API),
+    GP_CONST(CAT_COMPUTE),
+    GP_CONST(CAT_MEMCPY),
+    GP_CONST(CAT_MEMSET),
+    GP_CONST(CAT_COMMUNICATION),
+    GP_CONST(CAT_SYNC),
+    GP_CONST(APICLASS_OTHER),
+    GP_CONST(APICLASS_LAUNCH),
+    GP_CONST(APICLASS_GRAPH),
+    GP_CONST(APICLASS_MEMCPY),
+    GP_CONST(APICLASS_MEMCPY_SYNC),
+    GP_CONST(APICLASS_MEMSET),
+    GP_CONST(APICLASS_SYNC),
+    GP_CONST(APICLASS_ALLOC),
+    GP_CONST(APICLASS_FREE),
+    GP_CONST(ACT_NONE),
+    GP_CONST(ACT_WARMUP),
+    GP_CONST(ACT_RECORD),
+    GP_CONST(ACT_RECORD_AND_SAVE),
+    GP_CONST(ACT_EXIT),
+    GP_CONST(CAPTURE_NONE),
+    GP_CONST(CAPTURE_PROFILER_API),
+    GP_CONST(CAPTURE_NVTX),
+    GP_CONST(GF_ATTRIBUTED),
+    GP_CONST(GF_BLOCKED_THREAD),
+    GP_CONST(SF_ENTERED),
+};
+#undef GP_CONST
 
 static int
 module_exec(PyObject *module)
@@ -224,6 +278,11 @@ module_exec(PyObject *module)
         return -1;
     if (PyModule_AddStringConstant(module, "EVENT_CLOCK", gp_clock_raw_name()) < 0)
         return -1;
+    for (size_t i = 0; i < sizeof(module_constants) / sizeof(module_constants[0]); i++) {
+        if (PyModule_AddIntConstant(module, module_constants[i].name, module_constants[i].value) <
+            0)
+            return -1;
+    }
     return 0;
 }
 

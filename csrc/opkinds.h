@@ -11,7 +11,7 @@ enum {
     GP_OP_USER = 3,     /* record_function / NVTX label */
     GP_OP_STEP = 4,     /* ProfilerStep* */
     GP_OP_CUDA_API = 5, /* CUDA runtime/driver call (made by aggregation) */
-    GP_OP_NVTX = 6,     /* aggregation only: NVTX name ids (cuda/nvtx.c) are their own id
+    GP_OP_NVTX = 6,     /* aggregation only: NVTX name ids (csrc/nvtx.c) are their own id
                            space; their rows are GP_OP_USER with GP_OPF_NVTX */
 };
 

@@ -8,6 +8,9 @@
 #include "aggregate.h"
 #include "common.h"
 
+/* Capture ranges (profile(capture=...)); exported as module constants CAPTURE_*. */
+enum { GP_CAPTURE_NONE = 0, GP_CAPTURE_PROFILER_API = 1, GP_CAPTURE_NVTX = 2 };
+
 /* The type spec, instantiated by module exec. */
 extern PyType_Spec gp_profiler_spec;
 

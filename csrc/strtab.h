@@ -28,8 +28,7 @@ typedef struct GpStrTab {
 uint64_t gp_strtab_hash(uint64_t key, const char *text, size_t len);
 
 /* Id of (key, text[0..len)) with hash h, or 0 when absent. */
-uint32_t gp_strtab_find(const GpStrTab *t, uint64_t key, const char *text, size_t len,
-                        uint64_t h);
+uint32_t gp_strtab_find(const GpStrTab *t, uint64_t key, const char *text, size_t len, uint64_t h);
 
 /* Adds (key, text[0..len)) with hash h, known absent; its id, or 0 when out
  * of memory. */

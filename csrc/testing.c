@@ -53,20 +53,20 @@ test_kernel_name(uint32_t id)
     return PyUnicode_AsUTF8(PyList_GET_ITEM(test_kernel_names, id)); /* borrowed */
 }
 
-#define GET_U64(dict, key, dst)                                              \
-    do {                                                                     \
-        PyObject *v_ = PyDict_GetItemString(dict, key); /* borrowed */       \
-        if (v_) {                                                            \
-            unsigned long long x_ = PyLong_AsUnsignedLongLong(v_);           \
-            if (PyErr_Occurred()) {                                          \
-                PyErr_Clear();                                               \
-                long long y_ = PyLong_AsLongLong(v_);                        \
-                if (PyErr_Occurred())                                        \
-                    goto fail;                                               \
-                x_ = (unsigned long long)y_;                                 \
-            }                                                                \
-            dst = (__typeof__(dst))x_;                                       \
-        }                                                                    \
+#define GET_U64(dict, key, dst)                                                                    \
+    do {                                                                                           \
+        PyObject *v_ = PyDict_GetItemString(dict, key); /* borrowed */                             \
+        if (v_) {                                                                                  \
+            unsigned long long x_ = PyLong_AsUnsignedLongLong(v_);                                 \
+            if (PyErr_Occurred()) {                                                                \
+                PyErr_Clear();                                                                     \
+                long long y_ = PyLong_AsLongLong(v_);                                              \
+                if (PyErr_Occurred())                                                              \
+                    goto fail;                                                                     \
+                x_ = (unsigned long long)y_;                                                       \
+            }                                                                                      \
+            dst = (__typeof__(dst))x_;                                                             \
+        }                                                                                          \
     } while (0)
 
 static int
@@ -259,20 +259,19 @@ test_constants(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
     return Py_BuildValue(
-        "{sisisisisisisisisisisisi sisisisisisisi sisisisisisi sisisisisisisisisi sIsI}",
-        "EV_CALL", GP_EV_CALL, "EV_RESUME", GP_EV_RESUME, "EV_RETURN", GP_EV_RETURN, "EV_CCALL",
-        GP_EV_CCALL, "EV_CRETURN", GP_EV_CRETURN, "EV_RANGE_PUSH", GP_EV_RANGE_PUSH,
-        "EV_RANGE_POP", GP_EV_RANGE_POP, "EV_STEP_BEGIN", GP_EV_STEP_BEGIN, "EV_STEP_END",
-        GP_EV_STEP_END, "EV_API_ENTER", GP_EV_API_ENTER, "EV_API_EXIT", GP_EV_API_EXIT, "EV_FRAME",
-        GP_EV_FRAME, "GPU_KERNEL", GP_GPU_KERNEL, "GPU_MEMCPY", GP_GPU_MEMCPY, "GPU_MEMSET",
-        GP_GPU_MEMSET, "GPU_SYNC", GP_GPU_SYNC, "GPU_MALLOC", GP_GPU_MALLOC, "GPU_FREE",
-        GP_GPU_FREE, "GPU_API", GP_GPU_API, "OP_PYTHON", GP_OP_PYTHON, "OP_CFUNC", GP_OP_CFUNC,
-        "OP_USER", GP_OP_USER, "OP_STEP", GP_OP_STEP, "OP_CUDA_API", GP_OP_CUDA_API,
-        "OPF_HIDDEN", GP_OPF_HIDDEN, "COPY_HTOD", GP_COPY_HTOD, "COPY_DTOH", GP_COPY_DTOH,
-        "MEM_PAGEABLE", GP_MEM_PAGEABLE, "MEM_PINNED", GP_MEM_PINNED, "MEM_DEVICE", GP_MEM_DEVICE,
-        "SYNC_STREAM", GP_SYNC_STREAM, "SYNC_CONTEXT", GP_SYNC_CONTEXT, "API_RUNTIME",
-        GP_API_RUNTIME, "API_DRIVER", GP_API_DRIVER, "CHUNK_EVENTS", GP_CHUNK_EVENTS,
-        "EVENT_BYTES", (unsigned int)sizeof(GpEvent));
+        "{sisisisisisisisisisisisi sisisisisisisi sisisisisisi sisisisisisisisisi sIsI}", "EV_CALL",
+        GP_EV_CALL, "EV_RESUME", GP_EV_RESUME, "EV_RETURN", GP_EV_RETURN, "EV_CCALL", GP_EV_CCALL,
+        "EV_CRETURN", GP_EV_CRETURN, "EV_RANGE_PUSH", GP_EV_RANGE_PUSH, "EV_RANGE_POP",
+        GP_EV_RANGE_POP, "EV_STEP_BEGIN", GP_EV_STEP_BEGIN, "EV_STEP_END", GP_EV_STEP_END,
+        "EV_API_ENTER", GP_EV_API_ENTER, "EV_API_EXIT", GP_EV_API_EXIT, "EV_FRAME", GP_EV_FRAME,
+        "GPU_KERNEL", GP_GPU_KERNEL, "GPU_MEMCPY", GP_GPU_MEMCPY, "GPU_MEMSET", GP_GPU_MEMSET,
+        "GPU_SYNC", GP_GPU_SYNC, "GPU_MALLOC", GP_GPU_MALLOC, "GPU_FREE", GP_GPU_FREE, "GPU_API",
+        GP_GPU_API, "OP_PYTHON", GP_OP_PYTHON, "OP_CFUNC", GP_OP_CFUNC, "OP_USER", GP_OP_USER,
+        "OP_STEP", GP_OP_STEP, "OP_CUDA_API", GP_OP_CUDA_API, "OPF_HIDDEN", GP_OPF_HIDDEN,
+        "COPY_HTOD", GP_COPY_HTOD, "COPY_DTOH", GP_COPY_DTOH, "MEM_PAGEABLE", GP_MEM_PAGEABLE,
+        "MEM_PINNED", GP_MEM_PINNED, "MEM_DEVICE", GP_MEM_DEVICE, "SYNC_STREAM", GP_SYNC_STREAM,
+        "SYNC_CONTEXT", GP_SYNC_CONTEXT, "API_RUNTIME", GP_API_RUNTIME, "API_DRIVER", GP_API_DRIVER,
+        "CHUNK_EVENTS", GP_CHUNK_EVENTS, "EVENT_BYTES", (unsigned int)sizeof(GpEvent));
 }
 
 static PyObject *

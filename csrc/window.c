@@ -175,8 +175,7 @@ resolve_call_sites(GpTables *t, PyObject *const *refs, const uint8_t *kinds, uin
         if (p < 0)
             continue;
         uint32_t op = t->ops.v[t->spans.v[p].op_row].op;
-        if (op >= n_ops || kinds[op] != GP_OP_PYTHON || refs[op] == NULL ||
-            !PyCode_Check(refs[op]))
+        if (op >= n_ops || kinds[op] != GP_OP_PYTHON || refs[op] == NULL || !PyCode_Check(refs[op]))
             continue;
         s->line = PyCode_Addr2Line((PyCodeObject *)refs[op], (int)(s->site - 1));
     }

@@ -134,10 +134,8 @@ static atomic_int sync_from_callbacks; /* set for a session without PART_SYNC */
 
 static const uint32_t runtime_cbids[] = {
 #define GP_CBID(id, cls) id,
-    GP_CUPTI_RUNTIME_APIS(GP_CBID)
-};
-static const uint32_t driver_cbids[] = {
-    GP_CUPTI_DRIVER_APIS(GP_CBID)
+    GP_CUPTI_RUNTIME_APIS(GP_CBID)};
+static const uint32_t driver_cbids[] = {GP_CUPTI_DRIVER_APIS(GP_CBID)
 #undef GP_CBID
 };
 
@@ -312,16 +310,16 @@ cupti_fail(GpStatus st, const char *call, CUptiResult r)
 const char *
 gp_cuda_parts(void)
 {
-    static const char *names[] = {"rtcb", "drvcb", "kernels", "serial",
-                                  "memcpy", "memset", "sync", "events"};
+    static const char *names[] = {"rtcb",   "drvcb",  "kernels", "serial",
+                                  "memcpy", "memset", "sync",    "events"};
     static char text[96];
     unsigned p = atomic_load(&session_open) ? parts : parse_parts(getenv("GPUPROF_CUPTI_PARTS"));
     size_t len = 0;
     text[0] = '\0';
     for (unsigned i = 0; i < GP_ARRAY_LEN(names); i++) {
         if (p & (1u << i))
-            len += (size_t)snprintf(text + len, sizeof text - len, "%s%s", len ? "," : "",
-                                    names[i]);
+            len +=
+                (size_t)snprintf(text + len, sizeof text - len, "%s%s", len ? "," : "", names[i]);
     }
     return text;
 }
@@ -738,8 +736,8 @@ gp_cuda_capture_profiler_api(int on)
     if (subscriber == NULL)
         return GP_OK; /* off: the unsubscribe already dropped them */
     for (size_t i = 0; i < GP_ARRAY_LEN(ids); i++) {
-        CUptiResult r = gp_cupti.cuptiEnableCallback((uint32_t)on, subscriber, ids[i].domain,
-                                                     ids[i].cbid);
+        CUptiResult r =
+            gp_cupti.cuptiEnableCallback((uint32_t)on, subscriber, ids[i].domain, ids[i].cbid);
         if (r != CUPTI_SUCCESS && r != CUPTI_ERROR_INVALID_PARAMETER && on) {
             atomic_store(&capture_api_on, 0);
             return cupti_fail(GP_ERR_CUPTI, "cuptiEnableCallback(cudaProfilerStart/Stop)", r);

@@ -106,7 +106,7 @@ int gp_cupti_activity_traced(CUpti_CallbackDomain domain, uint32_t cbid);
     /* graph launches */                                                                           \
     X(CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000, GP_APICLASS_GRAPH)                          \
     X(CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000, GP_APICLASS_GRAPH)                     \
-    /* copies that return once the copy is done (or staged) */                                    \
+    /* copies that return once the copy is done (or staged) */                                     \
     X(CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020, GP_APICLASS_MEMCPY_SYNC)                          \
     X(CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2D_v3020, GP_APICLASS_MEMCPY_SYNC)                        \
     X(CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyToArray_v3020, GP_APICLASS_MEMCPY_SYNC)                   \
@@ -214,7 +214,7 @@ int gp_cupti_activity_traced(CUpti_CallbackDomain domain, uint32_t cbid);
     /* graph launches */                                                                           \
     X(CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, GP_APICLASS_GRAPH)                                    \
     X(CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz, GP_APICLASS_GRAPH)                               \
-    /* copies that block the host */                                                              \
+    /* copies that block the host */                                                               \
     X(CUPTI_DRIVER_TRACE_CBID_cuMemcpy, GP_APICLASS_MEMCPY_SYNC)                                   \
     X(CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD, GP_APICLASS_MEMCPY_SYNC)                               \
     X(CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH, GP_APICLASS_MEMCPY_SYNC)                               \

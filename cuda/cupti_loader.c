@@ -187,9 +187,9 @@ load_locked(const char *path)
     }
     CUptiResult r = api.cuptiGetVersion(&version);
     if (r != CUPTI_SUCCESS) {
-        st = gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL,
-                                  "cuptiGetVersion (libcupti at %s) failed: %s", path,
-                                  early_result_text(handle, r));
+        st =
+            gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL, "cuptiGetVersion (libcupti at %s) failed: %s",
+                                 path, early_result_text(handle, r));
         goto fail;
     }
     if (version < CUPTI_API_VERSION) {
@@ -469,10 +469,9 @@ gp_cuda_device_props(int device, GpDeviceProps *out)
     CUdevice dev;
     CUresult r = d->cuDeviceGet(&dev, device);
     if (r != CUDA_SUCCESS)
-        return gp_cupti_loader_fail(r == CUDA_ERROR_INVALID_DEVICE ? GP_ERR_VALUE
-                                                                   : GP_ERR_CUDA_UNAVAIL,
-                                    "cuDeviceGet(%d) failed: %s (%d)", device,
-                                    gp_cupti_loader_driver_text(r), (int)r);
+        return gp_cupti_loader_fail(
+            r == CUDA_ERROR_INVALID_DEVICE ? GP_ERR_VALUE : GP_ERR_CUDA_UNAVAIL,
+            "cuDeviceGet(%d) failed: %s (%d)", device, gp_cupti_loader_driver_text(r), (int)r);
     r = d->cuDeviceGetName(out->name, (int)sizeof out->name, dev);
     if (r != CUDA_SUCCESS)
         return gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL,
@@ -490,10 +489,9 @@ gp_cuda_device_props(int device, GpDeviceProps *out)
         int value = 0;
         r = d->cuDeviceGetAttribute(&value, device_attrs[i].attr, dev);
         if (r != CUDA_SUCCESS)
-            return gp_cupti_loader_fail(GP_ERR_CUDA_UNAVAIL,
-                                        "cuDeviceGetAttribute(%s, device %d) failed: %s (%d)",
-                                        device_attrs[i].name, device,
-                                        gp_cupti_loader_driver_text(r), (int)r);
+            return gp_cupti_loader_fail(
+                GP_ERR_CUDA_UNAVAIL, "cuDeviceGetAttribute(%s, device %d) failed: %s (%d)",
+                device_attrs[i].name, device, gp_cupti_loader_driver_text(r), (int)r);
         memcpy((char *)out + device_attrs[i].offset, &value, sizeof value);
     }
     return GP_OK;

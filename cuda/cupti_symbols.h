@@ -26,7 +26,7 @@
  * before resolving the rest, so an old libcupti is refused with both version
  * numbers rather than with the name of the first symbol it lacks. */
 #define GP_CUPTI_SYMBOLS(X)                                                                        \
-    X(cuptiGetVersion, CUptiResult, (uint32_t * version))                                          \
+    X(cuptiGetVersion, CUptiResult, (uint32_t *version))                                           \
     X(cuptiGetResultString, CUptiResult, (CUptiResult result, const char **str))                   \
     X(cuptiSubscribe_v2, CUptiResult,                                                              \
       (CUpti_SubscriberHandle * subscriber, CUpti_CallbackFunc callback, void *userdata,           \
@@ -44,19 +44,19 @@
     X(cuptiActivityRegisterTimestampCallback, CUptiResult,                                         \
       (CUpti_TimestampCallbackFunc timestamp))                                                     \
     X(cuptiActivityGetNextRecord, CUptiResult,                                                     \
-      (uint8_t * buffer, size_t valid_bytes, CUpti_Activity * *record))                            \
+      (uint8_t *buffer, size_t valid_bytes, CUpti_Activity **record))                              \
     X(cuptiActivityGetNumDroppedRecords, CUptiResult,                                              \
-      (CUcontext context, uint32_t stream_id, size_t * dropped))                                   \
+      (CUcontext context, uint32_t stream_id, size_t *dropped))                                    \
     X(cuptiActivityFlushAll, CUptiResult, (uint32_t flag))                                         \
     X(cuptiActivitySetAttribute, CUptiResult,                                                      \
-      (CUpti_ActivityAttribute attr, size_t * value_size, void *value))                            \
+      (CUpti_ActivityAttribute attr, size_t *value_size, void *value))                             \
     X(cuptiActivityEnableRuntimeApi, CUptiResult, (CUpti_CallbackId cbid, uint8_t enable))         \
     X(cuptiActivityEnableDriverApi, CUptiResult, (CUpti_CallbackId cbid, uint8_t enable))          \
     X(cuptiSetThreadIdType, CUptiResult, (CUpti_ActivityThreadIdType type))                        \
-    X(cuptiGetDeviceId, CUptiResult, (CUcontext context, uint32_t * device_id))                    \
-    X(cuptiGetContextId, CUptiResult, (CUcontext context, uint32_t * context_id))                  \
+    X(cuptiGetDeviceId, CUptiResult, (CUcontext context, uint32_t *device_id))                     \
+    X(cuptiGetContextId, CUptiResult, (CUcontext context, uint32_t *context_id))                   \
     X(cuptiGetStreamIdEx, CUptiResult,                                                             \
-      (CUcontext context, CUstream stream, uint8_t per_thread_stream, uint32_t * stream_id))       \
+      (CUcontext context, CUstream stream, uint8_t per_thread_stream, uint32_t *stream_id))        \
     X(cuptiFinalize, CUptiResult, (void))
 
 /* libcuda (driver API), for device properties and the end-of-window
@@ -68,7 +68,7 @@
     X(cuDeviceGetCount, CUresult, (int *count))                                                    \
     X(cuDeviceGet, CUresult, (CUdevice * device, int ordinal))                                     \
     X(cuDeviceGetName, CUresult, (char *name, int len, CUdevice dev))                              \
-    X(cuDeviceTotalMem_v2, CUresult, (size_t * bytes, CUdevice dev))                               \
+    X(cuDeviceTotalMem_v2, CUresult, (size_t *bytes, CUdevice dev))                                \
     X(cuDeviceGetAttribute, CUresult, (int *value, CUdevice_attribute attrib, CUdevice dev))       \
     X(cuDevicePrimaryCtxGetState, CUresult, (CUdevice dev, unsigned int *flags, int *active))      \
     X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext * ctx, CUdevice dev))                         \

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "../csrc/common.h"
+#include "../csrc/nvtx.h" /* NVTX in and out: csrc/nvtx.c, in every build */
 
 /* GpGpuRecord.kind */
 enum {
@@ -33,19 +34,38 @@ enum {
 
 /* GpGpuRecord.subkind for GP_GPU_MEMCPY: the direction (trace-format 6.6). */
 enum {
-    GP_COPY_UNKNOWN = 0, GP_COPY_HTOD, GP_COPY_DTOH, GP_COPY_HTOA, GP_COPY_ATOH,
-    GP_COPY_ATOA, GP_COPY_ATOD, GP_COPY_DTOA, GP_COPY_DTOD, GP_COPY_HTOH, GP_COPY_PTOP,
+    GP_COPY_UNKNOWN = 0,
+    GP_COPY_HTOD,
+    GP_COPY_DTOH,
+    GP_COPY_HTOA,
+    GP_COPY_ATOH,
+    GP_COPY_ATOA,
+    GP_COPY_ATOD,
+    GP_COPY_DTOA,
+    GP_COPY_DTOD,
+    GP_COPY_HTOH,
+    GP_COPY_PTOP,
 };
 
 /* src_mem / dst_mem: memory kinds (trace-format 6.6 names, in this order). */
 enum {
-    GP_MEM_UNKNOWN = 0, GP_MEM_PAGEABLE, GP_MEM_PINNED, GP_MEM_DEVICE, GP_MEM_ARRAY,
-    GP_MEM_MANAGED, GP_MEM_DEVICE_STATIC, GP_MEM_MANAGED_STATIC,
+    GP_MEM_UNKNOWN = 0,
+    GP_MEM_PAGEABLE,
+    GP_MEM_PINNED,
+    GP_MEM_DEVICE,
+    GP_MEM_ARRAY,
+    GP_MEM_MANAGED,
+    GP_MEM_DEVICE_STATIC,
+    GP_MEM_MANAGED_STATIC,
 };
 
 /* GpGpuRecord.subkind for GP_GPU_SYNC (trace-format 6.8 names). */
 enum {
-    GP_SYNC_UNKNOWN = 0, GP_SYNC_EVENT, GP_SYNC_STREAM_WAIT_EVENT, GP_SYNC_STREAM, GP_SYNC_CONTEXT,
+    GP_SYNC_UNKNOWN = 0,
+    GP_SYNC_EVENT,
+    GP_SYNC_STREAM_WAIT_EVENT,
+    GP_SYNC_STREAM,
+    GP_SYNC_CONTEXT,
 };
 
 /* API domains in GP_API_KEY (csrc/buffer.h). */
@@ -69,14 +89,14 @@ typedef struct GpGpuRecord {
     uint32_t registers;     /* per thread */
     uint32_t static_smem;   /* bytes per block */
     uint32_t dynamic_smem;  /* bytes per block */
-    uint32_t wait_stream;   /* GP_SYNC_STREAM_WAIT_EVENT: stream that recorded the event, else 0 */
-    int16_t device;         /* CUDA device index; -1 unknown */
-    int16_t src_device;     /* peer copies, else -1 */
-    int16_t dst_device;     /* peer copies, else -1 */
-    uint8_t kind;           /* GP_GPU_* */
-    uint8_t subkind;        /* GP_COPY_* / GP_SYNC_* / api domain for GP_GPU_API */
-    uint8_t src_mem;        /* GP_MEM_* (memcpy) */
-    uint8_t dst_mem;        /* GP_MEM_* (memcpy, memset, malloc/free) */
+    uint32_t wait_stream; /* GP_SYNC_STREAM_WAIT_EVENT: stream that recorded the event, else 0 */
+    int16_t device; /* CUDA device index; -1 unknown */
+    int16_t src_device; /* peer copies, else -1 */
+    int16_t dst_device; /* peer copies, else -1 */
+    uint8_t kind; /* GP_GPU_* */
+    uint8_t subkind; /* GP_COPY_* / GP_SYNC_* / api domain for GP_GPU_API */
+    uint8_t src_mem; /* GP_MEM_* (memcpy) */
+    uint8_t dst_mem; /* GP_MEM_* (memcpy, memset, malloc/free) */
     uint8_t pad[6];
 } GpGpuRecord;
 
@@ -169,8 +189,8 @@ uint64_t gp_cuda_dropped(void);
 /* What decoding CUPTI's buffers has cost since the extension was loaded,
  * for the benchmarks (cumulative; any thread). */
 typedef struct GpCudaStats {
-    uint64_t decode_ns;         /* inside the buffer-completed callback, decoding */
-    uint64_t decoded_records;   /* CUPTI records walked */
+    uint64_t decode_ns; /* inside the buffer-completed callback, decoding */
+    uint64_t decoded_records; /* CUPTI records walked */
     uint64_t completed_buffers; /* buffers CUPTI handed back */
 } GpCudaStats;
 void gp_cuda_stats(GpCudaStats *out);
@@ -182,14 +202,14 @@ const char *gp_cuda_api_name(uint32_t api_key);
 /* What an API call does, for attribution and the sync/launch findings. */
 enum {
     GP_APICLASS_OTHER = 0,
-    GP_APICLASS_LAUNCH,      /* kernel launches (runtime, driver, cooperative, Ex) */
-    GP_APICLASS_GRAPH,       /* graph launches */
-    GP_APICLASS_MEMCPY,      /* asynchronous copies */
+    GP_APICLASS_LAUNCH, /* kernel launches (runtime, driver, cooperative, Ex) */
+    GP_APICLASS_GRAPH, /* graph launches */
+    GP_APICLASS_MEMCPY, /* asynchronous copies */
     GP_APICLASS_MEMCPY_SYNC, /* copies that block the host (cudaMemcpy, cuMemcpyDtoH, ...) */
     GP_APICLASS_MEMSET,
-    GP_APICLASS_SYNC,        /* stream/device/context/event synchronize, event query loops */
-    GP_APICLASS_ALLOC,       /* cudaMalloc*, cuMemAlloc*, cuMemCreate, pools */
-    GP_APICLASS_FREE,        /* cudaFree*, cuMemFree*, cuMemRelease */
+    GP_APICLASS_SYNC, /* stream/device/context/event synchronize, event query loops */
+    GP_APICLASS_ALLOC, /* cudaMalloc*, cuMemAlloc*, cuMemCreate, pools */
+    GP_APICLASS_FREE, /* cudaFree*, cuMemFree*, cuMemRelease */
 };
 int gp_cuda_api_class(uint32_t api_key);
 
@@ -200,62 +220,6 @@ void gp_cuda_after_fork_child(void);
 /* Number of CUDA devices (0 when the driver is absent) and their properties. */
 int gp_cuda_device_count(void);
 GpStatus gp_cuda_device_props(int device, GpDeviceProps *out);
-
-/* ---- NVTX ranges and capture ranges (cuda/nvtx.c, built in every build) ----
- * See cuda/nvtx.c for how gpuprof becomes the NVTX injection library. Every
- * function: any thread, no GIL needed, never calls Python. */
-
-/* The name of NVTX name id `id` (from GP_EV_NVTX_PUSH/START) as UTF-8 into
- * name[name_cap], and where it came from into where[where_cap]: "nvtx",
- * "nvtx:DOMAIN", plus "/CATEGORY" (its registered name, or its number) when
- * the range had one. 0, or -1 for an unknown id. Valid until gp_nvtx_clear. */
-int gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size_t where_cap);
-
-/* Forget the NVTX names (session end, after every table was built). Domain
- * and registered-string handles stay valid for the process's life. */
-void gp_nvtx_clear(void);
-
-typedef struct GpNvtxInfo {
-    int clients;             /* NVTX clients attached to gpuprof's injection */
-    int emit;                /* gpuprof's ranges go out to another NVTX tool */
-    const char *emit_reason; /* why (not); static storage */
-    uint32_t names;          /* distinct NVTX names this session */
-    uint32_t domains;        /* named domains created */
-    uint64_t names_dropped;  /* events named "<nvtx: too many ...>" (table full) */
-    unsigned probe_hits;     /* NVTX marks "gpuprof-nvtx-probe..." that reached us */
-} GpNvtxInfo;
-void gp_nvtx_info(GpNvtxInfo *out);
-
-/* Out: attach (once, lazily) to the tool NVTX_INJECTION64_PATH names, unless
- * that is gpuprof itself; 1 when gpuprof's ranges can go out. push/pop
- * cost nothing when not attached. */
-int gp_nvtx_emit_ready(void);
-void gp_nvtx_emit_push(const char *utf8);
-void gp_nvtx_emit_pop(void);
-
-/* Capture ranges. The profiler registers `fn` (NULL to unregister); the NVTX
- * callbacks and the cudaProfilerStart/Stop callbacks call it through
- * gp_nvtx_capture_notify with 1 (open) or 0 (close), on their own thread,
- * maybe without the GIL. */
-typedef void (*GpNvtxCaptureFn)(int open);
-void gp_nvtx_capture_handler(GpNvtxCaptureFn fn);
-void gp_nvtx_capture_notify(int open);
-
-/* Arm capture by NVTX range name (domain "" = the default domain), or
- * disarm with name NULL. GIL thread, before recording. GP_ERR_VALUE when a
- * name is longer than 255 bytes. */
-GpStatus gp_nvtx_capture_set(const char *name, const char *domain);
-
-/* The thread (pthread_self), NVTX name id and domain index of the push that
- * opened the current NVTX capture; 0 when there is none. */
-int gp_nvtx_capture_label(uint64_t *thread, uint32_t *name, uint32_t *domain);
-
-/* NVTX ranges ended on another thread than the one that started them, so
- * far this process (aggregation looks for them only when there were any). */
-uint64_t gp_nvtx_cross_thread_ends(void);
-
-/* In a forked child: reset the NVTX lock and capture state. */
-void gp_nvtx_after_fork_child(void);
 
 /* capture="cudaProfilerApi": switch the cudaProfilerStart/Stop (and
  * cuProfilerStart/Stop) callbacks on or off for the open CUDA session; they

@@ -22,8 +22,11 @@ def pytest_collection_modifyitems(config, items):
         return
     if os.environ.get("GPUPROF_REQUIRE_GPU") == "1":
         for it in gpu_items:
-            it.add_marker(pytest.mark.xfail(reason=f"GPUPROF_REQUIRE_GPU=1 but {reason}",
-                                            strict=True, run=False))
+            it.add_marker(
+                pytest.mark.xfail(
+                    reason=f"GPUPROF_REQUIRE_GPU=1 but {reason}", strict=True, run=False
+                )
+            )
         return
     for it in gpu_items:
         it.add_marker(pytest.mark.skip(reason=f"GPU capture unavailable: {reason}"))

@@ -15,10 +15,14 @@ US = 1000
 STEP = 1000 * US
 
 LAUNCH, STREAM_SYNC, MALLOC, FREE = 211, 131, 20, 22  # CUPTI runtime callback ids
-API_NAMES = {LAUNCH: "cudaLaunchKernel", STREAM_SYNC: "cudaStreamSynchronize",
-             MALLOC: "cudaMalloc", FREE: "cudaFree"}
+API_NAMES = {
+    LAUNCH: "cudaLaunchKernel",
+    STREAM_SYNC: "cudaStreamSynchronize",
+    MALLOC: "cudaMalloc",
+    FREE: "cudaFree",
+}
 
-SOURCE = '''\
+SOURCE = """\
 class Loader:
     def __next__(self):
         pass
@@ -38,18 +42,25 @@ def log_loss(loss):
 
 def train_step(model, batch):
     pass
-'''
+"""
 _ns: dict = {}
 exec(compile(SOURCE, "train.py", "exec"), _ns)
 Loader, decode, forward, log_loss, train_step = (
-    _ns["Loader"], _ns["decode"], _ns["forward"], _ns["log_loss"], _ns["train_step"])
+    _ns["Loader"],
+    _ns["decode"],
+    _ns["forward"],
+    _ns["log_loss"],
+    _ns["train_step"],
+)
 FUNCS = [train_step, Loader.__next__, decode, forward, log_loss]
 TRAIN, NEXT, DECODE, FORWARD, LOG, RANGE = range(2, 8)  # op ids: functions, then the label
 
 GEMM = "ampere_sgemm_128x64_nn"
-ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>,"
-               " at::detail::Array<char*, 3> >(int, at::native::AddFunctor<float>, "
-               "at::detail::Array<char*, 3>)")
+ELEMENTWISE = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>,"
+    " at::detail::Array<char*, 3> >(int, at::native::AddFunctor<float>, "
+    "at::detail::Array<char*, 3>)"
+)
 RELU = "void at::native::(anonymous namespace)::relu_kernel<float>(float*, float const*, int)"
 
 
@@ -78,26 +89,51 @@ class _Timeline:
     def kernel(self, corr, start, end, name, stream=7):
         if name not in self.names:
             self.names.append(name)
-        self.gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=start, end_ns=end,
-                             name_id=self.names.index(name), stream=stream, device=0,
-                             registers=64, grid_x=120, block_x=256))
+        self.gpu.append(
+            dict(
+                kind=C["GPU_KERNEL"],
+                correlation=corr,
+                start_ns=start,
+                end_ns=end,
+                name_id=self.names.index(name),
+                stream=stream,
+                device=0,
+                registers=64,
+                grid_x=120,
+                block_x=256,
+            )
+        )
 
     def memory(self, kind, corr, t, nbytes, address):
-        self.gpu.append(dict(kind=C[kind], correlation=corr, start_ns=t, end_ns=t, bytes=nbytes,
-                             address=address, device=0, dst_mem=C["MEM_DEVICE"]))
+        self.gpu.append(
+            dict(
+                kind=C[kind],
+                correlation=corr,
+                start_ns=t,
+                end_ns=t,
+                bytes=nbytes,
+                address=address,
+                device=0,
+                dst_mem=C["MEM_DEVICE"],
+            )
+        )
 
     def results(self, label, meta=None):
         end = max([e[0] for e in self.events] + [g["end_ns"] for g in self.gpu]) + US
         ops = [(C["OP_PYTHON"], f.__code__, 0) for f in FUNCS] + [(C["OP_USER"], label, 0)]
-        raw = _gpuprof._test_aggregate(ops, [(1, 101, self.events)], self.gpu, 0, end,
-                                       self.names, 1)
+        raw = _gpuprof._test_aggregate(
+            ops, [(1, 101, self.events)], self.gpu, 0, end, self.names, 1
+        )
         # libcupti names API calls only on a machine with the driver: name them here
         for i, (kind, op) in enumerate(zip(raw["ops"]["kind"], raw["ops"]["op"])):
             if kind == C["OP_CUDA_API"]:
                 raw["op_names"][i] = API_NAMES[int(op) & 0xFFFFF]
         # device_properties given: occupancy never asks a live CUDA for them
-        return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None},
-                       meta={"device_properties": [], "profile_memory": True, **(meta or {})})
+        return Results(
+            [raw],
+            cuda={"active": True, "mode": "callbacks", "error": None},
+            meta={"device_properties": [], "profile_memory": True, **(meta or {})},
+        )
 
 
 def training_results(steps=6, label="forward pass", meta=None, gemm_us=400, loader_us=300):
@@ -120,8 +156,9 @@ def training_results(steps=6, label="forward pass", meta=None, gemm_us=400, load
         tl.ev(t1 + 10 * US, "EV_RANGE_PUSH", RANGE)
         tl.ev(t1 + 20 * US, "EV_CALL", FORWARD)
         gpu_t = t1 + 40 * US
-        for j, (name, dur) in enumerate(((GEMM, gemm_us), (ELEMENTWISE, 8), (RELU, 6),
-                                         (ELEMENTWISE, 8))):
+        for j, (name, dur) in enumerate(
+            ((GEMM, gemm_us), (ELEMENTWISE, 8), (RELU, 6), (ELEMENTWISE, 8))
+        ):
             corr = tl.api(LAUNCH, t1 + (30 + 12 * j) * US, 5 * US)
             tl.kernel(corr, gpu_t, gpu_t + dur * US, name)
             gpu_t += (dur + 2) * US
@@ -145,8 +182,10 @@ def launch_bound_results(steps=200, layers=48, kernel_names=40):
     ``kernel_names`` names), a 100-us step; the size test's stand-in for the
     launch-bound benchmark's 200-step window."""
     tl = _Timeline()
-    names = [f"void at::native::elementwise_kernel_{i}<128, 4>(int, float*, float const*)"
-             for i in range(kernel_names)]
+    names = [
+        f"void at::native::elementwise_kernel_{i}<128, 4>(int, float*, float const*)"
+        for i in range(kernel_names)
+    ]
     step = 250 * US
     for k in range(steps):
         t0 = k * step + 10 * US
@@ -171,7 +210,7 @@ def rows_of(table_text: str) -> list[list[str]]:
     seps = [i for i, ln in enumerate(lines) if ln and set(ln) == {"-"}]
     import re
 
-    return [re.split(r"\s{2,}", ln.strip()) for ln in lines[seps[1] + 1: seps[2]]]
+    return [re.split(r"\s{2,}", ln.strip()) for ln in lines[seps[1] + 1 : seps[2]]]
 
 
 __all__ = ["training_results", "launch_bound_results", "where", "rows_of", "np"]

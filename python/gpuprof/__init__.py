@@ -18,17 +18,17 @@ import runpy as _runpy
 
 from . import _gpuprof, _nvtx  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
 from ._cuda import cuda_status as _cuda_status
+from ._loaded import load
 from ._ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
 from ._ondemand import arm_from_environment as _arm_from_environment
 from ._results import Results
+from ._version import __version__
 from .compare import compare
 from .distributed import merge
-from .exporters import load, tensorboard_trace_handler
+from .exporters import tensorboard_trace_handler
 from .profiler import ProfilerActivity, profile, record_function
 from .schedule import ProfilerAction, Schedule, schedule
 from .tables import KeyAverages
-
-__version__ = "0.1.0"
 
 
 def cuda_status() -> dict:
@@ -59,6 +59,7 @@ __all__ = [
     "__version__",
 ]
 
+
 # A forked child (DataLoader workers, multiprocessing) must not keep recording
 # into the parent's session, nor touch the parent's CUDA capture.
 def _after_fork_in_child() -> None:
@@ -79,8 +80,9 @@ _os.register_at_fork(after_in_child=_after_fork_in_child)
 # among them) below the program's own frames. The bundled workloads
 # (gpuprof/workloads/) are user code and are shown.
 _here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
-_gpuprof._set_hidden_prefix((_here, _runpy.run_path.__code__.co_filename),
-                            _here + "workloads" + _os.sep)
+_gpuprof._set_hidden_prefix(
+    (_here, _runpy.run_path.__code__.co_filename), _here + "workloads" + _os.sep
+)
 
 # GPUPROF_ON_DEMAND=1: arm this process for `python -m gpuprof capture PID` (docs/on-demand.md).
 _arm_from_environment()

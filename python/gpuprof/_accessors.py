@@ -16,8 +16,15 @@ __all__ = ["ResultAccessors"]
 class ResultAccessors:
     """ops(), kernels(), steps(), key_averages(), diagnose(), exports and views."""
 
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0,
-                     pid=None, *, include_context: bool = False, group_by_overload_name=False):
+    def key_averages(
+        self,
+        group_by_input_shape: bool = False,
+        group_by_stack_n: int = 0,
+        pid=None,
+        *,
+        include_context: bool = False,
+        group_by_overload_name=False,
+    ):
         """Op statistics as a :class:`gpuprof.tables.KeyAverages`: ``.table()`` prints
         them, iterating gives one row object with torch.profiler's attribute names.
 
@@ -35,20 +42,33 @@ class ResultAccessors:
         from .tables import KeyAverages
 
         if group_by_input_shape:
-            raise ValueError("key_averages(): group_by_input_shape=True is not supported: "
-                             "gpuprof does not record input shapes (docs/api.md says why); "
-                             "use group_by_stack_n=N to split an op by its callers")
+            raise ValueError(
+                "key_averages(): group_by_input_shape=True is not supported: "
+                "gpuprof does not record input shapes (docs/api.md says why); "
+                "use group_by_stack_n=N to split an op by its callers"
+            )
         if not isinstance(group_by_overload_name, bool):
-            raise TypeError(f"key_averages(): group_by_overload_name must be a bool, "
-                            f"got {group_by_overload_name!r}")
+            raise TypeError(
+                f"key_averages(): group_by_overload_name must be a bool, "
+                f"got {group_by_overload_name!r}"
+            )
         if pid is not None:  # -- subprocesses --
             from . import processes
 
-            return processes.key_averages(self.results, pid, self.subprocesses,
-                                          group_by_stack_n, self.profile_memory,
-                                          include_context=include_context)
-        return KeyAverages(self.results, group_by_stack_n=group_by_stack_n,
-                           show_memory=self.profile_memory, include_context=include_context)
+            return processes.key_averages(
+                self.results,
+                pid,
+                self.subprocesses,
+                group_by_stack_n,
+                self.profile_memory,
+                include_context=include_context,
+            )
+        return KeyAverages(
+            self.results,
+            group_by_stack_n=group_by_stack_n,
+            show_memory=self.profile_memory,
+            include_context=include_context,
+        )
 
     def ops(self, pid=None):
         """One row per op: see docs/tables.md for the fields. ``pid`` (with
@@ -120,8 +140,9 @@ class ResultAccessors:
         processes = self.processes() if self.subprocesses else None  # -- subprocesses --
         # a live profile's memory sampler holds the allocator and host curves
         sampler = getattr(self, "_memory_sampler", None)
-        return export_html(self.results, path, sampler=sampler, processes=processes,
-                           trace=trace, title=title)
+        return export_html(
+            self.results, path, sampler=sampler, processes=processes, trace=trace, title=title
+        )
 
     def save(self, path) -> str:
         """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""
@@ -136,11 +157,14 @@ class ResultAccessors:
         if not self.profile_memory:
             path = getattr(self, "path", None)
             if path is not None:
-                raise RuntimeError(f"{what}: {path!r} has no memory data: it was recorded "
-                                   "without profile_memory=True (python -m gpuprof run "
-                                   "--memory)")
-            raise RuntimeError(f"{what}: memory was not recorded; use "
-                               "gpuprof.profile(profile_memory=True)")
+                raise RuntimeError(
+                    f"{what}: {path!r} has no memory data: it was recorded "
+                    "without profile_memory=True (python -m gpuprof run "
+                    "--memory)"
+                )
+            raise RuntimeError(
+                f"{what}: memory was not recorded; use gpuprof.profile(profile_memory=True)"
+            )
 
     def memory_curve(self, device: str = "cuda:0", source: str = "auto"):
         """Memory over time of one device, as a NumPy structured array.
@@ -166,8 +190,7 @@ class ResultAccessors:
         memory.parse_source(source)
         self._memory_check("memory_curve()")
         results = self.results
-        return memory.memory_curve(results, device, sampler=results.memory_samples,
-                                   source=source)
+        return memory.memory_curve(results, device, sampler=results.memory_samples, source=source)
 
     def memory_summary(self):
         """Peak memory per device and on the host, the op and line that reached it, the
@@ -224,8 +247,9 @@ class ResultAccessors:
         self._memory_check("export_memory_timeline()")
         path = str(path)
         if not path.endswith((".html", ".json", ".json.gz")):
-            raise ValueError(f"export_memory_timeline(): path must end in .html, .json or "
-                             f".json.gz, got {path!r}")
+            raise ValueError(
+                f"export_memory_timeline(): path must end in .html, .json or .json.gz, got {path!r}"
+            )
         if device is None:
             device = "cuda:0" if self.results.cuda.get("active") else "cpu"
         curve = self.memory_curve(device)
@@ -236,9 +260,11 @@ class ResultAccessors:
             png = io.BytesIO()
             fig.savefig(png, format="png", bbox_inches="tight")
             img = base64.b64encode(png.getvalue()).decode("ascii")
-            text = (f"<html><head><meta charset='utf-8'><title>gpuprof memory timeline"
-                    f"</title></head><body><img src='data:image/png;base64,{img}'></body>"
-                    f"</html>\n")
+            text = (
+                f"<html><head><meta charset='utf-8'><title>gpuprof memory timeline"
+                f"</title></head><body><img src='data:image/png;base64,{img}'></body>"
+                f"</html>\n"
+            )
         else:
             fields = [f for f in curve.dtype.names if f != "timestamp_ns"]
             times = (curve["timestamp_ns"] / 1e3).tolist()

@@ -34,11 +34,23 @@ import numpy as np
 
 from ._host_sampler import SAMPLE_CAPACITY, Series
 
-__all__ = ["ADAPTERS", "ALLOCATOR_DTYPE", "AllocatorAdapter", "CupyAdapter", "TorchAdapter",
-           "active_adapters"]
+__all__ = [
+    "ADAPTERS",
+    "ALLOCATOR_DTYPE",
+    "AllocatorAdapter",
+    "CupyAdapter",
+    "TorchAdapter",
+    "active_adapters",
+]
 
-ALLOCATOR_DTYPE = np.dtype([("timestamp_ns", "i8"), ("allocated_bytes", "i8"),
-                            ("reserved_bytes", "i8"), ("peak_allocated_bytes", "i8")])
+ALLOCATOR_DTYPE = np.dtype(
+    [
+        ("timestamp_ns", "i8"),
+        ("allocated_bytes", "i8"),
+        ("reserved_bytes", "i8"),
+        ("peak_allocated_bytes", "i8"),
+    ]
+)
 
 
 class AllocatorAdapter:
@@ -73,8 +85,9 @@ class AllocatorAdapter:
     def stop(self) -> None:
         """Called when profiling stops, after the last poll."""
 
-    def record(self, device: int, ts_ns: int, allocated: int, reserved: int,
-               peak_allocated: int = -1) -> None:
+    def record(
+        self, device: int, ts_ns: int, allocated: int, reserved: int, peak_allocated: int = -1
+    ) -> None:
         """Append a row; ``peak_allocated`` is the framework's running maximum, -1 unknown."""
         s = self._series.get(device)
         if s is None:
@@ -110,8 +123,12 @@ class TorchAdapter(AllocatorAdapter):
     def available(cls) -> bool:
         torch = sys.modules.get("torch")
         c = getattr(torch, "_C", None)
-        return (c is not None and hasattr(c, "_cuda_memoryStats")
-                and hasattr(c, "_cuda_getDeviceCount") and hasattr(torch, "cuda"))
+        return (
+            c is not None
+            and hasattr(c, "_cuda_memoryStats")
+            and hasattr(c, "_cuda_getDeviceCount")
+            and hasattr(torch, "cuda")
+        )
 
     def start(self) -> None:
         torch = sys.modules["torch"]
@@ -185,8 +202,9 @@ class CupyAdapter(AllocatorAdapter):
             self._runtime.setDevice(self._device)
 
     def poll(self, ts_ns: int) -> None:
-        self.record(self._device, ts_ns, int(self._pool.used_bytes()),
-                    int(self._pool.total_bytes()))
+        self.record(
+            self._device, ts_ns, int(self._pool.used_bytes()), int(self._pool.total_bytes())
+        )
 
 
 ADAPTERS: list[type[AllocatorAdapter]] = [TorchAdapter, CupyAdapter]

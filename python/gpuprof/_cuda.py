@@ -65,8 +65,10 @@ def ensure_cupti() -> tuple[bool, str]:
             _state.update(ok=True, path=path, reason="")
             return True, ""
         reasons.append(f"{path}: {why}")
-    _state["reason"] = ("libcupti could not be loaded (set GPUPROF_CUPTI_PATH, or install the "
-                        "nvidia-cuda-cupti wheel); tried " + "; ".join(reasons[:4]))
+    _state["reason"] = (
+        "libcupti could not be loaded (set GPUPROF_CUPTI_PATH, or install the "
+        "nvidia-cuda-cupti wheel); tried " + "; ".join(reasons[:4])
+    )
     return False, _state["reason"]
 
 

@@ -69,7 +69,7 @@ class Series:
             self.data.extend(row)
             return
         base = self.pos * self.ncols
-        self.data[base:base + self.ncols] = array.array("q", row)
+        self.data[base : base + self.ncols] = array.array("q", row)
         self.pos = (self.pos + 1) % self.capacity
         self.dropped += 1
 
@@ -77,9 +77,9 @@ class Series:
         """The rows in time order as a structured array of int64 fields."""
         flat = np.frombuffer(self.data, dtype=np.int64).reshape(-1, self.ncols)
         if self.pos:
-            flat = np.concatenate([flat[self.pos:], flat[:self.pos]])
+            flat = np.concatenate([flat[self.pos :], flat[: self.pos]])
         out = np.zeros(len(flat), dtype=dtype)
-        for i, name in enumerate(dtype.names[:self.ncols]):
+        for i, name in enumerate(dtype.names[: self.ncols]):
             out[name] = flat[:, i]
         return out
 
@@ -122,8 +122,7 @@ class HostSampler:
     also ends by itself when ``owner`` (weakly referenced) is collected.
     """
 
-    def __init__(self, interval_s: float, adapters=(), owner=None,
-                 capacity: int = SAMPLE_CAPACITY):
+    def __init__(self, interval_s: float, adapters=(), owner=None, capacity: int = SAMPLE_CAPACITY):
         self.interval_s = float(interval_s)
         self.adapters = list(adapters)
         self.lock = _thread.allocate_lock()
@@ -167,8 +166,7 @@ class HostSampler:
         if self._done.acquire(timeout=_STOP_WAIT_S):
             self._done.release()
         else:
-            self.errors.append("memory sampler thread did not stop within "
-                               f"{_STOP_WAIT_S:.0f} s")
+            self.errors.append(f"memory sampler thread did not stop within {_STOP_WAIT_S:.0f} s")
         self.sample()
         for ad in list(self.adapters):
             try:
@@ -267,9 +265,16 @@ class SampleSnapshot:
         allocators: adapter name -> {device index -> allocator rows}.
     """
 
-    def __init__(self, host: np.ndarray, allocators: dict[str, dict[int, np.ndarray]], *,
-                 rss_source: str = "statm", interval_s: float = 0.0, dropped: int = 0,
-                 errors: list[str] | None = None):
+    def __init__(
+        self,
+        host: np.ndarray,
+        allocators: dict[str, dict[int, np.ndarray]],
+        *,
+        rss_source: str = "statm",
+        interval_s: float = 0.0,
+        dropped: int = 0,
+        errors: list[str] | None = None,
+    ):
         self.lock = _thread.allocate_lock()
         self._host = host
         self.adapters = [_KeptAdapter(name, s) for name, s in allocators.items()]
@@ -287,11 +292,18 @@ class SampleSnapshot:
         with sampler.lock:
             adapters = list(sampler.adapters) + list(sampler.dropped_adapters)
             per = {ad.name: ad.samples() for ad in adapters}
-        allocators = {name: {d: rows[keep(rows["timestamp_ns"])] for d, rows in s.items()}
-                      for name, s in per.items()}
-        return cls(host[keep(host["timestamp_ns"])], allocators,
-                   rss_source=sampler.rss_source, interval_s=sampler.interval_s,
-                   dropped=sampler.dropped, errors=sampler.errors)
+        allocators = {
+            name: {d: rows[keep(rows["timestamp_ns"])] for d, rows in s.items()}
+            for name, s in per.items()
+        }
+        return cls(
+            host[keep(host["timestamp_ns"])],
+            allocators,
+            rss_source=sampler.rss_source,
+            interval_s=sampler.interval_s,
+            dropped=sampler.dropped,
+            errors=sampler.errors,
+        )
 
     def host_samples(self) -> np.ndarray:
         return self._host

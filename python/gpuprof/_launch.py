@@ -42,8 +42,9 @@ class Program:
         path0: the folder that goes first on ``sys.path``.
     """
 
-    def __init__(self, target: str, filename: str, module_name: str, spec, path0: str,
-                 source: bytes | None):
+    def __init__(
+        self, target: str, filename: str, module_name: str, spec, path0: str, source: bytes | None
+    ):
         self.target = target
         self.filename = filename
         self.module_name = module_name
@@ -60,8 +61,9 @@ class Program:
         """
         if self._source is None:
             if transform is not None:
-                raise LaunchError(f"{self.target}: no source code to read (only compiled "
-                                  "code was found)")
+                raise LaunchError(
+                    f"{self.target}: no source code to read (only compiled code was found)"
+                )
             return self.spec.loader.get_code(self.spec.name)
         if transform is None:
             # dont_inherit: not this module's `from __future__ import annotations`
@@ -78,14 +80,16 @@ class Program:
         """
         main = types.ModuleType("__main__")
         spec = self.spec
-        main.__dict__.update({
-            "__file__": self.filename,
-            "__cached__": getattr(spec, "cached", None),
-            "__loader__": getattr(spec, "loader", None),
-            "__package__": spec.parent if spec is not None else "",
-            "__spec__": spec,
-            "__builtins__": builtins,  # the module, as in `python FILE`
-        })
+        main.__dict__.update(
+            {
+                "__file__": self.filename,
+                "__cached__": getattr(spec, "cached", None),
+                "__loader__": getattr(spec, "loader", None),
+                "__package__": spec.parent if spec is not None else "",
+                "__spec__": spec,
+                "__builtins__": builtins,  # the module, as in `python FILE`
+            }
+        )
         if init_globals:
             main.__dict__.update(init_globals)
         sys.argv = [self.filename] + list(argv)
@@ -139,8 +143,9 @@ def _find_module(name: str) -> Program:
         if spec is not None and spec.submodule_search_locations is not None:
             spec = importlib.util.find_spec(name + ".__main__")
             if spec is None:
-                raise LaunchError(f"{name!r} is a package and cannot be run: it has no "
-                                  "__main__ module")
+                raise LaunchError(
+                    f"{name!r} is a package and cannot be run: it has no __main__ module"
+                )
     except (ImportError, ValueError) as e:  # a parent package failed to import, or ''
         raise LaunchError(f"no module named {name!r} ({e})") from None
     if spec is None:

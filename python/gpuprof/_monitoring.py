@@ -55,8 +55,10 @@ def install() -> None:
     m, events = _events()
     tool = m.PROFILER_ID
     if m.get_tool(tool) == _TOOL_NAME:
-        raise RuntimeError("gpuprof.profile.start(): another gpuprof profiler is already running "
-                           "in this process; stop it first (profiling is per process)")
+        raise RuntimeError(
+            "gpuprof.profile.start(): another gpuprof profiler is already running "
+            "in this process; stop it first (profiling is per process)"
+        )
     m.use_tool_id(tool, _TOOL_NAME)  # ValueError if another tool holds it
     _gpuprof._monitoring_configure(m.DISABLE, m.restart_events)
     mask = 0

@@ -18,12 +18,12 @@ import os
 import sys
 
 from . import _gpuprof
+from ._constants import CAPTURE_NONE, CAPTURE_NVTX, CAPTURE_PROFILER_API
 
 __all__ = ["parse_capture", "setup", "status"]
 
 ENV = "NVTX_INJECTION64_PATH"
 PROBE = "gpuprof-nvtx-probe"
-CAPTURE_NONE, CAPTURE_PROFILER_API, CAPTURE_NVTX = 0, 1, 2
 
 _state: dict = {"set_by_gpuprof": False, "disabled": False, "probed": {}}
 
@@ -74,6 +74,7 @@ def _probe_callables() -> list[tuple[str, object]]:
     if pkg is not None and hasattr(pkg, "mark"):
         out.append(("nvtx", lambda msg, _m=pkg.mark: _m(message=msg)))
     for path in _mapped_libnvtoolsext():
+
         def mark_v2(msg, _path=path):
             import ctypes
 
@@ -123,15 +124,25 @@ def status() -> dict:
         injection, reason = "gpuprof", ""
         missed = probe()
         if missed:
-            reason = (f"NVTX in {', '.join(missed)} was used before `import gpuprof`, so its "
-                      f"ranges are not seen: import gpuprof first, or start the program with "
-                      f"{ENV}={_self_path()}")
+            reason = (
+                f"NVTX in {', '.join(missed)} was used before `import gpuprof`, so its "
+                f"ranges are not seen: import gpuprof first, or start the program with "
+                f"{ENV}={_self_path()}"
+            )
     else:
         injection = path
-        reason = (f"{ENV} names another NVTX tool ({path}; Nsight Systems?): gpuprof does not see "
-                  "NVTX ranges, and sends its own labels there")
-    return {"injection": injection, "clients": int(info["clients"]), "missed": missed,
-            "emit": bool(info["emit"]), "emit_reason": info["emit_reason"], "reason": reason}
+        reason = (
+            f"{ENV} names another NVTX tool ({path}; Nsight Systems?): gpuprof does not see "
+            "NVTX ranges, and sends its own labels there"
+        )
+    return {
+        "injection": injection,
+        "clients": int(info["clients"]),
+        "missed": missed,
+        "emit": bool(info["emit"]),
+        "emit_reason": info["emit_reason"],
+        "reason": reason,
+    }
 
 
 def parse_capture(capture) -> tuple[int, str | None, str | None]:
@@ -139,8 +150,9 @@ def parse_capture(capture) -> tuple[int, str | None, str | None]:
     if capture is None:
         return CAPTURE_NONE, None, None
     if not isinstance(capture, str):
-        raise TypeError(f"profile(): capture must be None, 'cudaProfilerApi' or 'nvtx:NAME', "
-                        f"got {capture!r}")
+        raise TypeError(
+            f"profile(): capture must be None, 'cudaProfilerApi' or 'nvtx:NAME', got {capture!r}"
+        )
     if capture == "cudaProfilerApi":
         return CAPTURE_PROFILER_API, None, None
     if capture.startswith("nvtx:") and len(capture) > 5:
@@ -148,16 +160,22 @@ def parse_capture(capture) -> tuple[int, str | None, str | None]:
         if not sep:
             name, domain = capture[5:], ""
         if not name:
-            raise ValueError(f"profile(): capture={capture!r} has no range name; use "
-                             "'nvtx:NAME' or 'nvtx:NAME@DOMAIN'")
+            raise ValueError(
+                f"profile(): capture={capture!r} has no range name; use "
+                "'nvtx:NAME' or 'nvtx:NAME@DOMAIN'"
+            )
         if len(name.encode()) > 255 or len(domain.encode()) > 255:
-            raise ValueError("profile(): capture='nvtx:NAME@DOMAIN': NAME and DOMAIN must be "
-                             "under 256 bytes each")
+            raise ValueError(
+                "profile(): capture='nvtx:NAME@DOMAIN': NAME and DOMAIN must be "
+                "under 256 bytes each"
+            )
         return CAPTURE_NVTX, name, domain
-    raise ValueError(f"profile(): capture={capture!r} is not one of 'cudaProfilerApi' "
-                     "(record between cudaProfilerStart and cudaProfilerStop, e.g. "
-                     "torch.cuda.profiler.start()/stop()) or 'nvtx:NAME' / 'nvtx:NAME@DOMAIN' "
-                     "(record inside NVTX ranges named NAME)")
+    raise ValueError(
+        f"profile(): capture={capture!r} is not one of 'cudaProfilerApi' "
+        "(record between cudaProfilerStart and cudaProfilerStop, e.g. "
+        "torch.cuda.profiler.start()/stop()) or 'nvtx:NAME' / 'nvtx:NAME@DOMAIN' "
+        "(record inside NVTX ranges named NAME)"
+    )
 
 
 # At import (gpuprof/__init__.py imports this module first): NVTX reads the variable at

@@ -86,8 +86,11 @@ class _ShareTheGil:
         finally:
             with self._lock:
                 self._users -= 1
-                if self._users == 0 and self._saved is not None and \
-                        abs(sys.getswitchinterval() - self.FAST_S) < 1e-7:
+                if (
+                    self._users == 0
+                    and self._saved is not None
+                    and abs(sys.getswitchinterval() - self.FAST_S) < 1e-7
+                ):
                     sys.setswitchinterval(self._saved)
 
 
@@ -120,25 +123,41 @@ class OnDemand:
         found: step boundaries found since arming (the program's step number).
     """
 
-    def __init__(self, *, signal_=signal.SIGUSR2, trigger_dir=None, step_fn=None, cuda=None,
-                 poll_interval_s: float = 1.0, main_names=None, launcher: bool = False):
+    def __init__(
+        self,
+        *,
+        signal_=signal.SIGUSR2,
+        trigger_dir=None,
+        step_fn=None,
+        cuda=None,
+        poll_interval_s: float = 1.0,
+        main_names=None,
+        launcher: bool = False,
+    ):
         from . import _steps
 
         self._signum = proto.parse_signal(signal_)
         if trigger_dir is not None:
             trigger_dir = os.path.abspath(os.fspath(trigger_dir))
             if not os.path.isdir(trigger_dir):
-                raise ValueError(f"trigger_dir: {trigger_dir!r} is not a folder; create it on a "
-                                 "file system every rank sees")
+                raise ValueError(
+                    f"trigger_dir: {trigger_dir!r} is not a folder; create it on a "
+                    "file system every rank sees"
+                )
             if not os.access(trigger_dir, os.W_OK | os.X_OK):
-                raise ValueError(f"trigger_dir: cannot write in {trigger_dir!r} (permission "
-                                 "denied)")
+                raise ValueError(
+                    f"trigger_dir: cannot write in {trigger_dir!r} (permission denied)"
+                )
         if cuda is not None and not isinstance(cuda, bool):
             raise TypeError(f"cuda must be True, False or None, got {cuda!r}")
-        if (isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, (int, float))
-                or not 0 < poll_interval_s <= 60):
-            raise ValueError(f"poll_interval_s must be a number of seconds in (0, 60], got "
-                             f"{poll_interval_s!r}")
+        if (
+            isinstance(poll_interval_s, bool)
+            or not isinstance(poll_interval_s, (int, float))
+            or not 0 < poll_interval_s <= 60
+        ):
+            raise ValueError(
+                f"poll_interval_s must be a number of seconds in (0, 60], got {poll_interval_s!r}"
+            )
         self.pid = os.getpid()
         self.found = 0
         self._trigger_dir = trigger_dir
@@ -191,24 +210,33 @@ class OnDemand:
         self._runtime = proto.runtime_dir(create=True)
         if self._signum is not None:
             if threading.current_thread() is not threading.main_thread():
-                raise RuntimeError(f"arming with {proto.signal_name(self._signum)} must be done on "
-                                   "the main thread (Python runs signal handlers there); call "
-                                   "arm() from the main thread, or pass signal=None")
+                raise RuntimeError(
+                    f"arming with {proto.signal_name(self._signum)} must be done on "
+                    "the main thread (Python runs signal handlers there); call "
+                    "arm() from the main thread, or pass signal=None"
+                )
             prev = signal.getsignal(self._signum)
             ours = isinstance(getattr(prev, "__self__", None), OnDemand)  # a disarmed or forked one
             if prev not in (signal.SIG_DFL, signal.SIG_IGN) and not ours:
                 held = "a handler set outside Python" if prev is None else repr(prev)
-                raise ValueError(f"{proto.signal_name(self._signum)} already has a handler "
-                                 f"({held}); arm with another signal (SIGUSR1, SIGRTMIN+N) or "
-                                 "with none")
-        if isinstance(self.source, _steps.StepFunction) and self.source.in_main \
-                and not self._launcher:
+                raise ValueError(
+                    f"{proto.signal_name(self._signum)} already has a handler "
+                    f"({held}); arm with another signal (SIGUSR1, SIGRTMIN+N) or "
+                    "with none"
+                )
+        if (
+            isinstance(self.source, _steps.StepFunction)
+            and self.source.in_main
+            and not self._launcher
+        ):
             main = sys.modules.get("__main__")
             self.source._wrap_in(main)
             if not self.source.wrapped:
-                raise ValueError(f"step_fn: {self.source.problem()}; define it before arming, or "
-                                 "start the program with `python -m gpuprof run --on-demand "
-                                 "--step-fn ...`")
+                raise ValueError(
+                    f"step_fn: {self.source.problem()}; define it before arming, or "
+                    "start the program with `python -m gpuprof run --on-demand "
+                    "--step-fn ...`"
+                )
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -220,8 +248,11 @@ class OnDemand:
         self._watch.install()
         if self._trigger_dir is not None:
             with contextlib.suppress(OSError):  # requests already there are not for us
-                self._seen = {n[4:-5] for n in os.listdir(self._trigger_dir)
-                              if n.startswith("req.") and n.endswith(".json")}
+                self._seen = {
+                    n[4:-5]
+                    for n in os.listdir(self._trigger_dir)
+                    if n.startswith("req.") and n.endswith(".json")
+                }
         self._write_state()
         self._samples.append((time.monotonic(), self.found))  # the step rate's first point
         self._thread = threading.Thread(target=self._loop, name="gpuprof-on-demand", daemon=True)
@@ -230,18 +261,26 @@ class OnDemand:
         atexit.register(self._at_exit)
 
     def _state_doc(self) -> dict:
-        from . import __version__
+        from ._version import __version__
 
         return {
-            "version": proto.VERSION, "pid": self.pid, "start_time": proto.own_start_time(),
-            "host": proto.host(), "uid": os.getuid(),
-            "argv": list(getattr(sys, "orig_argv", sys.argv)), "cwd": os.getcwd(),
+            "version": proto.VERSION,
+            "pid": self.pid,
+            "start_time": proto.own_start_time(),
+            "host": proto.host(),
+            "uid": os.getuid(),
+            "argv": list(getattr(sys, "orig_argv", sys.argv)),
+            "cwd": os.getcwd(),
             "signal": None if self._signal_lost else self._signum,
             "signal_name": proto.signal_name(self._signum),
-            "signal_lost": self._signal_lost, "poll_interval_s": self._poll_s,
-            "trigger_dir": self._trigger_dir, "armed_at": self._armed_at,
+            "signal_lost": self._signal_lost,
+            "poll_interval_s": self._poll_s,
+            "trigger_dir": self._trigger_dir,
+            "armed_at": self._armed_at,
             "steps": self.source.describe() if not self._explicit else "OnDemand.step() calls",
-            "job": self._job, "python": sys.version.split()[0], "gpuprof": __version__,
+            "job": self._job,
+            "python": sys.version.split()[0],
+            "gpuprof": __version__,
         }
 
     def _write_state(self) -> None:
@@ -249,8 +288,10 @@ class OnDemand:
             proto.runtime_dir(create=True)
             proto.write_json(proto.state_path(self._runtime, self.pid), self._state_doc())
         except OSError as e:
-            _say(f"on-demand: cannot write the state file in {self._runtime!r}: {e}; "
-                 "`gpuprof capture` will not find this process")
+            _say(
+                f"on-demand: cannot write the state file in {self._runtime!r}: {e}; "
+                "`gpuprof capture` will not find this process"
+            )
         self._refreshed = time.monotonic()
 
     def disarm(self) -> None:
@@ -263,8 +304,12 @@ class OnDemand:
         self._closing = True
         self._poke()
         restored = False
-        if self._signum is not None and self._installed and os.getpid() == self.pid and \
-                threading.current_thread() is threading.main_thread():
+        if (
+            self._signum is not None
+            and self._installed
+            and os.getpid() == self.pid
+            and threading.current_thread() is threading.main_thread()
+        ):
             with contextlib.suppress(ValueError, TypeError, OSError):
                 if signal.getsignal(self._signum) is self._handler:
                     signal.signal(self._signum, self._previous_handler or signal.SIG_DFL)
@@ -336,8 +381,9 @@ class OnDemand:
                     return
                 cap.recorded += 1
                 cap.prof.step()
-                if (cap.steps is not None and cap.recorded >= cap.steps) or \
-                        (cap.deadline is not None and time.monotonic() >= cap.deadline):
+                if (cap.steps is not None and cap.recorded >= cap.steps) or (
+                    cap.deadline is not None and time.monotonic() >= cap.deadline
+                ):
                     self._stop(cap)
         except Exception as e:  # noqa: BLE001 - never into the program: the requester hears it
             self._failed(cap, f"recording failed: {e}")
@@ -354,7 +400,8 @@ class OnDemand:
         kwargs: dict = {"profile_memory": cap.memory}
         if self._cuda is not None:
             kwargs["activities"] = [ProfilerActivity.CPU] + (
-                [ProfilerActivity.CUDA] if self._cuda else [])
+                [ProfilerActivity.CUDA] if self._cuda else []
+            )
         cap.prof = profile(**kwargs)
 
     def _start(self, cap: capture_.Capture, timed: bool = False) -> None:
@@ -362,19 +409,31 @@ class OnDemand:
         at a step boundary, or, ``timed``, on the control thread for a time window."""
         cap.first_step = None if timed else self.found
         try:
-            cap.prof.add_metadata_json("gpuprof_on_demand", json.dumps({
-                "pid": self.pid, "host": proto.host(), "request": cap.rid,
-                "first_step": cap.first_step, "steps": cap.steps, "duration_s": cap.duration,
-                "requested_by": cap.requested_by}))
+            cap.prof.add_metadata_json(
+                "gpuprof_on_demand",
+                json.dumps(
+                    {
+                        "pid": self.pid,
+                        "host": proto.host(),
+                        "request": cap.rid,
+                        "first_step": cap.first_step,
+                        "steps": cap.steps,
+                        "duration_s": cap.duration,
+                        "requested_by": cap.requested_by,
+                    }
+                ),
+            )
             cap.thread = threading.get_ident()
             cap.t_start = time.monotonic()
             if cap.duration is not None:
                 cap.deadline = cap.t_start + cap.duration
             held = _hook_held()
             if held:  # checked first: a failing start() would unhook the program's profiler
-                raise RuntimeError(f"another profiler is active in this process ({held}), "
-                                   "such as the program's own gpuprof.profile or cProfile; a "
-                                   "capture needs Python's profile hook free")
+                raise RuntimeError(
+                    f"another profiler is active in this process ({held}), "
+                    "such as the program's own gpuprof.profile or cProfile; a "
+                    "capture needs Python's profile hook free"
+                )
             if self._thread is not None and self._thread.ident is not None:
                 # each session forgets the threads left out of the last one: this one's
                 # frames would otherwise be taken from the window's start-up snapshot
@@ -400,8 +459,9 @@ class OnDemand:
         if synchronous:
             self._write(cap)
             return
-        cap.writer = threading.Thread(target=self._write, args=(cap,),
-                                      name="gpuprof-on-demand-writer")
+        cap.writer = threading.Thread(
+            target=self._write, args=(cap,), name="gpuprof-on-demand-writer"
+        )
         cap.writer.start()
 
     def _discard(self, cap: capture_.Capture) -> None:
@@ -443,8 +503,10 @@ class OnDemand:
             self._captures += 1
         if doc["ok"]:
             cut = f"; cut short: {cap.cut_short}" if cap.cut_short else ""
-            _say(f"on-demand capture of pid {self.pid} ({doc['summary']}{cut}) written to "
-                 f"{cap.output}")
+            _say(
+                f"on-demand capture of pid {self.pid} ({doc['summary']}{cut}) written to "
+                f"{cap.output}"
+            )
         else:
             _say(f"on-demand capture of pid {self.pid} failed: {doc['error']}")
         cap.reply.done(doc)
@@ -465,18 +527,27 @@ class OnDemand:
             elif state == "recording":
                 cap.state = "stopping"
         if state in ("pending", "preparing"):
-            cap.reply.done({"ok": False, "error": "the program ended before the capture "
-                            "started (no step boundary came)", **self._who()})
+            cap.reply.done(
+                {
+                    "ok": False,
+                    "error": "the program ended before the capture started (no step boundary came)",
+                    **self._who(),
+                }
+            )
         elif state == "recording":
             if cap.steps is not None:
-                cap.cut_short = (f"the program ended after {cap.recorded} of the {cap.steps} "
-                                 "steps")
+                cap.cut_short = f"the program ended after {cap.recorded} of the {cap.steps} steps"
             else:
-                cap.cut_short = (f"the program ended {time.monotonic() - cap.t_start:.1f} s "
-                                 f"into the {cap.duration:g} s")
+                cap.cut_short = (
+                    f"the program ended {time.monotonic() - cap.t_start:.1f} s "
+                    f"into the {cap.duration:g} s"
+                )
             self._stop(cap, synchronous=True)
-        elif cap.state == "writing" and cap.writer is not None and \
-                cap.writer is not threading.current_thread():
+        elif (
+            cap.state == "writing"
+            and cap.writer is not None
+            and cap.writer is not threading.current_thread()
+        ):
             cap.writer.join()
 
     # -- requests (the control thread) ----------------------------------------------------------
@@ -497,8 +568,9 @@ class OnDemand:
         while not self._closing:
             timeout = self._poll_s
             cap = self._work
-            timed = cap is not None and cap.deadline is not None and \
-                cap.thread == threading.get_ident()
+            timed = (
+                cap is not None and cap.deadline is not None and cap.thread == threading.get_ident()
+            )
             if timed:
                 timeout = max(0.0, min(timeout, cap.deadline - time.monotonic()))
             try:
@@ -550,15 +622,18 @@ class OnDemand:
         current = signal.getsignal(self._signum)
         if current is not self._handler:
             self._signal_lost = f"replaced by {current!r}"
-            _say(f"on-demand: the program replaced gpuprof's {proto.signal_name(self._signum)} "
-                 f"handler; requests now arrive by polling, within {self._poll_s:g} s")
+            _say(
+                f"on-demand: the program replaced gpuprof's {proto.signal_name(self._signum)} "
+                f"handler; requests now arrive by polling, within {self._poll_s:g} s"
+            )
             self._write_state()
 
     def _serve_local(self) -> None:
         prefix = f"{self.pid}.req."
         try:
-            names = sorted(n for n in os.listdir(self._runtime)
-                           if n.startswith(prefix) and n.endswith(".json"))
+            names = sorted(
+                n for n in os.listdir(self._runtime) if n.startswith(prefix) and n.endswith(".json")
+            )
         except OSError:
             return
         for name in names:
@@ -566,7 +641,7 @@ class OnDemand:
             req = proto.read_json(path)
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            rid = name[len(prefix):-5]
+            rid = name[len(prefix) : -5]
             if req is None or not _RID.match(rid):
                 continue
             folder = os.path.join(self._runtime, f"rep.{rid}")
@@ -596,22 +671,30 @@ class OnDemand:
     def _handle(self, req: dict, reply) -> None:
         op = req.get("op")
         if op == "query":
-            reply.reply({"ok": True, "state": "status", "message": self._describe_state(),
-                         **self.status()})
+            reply.reply(
+                {"ok": True, "state": "status", "message": self._describe_state(), **self.status()}
+            )
         elif op == "capture":
             self._handle_capture(req, reply)
         elif op == "cancel":
             self._handle_cancel(req, reply)
         else:
-            reply.reply({"ok": False, "state": "refused", "message": f"unknown request {op!r}",
-                         **self._who()})
+            reply.reply(
+                {
+                    "ok": False,
+                    "state": "refused",
+                    "message": f"unknown request {op!r}",
+                    **self._who(),
+                }
+            )
 
     def _handle_capture(self, req: dict, reply) -> None:
         try:
             cap = capture_.Capture(req, reply, self.found)
         except (ValueError, TypeError) as e:
-            reply.reply({"ok": False, "state": "refused", "message": f"bad request: {e}",
-                         **self._who()})
+            reply.reply(
+                {"ok": False, "state": "refused", "message": f"bad request: {e}", **self._who()}
+            )
             return
         if self._work is not None:  # busy: no need to make a profile for nothing
             self._refuse_busy(reply)
@@ -622,8 +705,14 @@ class OnDemand:
         try:  # before the decision below: no step boundary may pass between it and "pending"
             self._prepare(cap)
         except Exception as e:  # noqa: BLE001 - bad CUDA setup, memory sampler...
-            reply.reply({"ok": False, "state": "failed", "message": f"pid {self.pid} cannot "
-                         f"record: {e}", **self._who()})
+            reply.reply(
+                {
+                    "ok": False,
+                    "state": "failed",
+                    "message": f"pid {self.pid} cannot record: {e}",
+                    **self._who(),
+                }
+            )
             return
         timed = cap.duration is not None and cap.start_step is None
         with self._lock:
@@ -641,18 +730,39 @@ class OnDemand:
             self._refuse_busy(reply)
             return
         if verdict == "late":
-            reply.reply({"ok": False, "state": "late", "message": (
-                f"pid {self.pid} is already at step {at}, past step {cap.start_step} where "
-                "the capture was to start"), **self._who()})
+            reply.reply(
+                {
+                    "ok": False,
+                    "state": "late",
+                    "message": (
+                        f"pid {self.pid} is already at step {at}, past step {cap.start_step} where "
+                        "the capture was to start"
+                    ),
+                    **self._who(),
+                }
+            )
             return
         if timed:
             self._start(cap, timed=True)
             if cap.state != "recording":
-                reply.reply({"ok": False, "state": "failed", "message": "could not start "
-                             "recording (see the program's stderr)", **self._who()})
+                reply.reply(
+                    {
+                        "ok": False,
+                        "state": "failed",
+                        "message": "could not start recording (see the program's stderr)",
+                        **self._who(),
+                    }
+                )
                 return
-        reply.reply({"ok": True, "state": cap.state, "message": self._accepted(cap, timed),
-                     "output": cap.output, **self.status()})
+        reply.reply(
+            {
+                "ok": True,
+                "state": cap.state,
+                "message": self._accepted(cap, timed),
+                "output": cap.output,
+                **self.status(),
+            }
+        )
 
     def _refuse_busy(self, reply) -> None:
         cur = self._work
@@ -672,33 +782,61 @@ class OnDemand:
             if ok:
                 self._work = None
                 cap.state = "cancelled"
-            aborting = mine and not ok and bool(req.get("abort")) and \
-                cap.state in ("starting", "recording")
+            aborting = (
+                mine
+                and not ok
+                and bool(req.get("abort"))
+                and cap.state in ("starting", "recording")
+            )
             if aborting:
                 cap.abort = True
         if aborting:
-            reply.reply({"ok": True, "state": "aborting", "message": f"pid {self.pid}: the "
-                         "capture stops at the next step boundary and writes nothing",
-                         **self._who()})
+            reply.reply(
+                {
+                    "ok": True,
+                    "state": "aborting",
+                    "message": f"pid {self.pid}: the "
+                    "capture stops at the next step boundary and writes nothing",
+                    **self._who(),
+                }
+            )
             return
         if ok:
             cap.reply.done({"ok": False, "error": "cancelled before it started", **self._who()})
-            msg = f"pid {self.pid}: cancelled the capture asked for at " \
-                  f"{time.strftime('%H:%M:%S', time.localtime(cap.requested_at))}, " \
-                  "which had not started"
+            msg = (
+                f"pid {self.pid}: cancelled the capture asked for at "
+                f"{time.strftime('%H:%M:%S', time.localtime(cap.requested_at))}, "
+                "which had not started"
+            )
             reply.reply({"ok": True, "state": "cancelled", "message": msg, **self._who()})
         elif mine:
-            reply.reply({"ok": False, "state": cap.state, "message": self._busy(cap, False) +
-                         "; it has started and ends by itself", **self._who()})
+            reply.reply(
+                {
+                    "ok": False,
+                    "state": cap.state,
+                    "message": self._busy(cap, False) + "; it has started and ends by itself",
+                    **self._who(),
+                }
+            )
         else:
-            reply.reply({"ok": False, "state": "idle", "message": f"pid {self.pid} has no "
-                         "capture waiting to start", **self._who()})
+            reply.reply(
+                {
+                    "ok": False,
+                    "state": "idle",
+                    "message": f"pid {self.pid} has no capture waiting to start",
+                    **self._who(),
+                }
+            )
 
     # -- descriptions ---------------------------------------------------------------------------
     def _who(self) -> dict:
         job = self._job or {}
-        return {"pid": self.pid, "host": proto.host(), "rank": job.get("rank"),
-                "world_size": job.get("world_size")}
+        return {
+            "pid": self.pid,
+            "host": proto.host(),
+            "rank": job.get("rank"),
+            "world_size": job.get("world_size"),
+        }
 
     def _rate(self) -> float | None:
         """The fastest step rate (steps per second) over half-second stretches of the last
@@ -707,8 +845,7 @@ class OnDemand:
         points = list(self._samples) + [(time.monotonic(), self.found)]
         pairs = list(zip(points, points[1:]))
         for shortest in (0.5, 0.05):
-            rates = [(f1 - f0) / (t1 - t0) for (t0, f0), (t1, f1) in pairs
-                     if t1 - t0 >= shortest]
+            rates = [(f1 - f0) / (t1 - t0) for (t0, f0), (t1, f1) in pairs if t1 - t0 >= shortest]
             if rates:
                 return max(rates)
         return None
@@ -716,13 +853,18 @@ class OnDemand:
     def status(self) -> dict:
         """State, steps found, step rate and where steps come from, as plain data."""
         cap = self._work
-        return {**self._who(), "found": self.found, "rate": self._rate(),
-                "state": "idle" if cap is None else cap.state,
-                "requested_by": None if cap is None else cap.requested_by,
-                "steps_from": "OnDemand.step() calls" if self._explicit else
-                self.source.describe(), "poll_interval_s": self._poll_s,
-                "signal": None if self._signal_lost else self._signum,
-                "captures": self._captures, "job": self._job}
+        return {
+            **self._who(),
+            "found": self.found,
+            "rate": self._rate(),
+            "state": "idle" if cap is None else cap.state,
+            "requested_by": None if cap is None else cap.requested_by,
+            "steps_from": "OnDemand.step() calls" if self._explicit else self.source.describe(),
+            "poll_interval_s": self._poll_s,
+            "signal": None if self._signal_lost else self._signum,
+            "captures": self._captures,
+            "job": self._job,
+        }
 
     def _describe_state(self) -> str:
         cap = self._work
@@ -734,44 +876,62 @@ class OnDemand:
         by = f" by pid {cap.requested_by}" if cap.requested_by else ""
         when = time.strftime("%H:%M:%S", time.localtime(cap.requested_at))
         if cap.state in ("pending", "preparing"):
-            start = (f"step {cap.start_step}" if cap.start_step is not None else
-                     "its next step boundary")
-            return (f"pid {self.pid} has a capture waiting to start (asked for at {when}{by}: "
-                    f"{cap.what()} from {start}; it is at step {self.found}, "
-                    f"{self.found - cap.found_at_request} step(s) since); cancel it with "
-                    f"`python -m gpuprof capture {self.pid} --cancel`")
+            start = (
+                f"step {cap.start_step}" if cap.start_step is not None else "its next step boundary"
+            )
+            return (
+                f"pid {self.pid} has a capture waiting to start (asked for at {when}{by}: "
+                f"{cap.what()} from {start}; it is at step {self.found}, "
+                f"{self.found - cap.found_at_request} step(s) since); cancel it with "
+                f"`python -m gpuprof capture {self.pid} --cancel`"
+            )
         again = "; try again when its files are written" if hint else ""
         if cap.state == "writing":
-            return (f"pid {self.pid} is writing the files of its capture (asked for at "
-                    f"{when}{by}) into {cap.output}{again}")
+            return (
+                f"pid {self.pid} is writing the files of its capture (asked for at "
+                f"{when}{by}) into {cap.output}{again}"
+            )
         if cap.steps is not None:
             progress = f"{cap.recorded} of {cap.steps} steps recorded"
         else:
             progress = f"{time.monotonic() - cap.t_start:.1f} of {cap.duration:g} s recorded"
-        return (f"pid {self.pid} is already capturing (asked for at {when}{by}): {progress}, "
-                f"into {cap.output}{again}")
+        return (
+            f"pid {self.pid} is already capturing (asked for at {when}{by}): {progress}, "
+            f"into {cap.output}{again}"
+        )
 
     def _accepted(self, cap: capture_.Capture, timed: bool) -> str:
         if timed:
-            return (f"pid {self.pid} records {cap.duration:g} s from now: a time window, as it "
-                    f"has found no step boundary since it was armed")
+            return (
+                f"pid {self.pid} records {cap.duration:g} s from now: a time window, as it "
+                f"has found no step boundary since it was armed"
+            )
         if cap.start_step is not None:
-            return (f"pid {self.pid} records {cap.what()} from step {cap.start_step} (it is at "
-                    f"step {self.found})")
+            return (
+                f"pid {self.pid} records {cap.what()} from step {cap.start_step} (it is at "
+                f"step {self.found})"
+            )
         msg = f"pid {self.pid} records {cap.what()} from its next step boundary"
         if self.found == 0:
             why = "" if self._explicit else self.source.problem() or ""
             ago = time.time() - self._armed_at
-            msg += (f"; it has found none in the {ago:.0f} s since it was armed (steps: "
-                    f"{self.status()['steps_from']}{': ' + why if why else ''}), so the capture "
-                    "starts at the first one; for a program without steps, ask for --duration S")
+            msg += (
+                f"; it has found none in the {ago:.0f} s since it was armed (steps: "
+                f"{self.status()['steps_from']}{': ' + why if why else ''}), so the capture "
+                "starts at the first one; for a program without steps, ask for --duration S"
+            )
         else:
             msg += f" (it is at step {self.found})"
         return msg
 
     # -- in-process requests --------------------------------------------------------------------
-    def capture(self, steps: int | None = None, duration: float | None = None,
-                output=None, memory: bool = False) -> CaptureRequest:
+    def capture(
+        self,
+        steps: int | None = None,
+        duration: float | None = None,
+        output=None,
+        memory: bool = False,
+    ) -> CaptureRequest:
         """Ask this process itself for a capture, as ``gpuprof capture PID`` does.
 
         Args:
@@ -792,18 +952,34 @@ class OnDemand:
         """
         capture_.check_capture_args(steps, duration, output, memory)
         if self._closed or not self._installed:
-            raise RuntimeError("capture(): this process is not armed (disarmed, or a forked "
-                               "child of the armed one)")
+            raise RuntimeError(
+                "capture(): this process is not armed (disarmed, or a forked "
+                "child of the armed one)"
+            )
         reply = capture_.InProcessReply()
-        self._inbox.append(({"op": "capture", "id": proto.new_request_id(), "steps": steps,
-                             "duration": duration, "memory": memory, "wait": True,
-                             "output": os.path.abspath(os.fspath(output)) if output is not None
-                             else capture_.default_output(), "requested_by": self.pid},
-                            reply))
+        self._inbox.append(
+            (
+                {
+                    "op": "capture",
+                    "id": proto.new_request_id(),
+                    "steps": steps,
+                    "duration": duration,
+                    "memory": memory,
+                    "wait": True,
+                    "output": os.path.abspath(os.fspath(output))
+                    if output is not None
+                    else capture_.default_output(),
+                    "requested_by": self.pid,
+                },
+                reply,
+            )
+        )
         self._poke()
         if not reply.replied.wait(max(10.0, 3 * self._poll_s)):
-            raise RuntimeError("capture(): the on-demand thread did not answer within "
-                               f"{max(10.0, 3 * self._poll_s):g} s")
+            raise RuntimeError(
+                "capture(): the on-demand thread did not answer within "
+                f"{max(10.0, 3 * self._poll_s):g} s"
+            )
         if not reply.reply_doc["ok"]:
             raise RuntimeError(f"capture(): {reply.reply_doc['message']}")
         return CaptureRequest(reply)
@@ -833,14 +1009,17 @@ def _job() -> dict | None:
         info = rank_info()
     except ValueError:
         return None
-    key = (f"{env.get('TORCHELASTIC_RUN_ID', '')}@{env.get('MASTER_ADDR', '')}:"
-           f"{env.get('MASTER_PORT', '')}")
+    key = (
+        f"{env.get('TORCHELASTIC_RUN_ID', '')}@{env.get('MASTER_ADDR', '')}:"
+        f"{env.get('MASTER_PORT', '')}"
+    )
     return {"id": key, **info}
 
 
 # -- module functions -----------------------------------------------------------------------------
-def arm(*, signal="SIGUSR2", trigger_dir=None, step_fn=None, cuda=None,
-        poll_interval_s: float = 1.0) -> OnDemand:
+def arm(
+    *, signal="SIGUSR2", trigger_dir=None, step_fn=None, cuda=None, poll_interval_s: float = 1.0
+) -> OnDemand:
     """Arm this process for on-demand capture (docs/on-demand.md).
 
     Armed, the process records nothing and runs no profile hook until
@@ -872,8 +1051,13 @@ def arm(*, signal="SIGUSR2", trigger_dir=None, step_fn=None, cuda=None,
             capture runs.
     """
     global _ARMED
-    od = OnDemand(signal_=signal, trigger_dir=trigger_dir, step_fn=step_fn, cuda=cuda,
-                  poll_interval_s=poll_interval_s)
+    od = OnDemand(
+        signal_=signal,
+        trigger_dir=trigger_dir,
+        step_fn=step_fn,
+        cuda=cuda,
+        poll_interval_s=poll_interval_s,
+    )
     return _install(od)
 
 
@@ -881,15 +1065,28 @@ def _install(od: OnDemand) -> OnDemand:
     global _ARMED
     cur = _ARMED
     if cur is not None and not cur._closed and cur.pid == os.getpid():
-        same = (cur._signum, cur._trigger_dir, cur._cuda, cur._poll_s, type(cur.source),
-                getattr(cur.source, "spec", None)) == (
-                    od._signum, od._trigger_dir, od._cuda, od._poll_s, type(od.source),
-                    getattr(od.source, "spec", None))
+        same = (
+            cur._signum,
+            cur._trigger_dir,
+            cur._cuda,
+            cur._poll_s,
+            type(cur.source),
+            getattr(cur.source, "spec", None),
+        ) == (
+            od._signum,
+            od._trigger_dir,
+            od._cuda,
+            od._poll_s,
+            type(od.source),
+            getattr(od.source, "spec", None),
+        )
         if same:
             return cur
         if cur._work is not None:
-            raise RuntimeError("arm(): this process is capturing; arm again with other "
-                               "arguments once the capture's files are written")
+            raise RuntimeError(
+                "arm(): this process is capturing; arm again with other "
+                "arguments once the capture's files are written"
+            )
         cur.disarm()
     od.install()
     _ARMED = od
@@ -914,8 +1111,13 @@ def _not_for_environment() -> bool:
     helper process of multiprocessing (its children's parent is the one to arm)."""
     argv = list(getattr(sys, "orig_argv", []))
     for i, a in enumerate(argv[1:], 1):
-        module = argv[i + 1] if a == "-m" and i + 1 < len(argv) else \
-            a[2:] if a.startswith("-m") and len(a) > 2 else None
+        module = (
+            argv[i + 1]
+            if a == "-m" and i + 1 < len(argv)
+            else a[2:]
+            if a.startswith("-m") and len(a) > 2
+            else None
+        )
         if module is not None:
             return module == "gpuprof" or module.startswith("gpuprof.")
         if a == "-c":  # multiprocessing's spawn, forkserver and resource tracker start so
@@ -943,20 +1145,26 @@ def arm_from_environment() -> None:
         _say(f"GPUPROF_ON_DEMAND={value!r}: set it to 1 to arm, 0 or nothing not to; not armed")
         return
     env = os.environ
-    kwargs = {"signal": env.get("GPUPROF_ON_DEMAND_SIGNAL", "SIGUSR2"),
-              "trigger_dir": env.get("GPUPROF_TRIGGER_DIR") or None,
-              "step_fn": env.get("GPUPROF_STEP_FN") or None}
+    kwargs = {
+        "signal": env.get("GPUPROF_ON_DEMAND_SIGNAL", "SIGUSR2"),
+        "trigger_dir": env.get("GPUPROF_TRIGGER_DIR") or None,
+        "step_fn": env.get("GPUPROF_STEP_FN") or None,
+    }
     try:
         kwargs["poll_interval_s"] = float(env.get("GPUPROF_ON_DEMAND_POLL_S", "1"))
     except ValueError:
         _say("GPUPROF_ON_DEMAND_POLL_S must be a number of seconds; not armed")
         return
     try:
-        if kwargs["signal"] not in (None, "none") and \
-                threading.current_thread() is not threading.main_thread():
-            _say("GPUPROF_ON_DEMAND=1: gpuprof was first imported off the main thread, where no "
-                 "signal handler can be installed; requests are read every "
-                 f"{kwargs['poll_interval_s']:g} s instead")
+        if (
+            kwargs["signal"] not in (None, "none")
+            and threading.current_thread() is not threading.main_thread()
+        ):
+            _say(
+                "GPUPROF_ON_DEMAND=1: gpuprof was first imported off the main thread, where no "
+                "signal handler can be installed; requests are read every "
+                f"{kwargs['poll_interval_s']:g} s instead"
+            )
             kwargs["signal"] = None
         arm(**kwargs)
     except (ValueError, TypeError, RuntimeError, OSError) as e:

@@ -19,8 +19,16 @@ import time
 
 from . import _ondemand_proto as proto
 
-__all__ = ["DEFAULT_STEPS", "Capture", "CaptureRequest", "FolderReply", "InProcessReply",
-           "check_capture_args", "default_output", "write_files"]
+__all__ = [
+    "DEFAULT_STEPS",
+    "Capture",
+    "CaptureRequest",
+    "FolderReply",
+    "InProcessReply",
+    "check_capture_args",
+    "default_output",
+    "write_files",
+]
 
 DEFAULT_STEPS = 10
 
@@ -41,9 +49,12 @@ def check_capture_args(steps, duration, output, memory) -> None:
         raise ValueError("capture(): give steps or duration, not both")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValueError(f"capture(): steps must be a positive int, got {steps!r}")
-    if duration is not None and (isinstance(duration, bool) or
-                                 not isinstance(duration, (int, float)) or
-                                 not math.isfinite(duration) or duration <= 0):
+    if duration is not None and (
+        isinstance(duration, bool)
+        or not isinstance(duration, (int, float))
+        or not math.isfinite(duration)
+        or duration <= 0
+    ):
         raise ValueError(f"capture(): duration must be a number of seconds > 0, got {duration!r}")
     if output is not None and not isinstance(output, (str, os.PathLike)):
         raise TypeError(f"capture(): output must be a folder path, got {output!r}")
@@ -64,8 +75,11 @@ class FolderReply:
         if not os.path.isdir(self.folder):  # the requester has gone
             return
         with contextlib.suppress(OSError):
-            proto.write_json(os.path.join(self.folder, proto.reply_name(
-                proto.host(), os.getpid(), done)), doc, self.mode)
+            proto.write_json(
+                os.path.join(self.folder, proto.reply_name(proto.host(), os.getpid(), done)),
+                doc,
+                self.mode,
+            )
 
     def reply(self, doc: dict) -> None:
         self._write(doc, False)
@@ -136,11 +150,13 @@ class Capture:
         check_capture_args(steps, duration, None, bool(req.get("memory", False)))
         output = req.get("output")
         if not isinstance(output, str) or not os.path.isabs(output):
-            raise ValueError(f"the request's output folder must be an absolute path, got "
-                             f"{output!r}")
+            raise ValueError(
+                f"the request's output folder must be an absolute path, got {output!r}"
+            )
         start = req.get("start_step")
-        if start is not None and (isinstance(start, bool) or not isinstance(start, int) or
-                                  start < 0):
+        if start is not None and (
+            isinstance(start, bool) or not isinstance(start, int) or start < 0
+        ):
             raise ValueError(f"the request's start_step must be an int >= 0, got {start!r}")
         self.rid = str(req.get("id"))
         self.steps: int | None = steps
@@ -172,8 +188,9 @@ class Capture:
 
 # -- the files ---------------------------------------------------------------------------------
 def _stem(pid: int, cap: Capture) -> str:
-    base = f"{proto.host()}_{pid}_" + (f"step{cap.first_step}" if cap.first_step is not None
-                                          else time.strftime("%H%M%S"))
+    base = f"{proto.host()}_{pid}_" + (
+        f"step{cap.first_step}" if cap.first_step is not None else time.strftime("%H%M%S")
+    )
     stem, n = os.path.join(cap.output, base), 1
     while any(os.path.exists(stem + ext) for ext in (".gpuprof", ".txt")):
         n += 1
@@ -207,15 +224,17 @@ def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
     prof.export_stacks(files[2])
     seconds = cap.t_stop - cap.t_start
     if cap.first_step is not None:
-        span = (f"steps {cap.first_step}-{cap.first_step + n_steps - 1} of the program"
-                if n_steps else f"no whole step from step {cap.first_step} of the program")
+        span = (
+            f"steps {cap.first_step}-{cap.first_step + n_steps - 1} of the program"
+            if n_steps
+            else f"no whole step from step {cap.first_step} of the program"
+        )
         summary = f"{n_steps} step{'s' if n_steps != 1 else ''}, {span}"
     else:
         summary = f"a {seconds:.1f} s time window"
     dropped = results.dropped_events
     if dropped:  # the table's footer says it too; the requester hears it here
-        summary += (f"; {dropped:,} events dropped: the event buffer was full, ask for fewer "
-                    "steps")
+        summary += f"; {dropped:,} events dropped: the event buffer was full, ask for fewer steps"
     diagnosis = str(prof.diagnose())
     sort = "self_cuda_time_total" if results.cuda.get("active") else "self_cpu_time_total"
     command = " ".join(getattr(sys, "orig_argv", sys.argv))
@@ -236,9 +255,18 @@ def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
     with open(report, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     first = cap.first_step
-    return {"ok": True, "files": files + [report], "report": report, "output": cap.output,
-            "summary": summary, "n_steps": n_steps, "cut_short": cap.cut_short,
-            "steps": [first, first + n_steps - 1] if first is not None and n_steps else None,
-            "first_step": first, "seconds": seconds, "diagnosis": diagnosis,
-            "dropped_events": dropped,
-            "cuda": bool(results.cuda.get("active"))}
+    return {
+        "ok": True,
+        "files": files + [report],
+        "report": report,
+        "output": cap.output,
+        "summary": summary,
+        "n_steps": n_steps,
+        "cut_short": cap.cut_short,
+        "steps": [first, first + n_steps - 1] if first is not None and n_steps else None,
+        "first_step": first,
+        "seconds": seconds,
+        "diagnosis": diagnosis,
+        "dropped_events": dropped,
+        "cuda": bool(results.cuda.get("active")),
+    }

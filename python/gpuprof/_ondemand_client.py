@@ -23,8 +23,15 @@ import time
 
 from . import _ondemand_proto as proto
 
-__all__ = ["CaptureError", "Target", "find_target", "job_targets", "list_targets", "Capture",
-           "cancel"]
+__all__ = [
+    "CaptureError",
+    "Target",
+    "find_target",
+    "job_targets",
+    "list_targets",
+    "Capture",
+    "cancel",
+]
 
 POLL_S = 0.02  # how often the requester looks for answers
 PREPARE_S = 60.0  # how long a process that has received a capture request may take to decide
@@ -94,8 +101,10 @@ def _user(uid: int | None) -> str:
 
 
 def _how_to_arm() -> str:
-    return ("start it with `python -m gpuprof run --on-demand SCRIPT ...` (docs/on-demand.md "
-            "shows torchrun, other launchers and notebooks)")
+    return (
+        "start it with `python -m gpuprof run --on-demand SCRIPT ...` (docs/on-demand.md "
+        "shows torchrun, other launchers and notebooks)"
+    )
 
 
 def find_target(pid: int) -> Target:
@@ -107,15 +116,20 @@ def find_target(pid: int) -> Target:
     """
     info = proto.ProcInfo(pid)
     if info.zombie:
-        raise CaptureError(f"pid {pid} has exited (a zombie waiting for its parent); nothing "
-                           "to capture")
+        raise CaptureError(
+            f"pid {pid} has exited (a zombie waiting for its parent); nothing to capture"
+        )
     if not info.exists:
-        raise CaptureError(f"no process with pid {pid}; `python -m gpuprof capture --list` shows "
-                           "the armed processes")
+        raise CaptureError(
+            f"no process with pid {pid}; `python -m gpuprof capture --list` shows "
+            "the armed processes"
+        )
     if info.uid != os.getuid():
-        raise CaptureError(f"pid {pid} ({info.command}) belongs to {_user(info.uid)}, not to you; "
-                           "nothing was sent to it. Run the capture as that user: gpuprof "
-                           "reaches only processes of its own user")
+        raise CaptureError(
+            f"pid {pid} ({info.command}) belongs to {_user(info.uid)}, not to you; "
+            "nothing was sent to it. Run the capture as that user: gpuprof "
+            "reaches only processes of its own user"
+        )
     try:
         runtime = proto.runtime_dir()
     except OSError as e:
@@ -123,22 +137,31 @@ def find_target(pid: int) -> Target:
     path = proto.state_path(runtime, pid)
     state = proto.read_json(path)
     stale = ""
-    if state is not None and (state.get("pid") != pid or
-                              state.get("start_time") != info.start_time):
+    if state is not None and (
+        state.get("pid") != pid or state.get("start_time") != info.start_time
+    ):
         with contextlib.suppress(OSError):
             os.unlink(path)
-        state, stale = None, (" (the state file of an earlier process with the same pid was "
-                              "left behind; it is removed)")
+        state, stale = (
+            None,
+            (
+                " (the state file of an earlier process with the same pid was "
+                "left behind; it is removed)"
+            ),
+        )
     if state is None:
         if not info.looks_like_python:
-            raise CaptureError(f"pid {pid} ({info.command}) is not a Python program armed for "
-                               f"on-demand capture{stale}; nothing was sent to it. gpuprof "
-                               "captures Python programs armed with `python -m gpuprof run "
-                               "--on-demand`, gpuprof.arm() or GPUPROF_ON_DEMAND=1 "
-                               "(docs/on-demand.md)")
-        raise CaptureError(f"pid {pid} ({info.command}) is not armed for on-demand capture"
-                           f"{stale}; nothing was sent to it. To capture it later, "
-                           + _how_to_arm())
+            raise CaptureError(
+                f"pid {pid} ({info.command}) is not a Python program armed for "
+                f"on-demand capture{stale}; nothing was sent to it. gpuprof "
+                "captures Python programs armed with `python -m gpuprof run "
+                "--on-demand`, gpuprof.arm() or GPUPROF_ON_DEMAND=1 "
+                "(docs/on-demand.md)"
+            )
+        raise CaptureError(
+            f"pid {pid} ({info.command}) is not armed for on-demand capture"
+            f"{stale}; nothing was sent to it. To capture it later, " + _how_to_arm()
+        )
     return Target(info, state, runtime)
 
 
@@ -170,8 +193,10 @@ def job_targets(target: Target) -> list[Target]:
         CaptureError: ``target`` is not a rank of a job.
     """
     if target.job_id is None:
-        raise CaptureError(f"--all-ranks: {target.name} is not a rank of a torchrun job (no RANK "
-                           "and WORLD_SIZE in its environment); name the pid of every rank")
+        raise CaptureError(
+            f"--all-ranks: {target.name} is not a rank of a torchrun job (no RANK "
+            "and WORLD_SIZE in its environment); name the pid of every rank"
+        )
     return [t for t in list_targets() if t.job_id == target.job_id]
 
 
@@ -247,7 +272,7 @@ class _Exchange:
                 if name.endswith(suffix):
                     doc = proto.read_json(os.path.join(self.folder, name))
                     if doc is not None:
-                        out[name[:-len(suffix)]] = doc
+                        out[name[: -len(suffix)]] = doc
         return out
 
     def close(self) -> None:
@@ -265,7 +290,7 @@ def _wait_local(ex: _Exchange, targets: list[Target], timeout: float) -> dict[in
     """
     limit = timeout + max((t.poll_s for t in targets if t.signal() is None), default=0.0)
     deadline = time.monotonic() + limit
-    want = {t.reply_file[:-len(".reply.json")]: t for t in targets}
+    want = {t.reply_file[: -len(".reply.json")]: t for t in targets}
     taken: list[str] = []
     withdrawn = False
     while True:
@@ -289,16 +314,20 @@ def _wait_local(ex: _Exchange, targets: list[Target], timeout: float) -> dict[in
     if gone:
         raise CaptureError(f"{', '.join(t.name for t in gone)} exited before answering", code=1)
     names = ", ".join(t.name for t in silent)
-    if any(k in got or want[k].pid in {_pid_of(p) for p in taken} for k in want
-           if k not in final):
-        raise CaptureError(f"{names} received the request but did not decide within "
-                           f"{limit + PREPARE_S:g} s; it may still start the capture, which "
-                           f"`python -m gpuprof capture PID --cancel` cancels until it starts",
-                           code=1)
-    raise CaptureError(f"no answer from {names} within {limit:g} s; the request was withdrawn and "
-                       "nothing will be captured. The program may be stuck in native code with "
-                       "its main thread (which runs signal handlers) busy; try again with a "
-                       "larger --timeout", code=1)
+    if any(k in got or want[k].pid in {_pid_of(p) for p in taken} for k in want if k not in final):
+        raise CaptureError(
+            f"{names} received the request but did not decide within "
+            f"{limit + PREPARE_S:g} s; it may still start the capture, which "
+            f"`python -m gpuprof capture PID --cancel` cancels until it starts",
+            code=1,
+        )
+    raise CaptureError(
+        f"no answer from {names} within {limit:g} s; the request was withdrawn and "
+        "nothing will be captured. The program may be stuck in native code with "
+        "its main thread (which runs signal handlers) busy; try again with a "
+        "larger --timeout",
+        code=1,
+    )
 
 
 def _pid_of(request_path: str) -> int | None:
@@ -347,7 +376,8 @@ def _settled(statuses: list[dict]) -> bool:
     """Every rank has found a step (a job that has just started has not) and none is
     still undoing an earlier attempt of this same request (it stops at its next step)."""
     return all(s.get("found") for s in statuses) and not any(
-        s.get("state") != "idle" and s.get("requested_by") == os.getpid() for s in statuses)
+        s.get("state") != "idle" and s.get("requested_by") == os.getpid() for s in statuses
+    )
 
 
 def _start_step(statuses: list[dict], latency_s: float, factor: float) -> int:
@@ -368,11 +398,25 @@ class Capture:
     ``rank``...), ``done`` the results.
     """
 
-    def __init__(self, *, steps: int | None, duration: float | None, output: str, memory: bool,
-                 wait: bool, timeout: float):
-        self.req = {"op": "capture", "steps": steps, "duration": duration,
-                    "output": os.path.abspath(output), "memory": memory, "wait": wait,
-                    "requested_by": os.getpid()}
+    def __init__(
+        self,
+        *,
+        steps: int | None,
+        duration: float | None,
+        output: str,
+        memory: bool,
+        wait: bool,
+        timeout: float,
+    ):
+        self.req = {
+            "op": "capture",
+            "steps": steps,
+            "duration": duration,
+            "output": os.path.abspath(output),
+            "memory": memory,
+            "wait": wait,
+            "requested_by": os.getpid(),
+        }
         self.timeout = timeout
         self.targets: list[Target] = []
         self.accepted: list[dict] = []
@@ -388,15 +432,17 @@ class Capture:
         for attempt in range(ATTEMPTS):
             start_step = None
             if same_step:
-                start_step = self._agree_local(targets, base, 2 ** attempt)
+                start_step = self._agree_local(targets, base, 2**attempt)
             ex = self._ex = _Exchange(base, shared=False)
             for t in targets:
                 ex.send_local(t, {**self.req, "start_step": start_step})
                 if attempt == 0 and t.state.get("signal") is not None and t.signal() is None:
-                    self.notes.append(f"{t.name} no longer catches "
-                                      f"{t.state.get('signal_name')} (the program reset it), "
-                                      "so it was not signalled; it reads the request within "
-                                      f"{t.poll_s:g} s")
+                    self.notes.append(
+                        f"{t.name} no longer catches "
+                        f"{t.state.get('signal_name')} (the program reset it), "
+                        "so it was not signalled; it reads the request within "
+                        f"{t.poll_s:g} s"
+                    )
             try:
                 replies = _wait_local(ex, targets, self.timeout)
             except BaseException:
@@ -447,7 +493,7 @@ class Capture:
         self._shared = True
         for attempt in range(ATTEMPTS):
             try:
-                self._start_shared(trigger_dir, 2 ** attempt)
+                self._start_shared(trigger_dir, 2**attempt)
                 return
             except _Late:
                 if attempt == ATTEMPTS - 1:
@@ -468,15 +514,20 @@ class Capture:
                 break
             time.sleep(0.2)
         if not got:
-            raise CaptureError(f"--trigger-dir: no armed process watches {trigger_dir!r} (none "
-                               f"answered within {self.timeout:g} s); arm the ranks with "
-                               f"--trigger-dir {trigger_dir} (or GPUPROF_TRIGGER_DIR)", code=1)
+            raise CaptureError(
+                f"--trigger-dir: no armed process watches {trigger_dir!r} (none "
+                f"answered within {self.timeout:g} s); arm the ranks with "
+                f"--trigger-dir {trigger_dir} (or GPUPROF_TRIGGER_DIR)",
+                code=1,
+            )
         statuses = list(got.values())
         worlds = {s.get("world_size") for s in statuses}
         if len(worlds) == 1 and None not in worlds and len(statuses) < worlds.copy().pop():
-            self.notes.append(f"only {len(statuses)} of the {worlds.pop()} ranks answered; "
-                              "the others are not armed with this --trigger-dir, or did not "
-                              f"answer within {self.timeout:g} s")
+            self.notes.append(
+                f"only {len(statuses)} of the {worlds.pop()} ranks answered; "
+                "the others are not armed with this --trigger-dir, or did not "
+                f"answer within {self.timeout:g} s"
+            )
         poll = max(float(s.get("poll_interval_s") or 1.0) for s in statuses)
         start_step = self._agree(statuses, factor * (max(1.0, 2 * rtt) + 2 * poll), factor)
         ex = self._ex = _Exchange(trigger_dir, shared=True)
@@ -488,10 +539,10 @@ class Capture:
             raise
         missing = set(got) - set(replies)
         if missing:
-            self.notes.append(f"no answer from {', '.join(sorted(missing))} to the capture "
-                              "request")
-        self._judge(list(replies.values()),
-                    cancel=lambda docs: self._cancel_shared(trigger_dir, docs))
+            self.notes.append(f"no answer from {', '.join(sorted(missing))} to the capture request")
+        self._judge(
+            list(replies.values()), cancel=lambda docs: self._cancel_shared(trigger_dir, docs)
+        )
 
     def _cancel_shared(self, trigger_dir: str, docs: list[dict], abort: bool = True) -> None:
         ex = _Exchange(trigger_dir, shared=True)
@@ -507,16 +558,21 @@ class Capture:
             if s.get("state") != "idle":
                 raise CaptureError(f"{s['message']} (on {s['host']})", code=1)
             if not s.get("found"):
-                raise CaptureError(f"pid {s['pid']} on {s['host']} has found no step since it "
-                                   f"was armed (step boundaries: {s.get('steps_from')}); "
-                                   "--all-ranks and --trigger-dir start the ranks at one step "
-                                   "number, so they need steps", code=1)
+                raise CaptureError(
+                    f"pid {s['pid']} on {s['host']} has found no step since it "
+                    f"was armed (step boundaries: {s.get('steps_from')}); "
+                    "--all-ranks and --trigger-dir start the ranks at one step "
+                    "number, so they need steps",
+                    code=1,
+                )
         found = [s["found"] for s in statuses]
         rate = max([float(s.get("rate") or 0.0) for s in statuses] + [0.0])
         if max(found) - min(found) > 2 + rate * latency_s:
-            self.notes.append(f"the ranks are at steps {min(found)} to {max(found)}: steps are "
-                              "counted from arming, so ranks armed at different times start "
-                              "at one step number that is not one step of training")
+            self.notes.append(
+                f"the ranks are at steps {min(found)} to {max(found)}: steps are "
+                "counted from arming, so ranks armed at different times start "
+                "at one step number that is not one step of training"
+            )
         return _start_step(statuses, latency_s, factor)
 
     def _judge(self, replies: list[dict], cancel) -> None:
@@ -528,15 +584,19 @@ class Capture:
             self._ex.close()
             lines = [r.get("message", "refused") for r in refused]
             if all(r.get("state") == "late" for r in refused):
-                raise _Late("; ".join(lines) + f" (asked {ATTEMPTS} times, each with more "
-                            "margin; the steps are faster than the requests reach the ranks)",
-                            code=1)
+                raise _Late(
+                    "; ".join(lines) + f" (asked {ATTEMPTS} times, each with more "
+                    "margin; the steps are faster than the requests reach the ranks)",
+                    code=1,
+                )
             hint = ""
             if accepted:
                 hint = f" (the request to the other {len(accepted)} was cancelled)"
             raise CaptureError("; ".join(lines) + hint, code=1)
-        self.accepted = sorted(replies, key=lambda r: (r.get("rank") is None, r.get("rank"),
-                                                       r.get("host"), r.get("pid")))
+        self.accepted = sorted(
+            replies,
+            key=lambda r: (r.get("rank") is None, r.get("rank"), r.get("host"), r.get("pid")),
+        )
 
     def wait(self, progress=None) -> list[dict]:
         """Block until every accepted capture is written (or its process has gone)."""
@@ -556,8 +616,11 @@ class Capture:
                     for key, r in want.items():
                         t = by_pid.get(r["pid"])
                         if key not in got and t is not None and not t.alive():
-                            gone[key] = {**r, "ok": False,
-                                         "error": "the process exited before writing the files"}
+                            gone[key] = {
+                                **r,
+                                "ok": False,
+                                "error": "the process exited before writing the files",
+                            }
                 time.sleep(POLL_S)
         except KeyboardInterrupt:
             self._cancel_unstarted(want, ex.answers(done=True))

@@ -36,8 +36,18 @@ import stat
 import time
 
 __all__ = [
-    "VERSION", "runtime_dir", "state_path", "request_path", "reply_name", "new_request_id",
-    "write_json", "read_json", "host", "ProcInfo", "parse_signal", "signal_name",
+    "VERSION",
+    "runtime_dir",
+    "state_path",
+    "request_path",
+    "reply_name",
+    "new_request_id",
+    "write_json",
+    "read_json",
+    "host",
+    "ProcInfo",
+    "parse_signal",
+    "signal_name",
 ]
 
 VERSION = 1
@@ -65,9 +75,11 @@ def runtime_dir(create: bool = False) -> str:
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"gpuprof's runtime folder {path!r} is not a folder; remove it")
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise OSError(f"gpuprof's runtime folder {path!r} is not private to this user (owner "
-                      f"uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it or set "
-                      "GPUPROF_RUNTIME_DIR to a folder only you can write")
+        raise OSError(
+            f"gpuprof's runtime folder {path!r} is not private to this user (owner "
+            f"uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it or set "
+            "GPUPROF_RUNTIME_DIR to a folder only you can write"
+        )
     return path
 
 
@@ -141,7 +153,7 @@ class ProcInfo:
         except OSError:
             return
         # the command name is in parentheses and may hold spaces or parentheses
-        fields = text[text.rindex(")") + 2:].split()
+        fields = text[text.rindex(")") + 2 :].split()
         self.zombie = fields[0] in ("Z", "X")
         self.exists = not self.zombie
         self.start_time = int(fields[19])
@@ -214,6 +226,8 @@ def parse_signal(value) -> int | None:
     else:
         num = None
     if num is None or num not in allowed:
-        raise ValueError(f"signal must be SIGUSR1, SIGUSR2, a real-time signal (SIGRTMIN+N) or "
-                         f"none, got {value!r}")
+        raise ValueError(
+            f"signal must be SIGUSR1, SIGUSR2, a real-time signal (SIGRTMIN+N) or "
+            f"none, got {value!r}"
+        )
     return num

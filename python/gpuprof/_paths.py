@@ -31,7 +31,7 @@ def import_roots() -> list[str]:
 
 
 def _under_root(path: str, roots: list[str]) -> str:
-    return next((path[len(r):] for r in roots if path.startswith(r)), path)
+    return next((path[len(r) :] for r in roots if path.startswith(r)), path)
 
 
 def display_files(files: list, roots: list[str] | None = None) -> list:

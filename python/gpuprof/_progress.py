@@ -43,13 +43,15 @@ def progress(what: str, size: int):
         ok = True
     finally:
         dt = time.perf_counter() - t0
-        print(f"gpuprof: {what}: {'done' if ok else 'failed'} in {dt:.2f} s", file=sys.stderr,
-              flush=True)
+        print(
+            f"gpuprof: {what}: {'done' if ok else 'failed'} in {dt:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def done(what: str, size: int, seconds: float) -> None:
     """One line after an operation that could not announce itself (closing a window:
     anything run before it would be recorded in that window)."""
     if _enabled(size):
-        print(f"gpuprof: {what} ({size:,} events) in {seconds:.2f} s", file=sys.stderr,
-              flush=True)
+        print(f"gpuprof: {what} ({size:,} events) in {seconds:.2f} s", file=sys.stderr, flush=True)

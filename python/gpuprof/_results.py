@@ -27,42 +27,92 @@ import weakref
 import numpy as np
 
 from . import _gpuprof
+from ._constants import GF_BLOCKED_THREAD, GPU_KINDS, KERNEL_CATEGORIES, OP_KINDS, SF_ENTERED
+from ._constants import GPU_FREE as GPU_KIND_FREE
+from ._constants import GPU_MALLOC as GPU_KIND_MALLOC
 
 __all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS", "complete_window"]
 
-OP_KINDS = {0: "none", 1: "python", 2: "c", 3: "user", 4: "step", 5: "cuda_api"}
-KERNEL_CATEGORIES = {0: "compute", 1: "memcpy", 2: "memset", 3: "communication", 4: "sync"}
-GPU_KINDS = {1: "kernel", 2: "memcpy", 3: "memset", 4: "sync", 5: "malloc", 6: "free", 7: "api"}
-GPU_KIND_MALLOC, GPU_KIND_FREE = 5, 6
 
-OPS_DTYPE = np.dtype([
-    ("name", object), ("file", object), ("line", "i4"), ("kind", "U8"),
-    ("calls", "i8"), ("cpu_total_ns", "i8"), ("cpu_self_ns", "i8"), ("cpu_min_ns", "i8"),
-    ("cpu_max_ns", "i8"), ("cuda_total_ns", "i8"), ("cuda_self_ns", "i8"), ("kernels", "i8"),
-    ("cuda_mem_self_bytes", "i8"), ("cpu_mem_self_bytes", "i8"),
-])
+OPS_DTYPE = np.dtype(
+    [
+        ("name", object),
+        ("file", object),
+        ("line", "i4"),
+        ("kind", "U8"),
+        ("calls", "i8"),
+        ("cpu_total_ns", "i8"),
+        ("cpu_self_ns", "i8"),
+        ("cpu_min_ns", "i8"),
+        ("cpu_max_ns", "i8"),
+        ("cuda_total_ns", "i8"),
+        ("cuda_self_ns", "i8"),
+        ("kernels", "i8"),
+        ("cuda_mem_self_bytes", "i8"),
+        ("cpu_mem_self_bytes", "i8"),
+    ]
+)
 
-KERNELS_DTYPE = np.dtype([
-    ("name", object), ("device", "i4"), ("calls", "i8"), ("total_ns", "i8"), ("min_ns", "i8"),
-    ("max_ns", "i8"), ("bytes", "i8"), ("grid", "u4", (3,)), ("block", "u4", (3,)),
-    ("registers", "u4"), ("shared_mem", "u4"), ("category", "U13"),
-    # theoretical occupancy (gpuprof.occupancy): 0..1, NaN when unknown
-    ("occupancy", "f4"), ("occupancy_limiter", "U13"), ("blocks_per_sm", "i4"),
-])
+KERNELS_DTYPE = np.dtype(
+    [
+        ("name", object),
+        ("device", "i4"),
+        ("calls", "i8"),
+        ("total_ns", "i8"),
+        ("min_ns", "i8"),
+        ("max_ns", "i8"),
+        ("bytes", "i8"),
+        ("grid", "u4", (3,)),
+        ("block", "u4", (3,)),
+        ("registers", "u4"),
+        ("shared_mem", "u4"),
+        ("category", "U13"),
+        # theoretical occupancy (gpuprof.occupancy): 0..1, NaN when unknown
+        ("occupancy", "f4"),
+        ("occupancy_limiter", "U13"),
+        ("blocks_per_sm", "i4"),
+    ]
+)
 
-GPU_EVENTS_DTYPE = np.dtype([
-    ("name", object), ("kind", "U6"), ("category", "U13"), ("start_ns", "i8"), ("end_ns", "i8"),
-    ("device", "i4"), ("stream", "u4"), ("correlation", "u4"), ("op", "i4"), ("op_name", object),
-    ("node", "i4"), ("thread", "i4"), ("bytes", "i8"), ("address", "i8"), ("grid", "u4", (3,)),
-    ("block", "u4", (3,)), ("registers", "u4"), ("shared_mem", "u4"), ("graph_id", "u4"),
-    ("blocked_thread", "?"),
-])
+GPU_EVENTS_DTYPE = np.dtype(
+    [
+        ("name", object),
+        ("kind", "U6"),
+        ("category", "U13"),
+        ("start_ns", "i8"),
+        ("end_ns", "i8"),
+        ("device", "i4"),
+        ("stream", "u4"),
+        ("correlation", "u4"),
+        ("op", "i4"),
+        ("op_name", object),
+        ("node", "i4"),
+        ("thread", "i4"),
+        ("bytes", "i8"),
+        ("address", "i8"),
+        ("grid", "u4", (3,)),
+        ("block", "u4", (3,)),
+        ("registers", "u4"),
+        ("shared_mem", "u4"),
+        ("graph_id", "u4"),
+        ("blocked_thread", "?"),
+    ]
+)
 
-CALL_TREE_DTYPE = np.dtype([
-    ("id", "i4"), ("parent", "i4"), ("op", "i4"), ("name", object), ("thread", "i4"),
-    ("calls", "i8"), ("total_ns", "i8"), ("self_ns", "i8"), ("cuda_total_ns", "i8"),
-    ("cuda_self_ns", "i8"),
-])
+CALL_TREE_DTYPE = np.dtype(
+    [
+        ("id", "i4"),
+        ("parent", "i4"),
+        ("op", "i4"),
+        ("name", object),
+        ("thread", "i4"),
+        ("calls", "i8"),
+        ("total_ns", "i8"),
+        ("self_ns", "i8"),
+        ("cuda_total_ns", "i8"),
+        ("cuda_self_ns", "i8"),
+    ]
+)
 
 
 def subtree_sums(parent: np.ndarray, own: np.ndarray) -> np.ndarray:
@@ -148,8 +198,18 @@ class _Window:
             names = self._raw["kernel_names"]
             out = np.zeros(len(r), dtype=KERNELS_DTYPE)
             out["name"] = np.array([names[i] for i in r["name"]] + [None], dtype=object)[:-1]
-            for f in ("device", "calls", "total_ns", "min_ns", "max_ns", "bytes", "grid", "block",
-                      "registers", "shared_mem"):
+            for f in (
+                "device",
+                "calls",
+                "total_ns",
+                "min_ns",
+                "max_ns",
+                "bytes",
+                "grid",
+                "block",
+                "registers",
+                "shared_mem",
+            ):
                 out[f] = r[f]
             out["category"] = [KERNEL_CATEGORIES.get(int(c), "compute") for c in r["category"]]
             from .occupancy import annotate_kernels
@@ -173,16 +233,34 @@ class _Window:
         out["name"] = kernel_names[idx]
         out["category"] = kernel_cats[idx].astype("U13")
         out["kind"] = [GPU_KINDS.get(int(k), "?") for k in g["kind"]]
-        for f in ("start_ns", "end_ns", "device", "stream", "correlation", "node", "thread",
-                  "bytes",
-                  "address", "grid", "block", "registers", "shared_mem", "graph_id"):
+        for f in (
+            "start_ns",
+            "end_ns",
+            "device",
+            "stream",
+            "correlation",
+            "node",
+            "thread",
+            "bytes",
+            "address",
+            "grid",
+            "block",
+            "registers",
+            "shared_mem",
+            "graph_id",
+        ):
             out[f] = g[f]
         out["op"] = g["op_row"]
         op_names = np.array(
-            [_display_name(n, f, ln, k) for n, f, ln, k in
-             zip(ops["name"], ops["file"], ops["line"], ops["kind"])] + [None], dtype=object)
+            [
+                _display_name(n, f, ln, k)
+                for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
+            ]
+            + [None],
+            dtype=object,
+        )
         out["op_name"] = op_names[np.where(g["op_row"] >= 0, g["op_row"], len(ops))]
-        out["blocked_thread"] = (g["flags"] & 2) != 0
+        out["blocked_thread"] = (g["flags"] & GF_BLOCKED_THREAD) != 0
         return out
 
     def context_rows(self) -> np.ndarray:
@@ -193,7 +271,7 @@ class _Window:
         spans = self.raw["spans"]
         entered = np.zeros(len(ops), dtype=bool)
         if len(spans):
-            fresh = (spans["flags"] & 1) == 0  # 1: entered before the window
+            fresh = (spans["flags"] & SF_ENTERED) == 0  # entered before the window
             entered[spans["op_row"][fresh].astype(np.int64)] = True
         return (ops["calls"] == 0) & ~entered & (ops["kind"] == "python")
 
@@ -213,13 +291,26 @@ class _Window:
         n = self._raw["nodes"]
         ops = self.ops()
         out = np.zeros(len(n), dtype=CALL_TREE_DTYPE)
-        for f in ("id", "parent", "thread", "calls", "total_ns", "self_ns", "cuda_total_ns",
-                  "cuda_self_ns"):
+        for f in (
+            "id",
+            "parent",
+            "thread",
+            "calls",
+            "total_ns",
+            "self_ns",
+            "cuda_total_ns",
+            "cuda_self_ns",
+        ):
             out[f] = n[f]
         out["op"] = n["op_row"]
-        names = np.array([_display_name(a, b, c, d) for a, b, c, d in
-                          zip(ops["name"], ops["file"], ops["line"], ops["kind"])] + [None],
-                         dtype=object)
+        names = np.array(
+            [
+                _display_name(a, b, c, d)
+                for a, b, c, d in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
+            ]
+            + [None],
+            dtype=object,
+        )
         out["name"] = names[n["op_row"]] if len(n) else names[:0]
         return out
 
@@ -256,8 +347,10 @@ class Results:
 
     def __init__(self, windows: list[dict], cuda: dict | None = None, meta: dict | None = None):
         if not windows:
-            raise RuntimeError("no recorded window: the profiler has not completed a recording "
-                               "window yet (check the schedule and call prof.step())")
+            raise RuntimeError(
+                "no recorded window: the profiler has not completed a recording "
+                "window yet (check the schedule and call prof.step())"
+            )
         props = _DevicePropsOf(self)
         self._windows = [_Window(w, props) for w in windows]
         self.cuda = cuda or {"active": False, "mode": "off", "error": None}
@@ -292,8 +385,10 @@ class Results:
         return [w.raw for w in self._windows]
 
     def window_bounds(self) -> tuple[int, int]:
-        return (int(self._windows[0]._raw["window_start_ns"]),
-                int(self._windows[-1]._raw["window_end_ns"]))
+        return (
+            int(self._windows[0]._raw["window_start_ns"]),
+            int(self._windows[-1]._raw["window_end_ns"]),
+        )
 
     @property
     def attributed_gpu_fraction(self) -> float:
@@ -305,16 +400,32 @@ class Results:
     def ops(self) -> np.ndarray:
         if len(self._windows) == 1:
             return self._windows[0].ops()
-        return _merge_rows([w.ops() for w in self._windows], ("name", "file", "line", "kind"),
-                           mins=("cpu_min_ns",), maxs=("cpu_max_ns",))
+        return _merge_rows(
+            [w.ops() for w in self._windows],
+            ("name", "file", "line", "kind"),
+            mins=("cpu_min_ns",),
+            maxs=("cpu_max_ns",),
+        )
 
     def kernels(self) -> np.ndarray:
         if len(self._windows) == 1:
             return self._windows[0].kernels()
-        return _merge_rows([w.kernels() for w in self._windows], ("name", "device"),
-                           mins=("min_ns",), maxs=("max_ns",),
-                           keep=("grid", "block", "registers", "shared_mem", "category",
-                                 "occupancy", "occupancy_limiter", "blocks_per_sm"))
+        return _merge_rows(
+            [w.kernels() for w in self._windows],
+            ("name", "device"),
+            mins=("min_ns",),
+            maxs=("max_ns",),
+            keep=(
+                "grid",
+                "block",
+                "registers",
+                "shared_mem",
+                "category",
+                "occupancy",
+                "occupancy_limiter",
+                "blocks_per_sm",
+            ),
+        )
 
     def _per_op(self, per_window, combine) -> np.ndarray:
         """A per-op-row value of every window (``per_window(window)``), merged like
@@ -322,8 +433,9 @@ class Results:
         if len(self._windows) == 1:
             return per_window(self._windows[0])
         ops = self.ops()
-        index = {k: i for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"],
-                                                    ops["kind"]))}
+        index = {
+            k: i for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"], ops["kind"]))
+        }
         out = None
         seen = np.zeros(len(ops), dtype=bool)
         for w in self._windows:
@@ -348,6 +460,7 @@ class Results:
     def top_level_rows(self) -> np.ndarray:
         """Per row of ``ops()``: True when some call of it had no caller inside the
         window (its parent is a thread's root or a frame that was already running)."""
+
         def top(w):
             tree = w.raw["nodes"]
             ctx = w.context_rows()
@@ -372,6 +485,7 @@ class Results:
         """Per row of ``ops()``: (device bytes allocated minus freed under the op, each
         outermost call counted once; the same on the host, which gpuprof does not
         measure per op and leaves at 0)."""
+
         def cuda_total(w):
             _, sub = w.node_memory()
             tree = w.raw["nodes"]
@@ -418,8 +532,10 @@ class Results:
 
     def thread_names(self) -> dict[int, str]:
         names = {t.ident: t.name for t in threading.enumerate()}
-        return {int(t["ident"]): names.get(int(t["ident"]), f"thread {i}")
-                for i, t in enumerate(self.threads())}
+        return {
+            int(t["ident"]): names.get(int(t["ident"]), f"thread {i}")
+            for i, t in enumerate(self.threads())
+        }
 
 
 def _merge_rows(parts: list[np.ndarray], key: tuple[str, ...], mins=(), maxs=(), keep=()):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-OP_PYTHON = 1  # GP_OP_PYTHON
+from ._constants import OP_PYTHON
 
 
 def span_at(spans: np.ndarray, thread: int, ts: int) -> int:

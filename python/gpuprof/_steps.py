@@ -229,7 +229,8 @@ class StepFunction:
             for field in ("body", "orelse", "finalbody"):  # if/for/while/with/try blocks
                 inner = getattr(stmt, field, None)
                 if isinstance(inner, list) and not isinstance(
-                        stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+                ):
                     setattr(stmt, field, self._insert(inner, name))
             for handler in getattr(stmt, "handlers", ()):
                 handler.body = self._insert(handler.body, name)
@@ -243,6 +244,7 @@ class StepFunction:
 
     def binder(self) -> dict:
         """The globals the transformed program needs."""
+
         def bind():
             self._wrap_in(sys.modules["__main__"])
 
@@ -256,7 +258,7 @@ class StepFunction:
         for i, part in enumerate(parts[:-1]):
             owner = getattr(owner, part, None)
             if owner is None:
-                self._missing = ".".join(parts[:i + 1])
+                self._missing = ".".join(parts[: i + 1])
                 return
         name = parts[-1]
         raw = inspect.getattr_static(owner, name, None)
@@ -286,6 +288,7 @@ class StepFunction:
             counter.step()
 
         if inspect.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def wrapper(*args, **kwargs):
                 try:
@@ -293,6 +296,7 @@ class StepFunction:
                 finally:
                     counted()
         else:
+
             @functools.wraps(fn)
             def wrapper(*args, **kwargs):
                 try:
@@ -319,8 +323,10 @@ class StepFunction:
         if not self.wrapped:
             missing = self._missing or self.attr
             if self.in_main:
-                return (f"the script defines no {missing} at its top level (a function "
-                        "defined inside another one cannot be named)")
+                return (
+                    f"the script defines no {missing} at its top level (a function "
+                    "defined inside another one cannot be named)"
+                )
             return f"{where} has no attribute {missing}"
         return "the program never called it"
 
@@ -329,8 +335,9 @@ def parse(spec: str) -> tuple[str, str]:
     """``"module:function"`` -> (module, attribute path); ValueError says what is wrong."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"takes module:function (e.g. train:train_step or "
-                         f"__main__:Trainer.step), got {spec!r}")
+        raise ValueError(
+            f"takes module:function (e.g. train:train_step or __main__:Trainer.step), got {spec!r}"
+        )
     for part, what in ((module, "module"), (attr, "function")):
         if not all(p.isidentifier() and not keyword.iskeyword(p) for p in part.split(".")):
             raise ValueError(f"{part!r} is not a {what} name (in {spec!r})")

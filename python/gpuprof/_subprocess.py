@@ -57,18 +57,19 @@ import warnings
 import numpy as np
 
 from . import _gpuprof, _monitoring
+from ._constants import ACT_RECORD as _RECORD
+from ._constants import ACT_RECORD_AND_SAVE as _RECORD_AND_SAVE
 from .schedule import Schedule
 
 __all__ = ["ParentSession", "load_piece", "POLL_S"]
 
-POLL_S = 0.01               # how often a child reads the parent's state
-_RECORD, _RECORD_AND_SAVE = 2, 3
+POLL_S = 0.01  # how often a child reads the parent's state
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # This process's view. GIL (and, in a child, _Child.lock for the session itself).
-_CTX: _Ctx | None = None          # the shared folder while a session with subprocesses runs
-_CHILD: _Child | None = None      # this process's own child session, if it is a child
-_FORK_HOOK = False                # os.register_at_fork done (once per process)
+_CTX: _Ctx | None = None  # the shared folder while a session with subprocesses runs
+_CHILD: _Child | None = None  # this process's own child session, if it is a child
+_FORK_HOOK = False  # os.register_at_fork done (once per process)
 
 
 def ack_timeout_s() -> float:
@@ -105,6 +106,7 @@ class _Ctx:
 
 
 # ---- small file helpers (C calls only: they may run while the hook records) --------
+
 
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -173,6 +175,7 @@ def _read_ack(folder: str, pid: int) -> tuple[int, int]:
 
 # ---- pieces --------------------------------------------------------------------------
 
+
 def _process_name() -> str:
     mp = sys.modules.get("multiprocessing.process")
     if mp is not None:
@@ -233,15 +236,29 @@ def load_piece(path: str) -> tuple[dict, dict]:
         raise ValueError(f"{name}: missing {os.path.basename(e.filename or '?')}") from None
     except (ValueError, KeyError, EOFError, TypeError, AttributeError, UnicodeError) as e:
         raise ValueError(f"{name}: {type(e).__name__}: {e}") from None
-    for key in ("ops", "nodes", "kernels", "gpu", "steps", "spans", "threads", "op_names",
-                "op_files", "op_lines", "kernel_names", "window_start_ns", "window_end_ns",
-                "dropped_events"):
+    for key in (
+        "ops",
+        "nodes",
+        "kernels",
+        "gpu",
+        "steps",
+        "spans",
+        "threads",
+        "op_names",
+        "op_files",
+        "op_lines",
+        "kernel_names",
+        "window_start_ns",
+        "window_end_ns",
+        "dropped_events",
+    ):
         if key not in raw:
             raise ValueError(f"{name}: missing {key!r}")
     return raw, doc
 
 
 # ---- the child side ----------------------------------------------------------------
+
 
 class _Child:
     """This process's own session, driven by the parent's state file."""
@@ -251,19 +268,26 @@ class _Child:
         self.how = how
         self.pid = os.getpid()
         self.lock = _thread.allocate_lock()  # session and files: poll thread vs exit
-        self.closed = False                  # lock
-        self.recording = False               # lock: the C session runs
-        self.rec_win = -1                    # lock: parent window being recorded
-        self.seen_v = -1                     # lock: last state version acted on
-        self.seen_flush = 0                  # lock
-        self.seq = 0                         # lock: pieces written
+        self.closed = False  # lock
+        self.recording = False  # lock: the C session runs
+        self.rec_win = -1  # lock: parent window being recorded
+        self.seen_v = -1  # lock: last state version acted on
+        self.seen_flush = 0  # lock
+        self.seq = 0  # lock: pieces written
         self.reg_fd = -1
         # the same hook backend as a profile in this process would use (sys.monitoring
         # on 3.12+ unless GPUPROF_HOOK says otherwise)
         self.monitoring = _monitoring.use_monitoring()
-        self.core = _gpuprof.Profiler(max_events=ctx.max_events, cuda=False, memory=False,
-                                      schedule=None, schedule_fn=None, on_trace_ready=None,
-                                      owner=None, monitoring=self.monitoring)
+        self.core = _gpuprof.Profiler(
+            max_events=ctx.max_events,
+            cuda=False,
+            memory=False,
+            schedule=None,
+            schedule_fn=None,
+            on_trace_ready=None,
+            owner=None,
+            monitoring=self.monitoring,
+        )
 
     # -- lifecycle -------------------------------------------------------------------
     def register(self) -> bool:
@@ -274,8 +298,12 @@ class _Child:
             return False  # the parent's session is over
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            info = {"pid": self.pid, "ppid": os.getppid(), "how": self.how,
-                    "created_ns": _gpuprof.clock_ns()}
+            info = {
+                "pid": self.pid,
+                "ppid": os.getppid(),
+                "how": self.how,
+                "created_ns": _gpuprof.clock_ns(),
+            }
             os.write(fd, json.dumps(info).encode())
         except OSError:
             os.close(fd)
@@ -355,8 +383,14 @@ class _Child:
 
     def _write(self, raw: dict, win: int) -> None:
         self.seq += 1
-        meta = {"pid": self.pid, "ppid": os.getppid(), "how": self.how, "window": win,
-                "seq": self.seq, "process_name": _process_name()}
+        meta = {
+            "pid": self.pid,
+            "ppid": os.getppid(),
+            "how": self.how,
+            "window": win,
+            "seq": self.seq,
+            "process_name": _process_name(),
+        }
         path = os.path.join(self.ctx.dir, f"{self.pid}.{win}.{self.seq}.piece")
         _gpuprof._complete_window(raw)  # the spans, from the events a CPU window keeps
         with contextlib.suppress(OSError):
@@ -446,8 +480,10 @@ def _after_fork_in_child() -> None:
     if ctx is None:
         return
     caller = sys._getframe(1)
-    if caller.f_code.co_name == "_execute_child" and caller.f_globals.get("__name__") == \
-            "subprocess":
+    if (
+        caller.f_code.co_name == "_execute_child"
+        and caller.f_globals.get("__name__") == "subprocess"
+    ):
         return  # subprocess.Popen(preexec_fn=...): this child is about to exec another program
     try:
         _boot(ctx, "fork")
@@ -515,7 +551,8 @@ def _wrap_preparation_data(orig):
             caller = sys._getframe(1).f_locals.get("self")
             method = getattr(caller, "method", None)
             d["gpuprof_subprocess"] = _SpawnBoot(
-                ctx, method if method in ("spawn", "forkserver") else "spawn")
+                ctx, method if method in ("spawn", "forkserver") else "spawn"
+            )
         return d
 
     get_preparation_data._gpuprof_orig = orig
@@ -538,8 +575,10 @@ def _patch() -> None:
     import multiprocessing.popen_fork as popen_fork
     import multiprocessing.spawn as spawn
 
-    for owner, attr, wrap in ((spawn, "get_preparation_data", _wrap_preparation_data),
-                              (popen_fork.Popen, "terminate", _wrap_terminate)):
+    for owner, attr, wrap in (
+        (spawn, "get_preparation_data", _wrap_preparation_data),
+        (popen_fork.Popen, "terminate", _wrap_terminate),
+    ):
         cur = getattr(owner, attr)
         if getattr(cur, "_gpuprof_orig", None) is not None:
             continue  # already ours (a second session in a child)
@@ -570,8 +609,8 @@ class ChildWindow:
         self.ppid = ppid
         self.how = how
         self.name = name
-        self.status = status    # "ok", "exited", "lost", "timeout"
-        self.pieces = pieces    # raw window dicts, in recording order
+        self.status = status  # "ok", "exited", "lost", "timeout"
+        self.pieces = pieces  # raw window dicts, in recording order
 
 
 class ParentSession:
@@ -587,13 +626,13 @@ class ParentSession:
         self.ctx: _Ctx | None = None
         self.v = 0
         self.rec = 0
-        self.win = 0          # index of the parent's current/next recorded window
+        self.win = 0  # index of the parent's current/next recorded window
         self.flush = 0
-        self.flush_v = -1     # state version of the last flush request
-        self.handled = 0      # parent windows whose children were collected
+        self.flush_v = -1  # state version of the last flush request
+        self.handled = 0  # parent windows whose children were collected
         self.by_raw: dict[int, tuple[dict, list[ChildWindow]]] = {}
-        self.skipped = 0      # child pieces that could not be read, over the session
-        self.late = 0         # pieces that arrived after their window was collected
+        self.skipped = 0  # child pieces that could not be read, over the session
+        self.late = 0  # pieces that arrived after their window was collected
         self.stopping = False  # profile.stop() is closing the last window
 
     def _mine(self) -> bool:
@@ -604,8 +643,10 @@ class ParentSession:
         """Before the C session starts: folder, state, hooks."""
         global _CTX, _PARENT
         if _PARENT is not None and _PARENT is not self and _PARENT._mine():
-            raise RuntimeError("profile(subprocesses=True): another profile with subprocesses "
-                               "is running in this process; stop it first")
+            raise RuntimeError(
+                "profile(subprocesses=True): another profile with subprocesses "
+                "is running in this process; stop it first"
+            )
         self.pid = os.getpid()
         folder = tempfile.mkdtemp(prefix="gpuprof-children-")
         self.ctx = _Ctx(folder, self.pid, self.prof.max_events)
@@ -652,8 +693,9 @@ class ParentSession:
     def _write_state(self, rec: int, alive: int = 1) -> int:
         self.v += 1
         self.rec = rec
-        _write_atomic(self.ctx.state_path,
-                      f"{self.v} {rec} {self.win} {alive} {self.flush}\n".encode())
+        _write_atomic(
+            self.ctx.state_path, f"{self.v} {rec} {self.win} {alive} {self.flush}\n".encode()
+        )
         return self.v
 
     def _records_at(self, step: int) -> bool | None:
@@ -729,9 +771,12 @@ class ParentSession:
     def _lost_folder(self, e: OSError) -> None:
         # Someone removed our temporary folder: the children stop on their own
         # (no state file); the main process keeps profiling.
-        warnings.warn(f"gpuprof: child processes are no longer profiled: cannot write "
-                      f"{self.ctx.state_path!r} ({e.strerror or e})", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"gpuprof: child processes are no longer profiled: cannot write "
+            f"{self.ctx.state_path!r} ({e.strerror or e})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _registered(self) -> list[int]:
         out = []
@@ -838,9 +883,16 @@ class ParentSession:
                 status = "lost"
             else:
                 status = "ok" if alive else "exited"
-            out.append(ChildWindow(pid, int(meta.get("ppid", info.get("ppid", -1))),
-                                   str(meta.get("how", info.get("how", "?"))),
-                                   str(meta.get("process_name", "")), status, raws))
+            out.append(
+                ChildWindow(
+                    pid,
+                    int(meta.get("ppid", info.get("ppid", -1))),
+                    str(meta.get("how", info.get("how", "?"))),
+                    str(meta.get("process_name", "")),
+                    status,
+                    raws,
+                )
+            )
             if not alive:  # reported once, in the window it ended in
                 for suffix in ("proc", "ack"):
                     with contextlib.suppress(OSError):
@@ -850,16 +902,22 @@ class ParentSession:
         slow = [c.pid for c in out if c.status == "timeout"]
         msgs = []
         if bad:
-            msgs.append(f"{len(bad)} child profile piece(s) could not be read and were left "
-                        f"out ({'; '.join(bad[:3])})")
+            msgs.append(
+                f"{len(bad)} child profile piece(s) could not be read and were left "
+                f"out ({'; '.join(bad[:3])})"
+            )
         if lost:
-            msgs.append(f"{len(lost)} child process(es) ended without saving their data for "
-                        f"this window (killed or crashed?): pid {', '.join(map(str, lost))}")
+            msgs.append(
+                f"{len(lost)} child process(es) ended without saving their data for "
+                f"this window (killed or crashed?): pid {', '.join(map(str, lost))}"
+            )
         if slow:
-            msgs.append(f"{len(slow)} child process(es) did not answer within "
-                        f"{ack_timeout_s():g}s or finish saving within {work_timeout_s():g}s "
-                        f"(GPUPROF_SUBPROCESS_TIMEOUT_S sets the first): pid "
-                        f"{', '.join(map(str, slow))}; their rows may be incomplete")
+            msgs.append(
+                f"{len(slow)} child process(es) did not answer within "
+                f"{ack_timeout_s():g}s or finish saving within {work_timeout_s():g}s "
+                f"(GPUPROF_SUBPROCESS_TIMEOUT_S sets the first): pid "
+                f"{', '.join(map(str, slow))}; their rows may be incomplete"
+            )
         if msgs:
             warnings.warn("gpuprof: " + "; ".join(msgs), RuntimeWarning, stacklevel=2)
         return out

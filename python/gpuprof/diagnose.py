@@ -9,24 +9,42 @@ against ``prof.ops()``, ``prof.steps()`` and ``prof.gpu_events()``.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
 
+from ._constants import (
+    API_ALLOC,
+    API_FREE,
+    API_LAUNCH,
+    API_MEMCPY_SYNC,
+    API_SYNC,
+    OP_CUDA_API,
+    OPF_GENERATOR,
+)
+from ._findings import Diagnosis, Finding
+from ._format import format_time
+from ._intervals import covered as _covered
+from ._intervals import intersect as _intersect
+from ._intervals import overlap as _overlap
+from ._intervals import union as _union
+from ._intervals import union_list
 from ._paths import source_location
 from ._results import Results
 from ._spans import python_caller, span_at
+from .distributed import MergedRun, diagnose_ranks
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
-from .tables import format_time
 
-__all__ = ["STEP_BREAKDOWN_DTYPE", "Diagnosis", "Finding", "data_wait_per_step", "data_wait_spans",
-           "diagnose", "step_breakdown"]
+__all__ = [
+    "STEP_BREAKDOWN_DTYPE",
+    "Diagnosis",
+    "Finding",
+    "data_wait_per_step",
+    "data_wait_spans",
+    "diagnose",
+    "step_breakdown",
+]
 
-# GP_APICLASS_* (cuda/gp_cuda.h)
-API_LAUNCH, API_GRAPH, API_MEMCPY, API_MEMCPY_SYNC, API_MEMSET, API_SYNC, API_ALLOC, API_FREE = (
-    1, 2, 3, 4, 5, 6, 7, 8)
-OPF_GENERATOR = 2
 
 # Matrix kernels (GEMM, convolution, attention) and their precision, from the kernel's
 # name: cuBLAS/cuBLASLt (sgemm, s1688tf32gemm, h16816gemm, sm90_xmma_gemm_bf16bf16...,
@@ -36,8 +54,10 @@ OPF_GENERATOR = 2
 _MATRIX_FAMILIES = (
     ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
     ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|winograd|scudnn|implicit_gemm", re.I)),
-    ("gemm", re.compile(r"gemm|gemv|matmul|cublas|cutlass|xmma|nvjet|mma|triton_tem_fused_.*mm",
-                        re.I)),
+    (
+        "gemm",
+        re.compile(r"gemm|gemv|matmul|cublas|cutlass|xmma|nvjet|mma|triton_tem_fused_.*mm", re.I),
+    ),
 )
 # Checked in this order: the first that matches names the precision (a BF16 GEMM that
 # accumulates in FP32, "bf16bf16_bf16f32", is BF16; "tf32f32" is TF32). cuBLASLt's
@@ -65,78 +85,6 @@ def matrix_kernel_class(name: str) -> tuple[str | None, str]:
     family = next((f for f, rx in _MATRIX_FAMILIES if rx.search(name)), None)
     precision = next((p for p, rx in _PRECISIONS if rx.search(name)), "unknown")
     return family, precision
-
-
-@dataclasses.dataclass
-class Finding:
-    """One diagnosed problem.
-
-    Attributes:
-        kind: "data_stall", "sync_point", "launch_bound", "gpu_idle", "no_mixed_precision",
-            "communication_wait", "memory_churn", or on merged ranks "straggler".
-        severity: share of recorded step time (0..1) the problem costs, estimated.
-        title: one line saying what is wrong.
-        evidence: the figures behind it (names match array fields where they come from one).
-        location: "file:line" of the Python code responsible, when known.
-        fix: what to change.
-    """
-
-    kind: str
-    severity: float
-    title: str
-    evidence: dict
-    location: str
-    fix: str
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class Diagnosis(list):
-    """Findings, most severe first. ``str()`` prints a report; ``to_dict()`` for machines."""
-
-    def __init__(self, findings, summary: dict):
-        super().__init__(sorted(findings, key=lambda f: -f.severity))
-        self.summary = summary
-
-    def kinds(self) -> list[str]:
-        return [f.kind for f in self]
-
-    def to_dict(self) -> dict:
-        return {"summary": dict(self.summary), "findings": [f.to_dict() for f in self]}
-
-    def __str__(self) -> str:
-        s = self.summary
-        lines = ["gpuprof diagnosis", "=" * 17,
-                 f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
-                 f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
-                 + ("" if s["gpu"] else " (no GPU activity recorded)")]
-        if not self:
-            lines.append("No bottleneck found: nothing costs more than 5% of step time.")
-        for i, f in enumerate(self, 1):
-            lines.append("")
-            lines.append(f"{i}. [{100 * f.severity:4.1f}% of step time] {f.title}")
-            if f.location:
-                lines.append(f"   at {f.location}")
-            ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f.evidence.items())
-            lines.append(f"   evidence: {ev}")
-            lines.append(f"   fix: {f.fix}")
-        return "\n".join(lines) + "\n"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        return f"<pre>{html.escape(str(self))}</pre>"
-
-
-def _fmt(key: str, v) -> str:
-    if isinstance(v, float) and key.endswith("share"):
-        return f"{100 * v:.1f}%"
-    if isinstance(v, (int, np.integer)) and key.endswith("_ns"):
-        return format_time(int(v))
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
 
 
 def _op_label(ops: np.ndarray, row: int) -> str:
@@ -186,8 +134,10 @@ class _View:
 
 def _sync_spans(v: _View) -> np.ndarray:
     """Indices of the spans that are synchronizing CUDA API calls."""
-    api_rows = np.flatnonzero((v.raw_ops["kind"] == 5)
-                              & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC)))
+    api_rows = np.flatnonzero(
+        (v.raw_ops["kind"] == OP_CUDA_API)
+        & np.isin(v.raw_ops["flags"], (API_SYNC, API_MEMCPY_SYNC))
+    )
     return np.flatnonzero(np.isin(v.spans["op_row"], api_rows))
 
 
@@ -209,8 +159,18 @@ def _sync_points(v: _View):
         file, line, func = v.caller(int(i))
         call = v.c_call_of(int(i))
         key = (file, line)
-        d = by_site.setdefault(key, {"wait_ns": 0, "cost_ns": 0, "calls": 0, "via": set(),
-                                     "func": func, "api": set(), "steps": set()})
+        d = by_site.setdefault(
+            key,
+            {
+                "wait_ns": 0,
+                "cost_ns": 0,
+                "calls": 0,
+                "via": set(),
+                "func": func,
+                "api": set(),
+                "steps": set(),
+            },
+        )
         d["steps"].add(int(np.searchsorted(step_starts, sp["start_ns"][i], side="right")))
         wait = int(sp["end_ns"][i] - sp["start_ns"][i])
         nxt = np.searchsorted(starts, sp["end_ns"][i])
@@ -235,12 +195,22 @@ def _sync_points(v: _View):
         if share < 0.02 and not every_step:
             continue
         via = ", ".join(sorted(d["via"])) or ", ".join(sorted(d["api"]))
-        out.append(Finding(
-            "sync_point", share,
-            f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
-            {"wait_ns": d["wait_ns"], "cost_ns": d["cost_ns"], "calls": d["calls"],
-             "wait_per_step_ns": d["wait_ns"] // v.n_steps, "api": ", ".join(sorted(d["api"]))},
-            source_location(file, line), _sync_fix(d["via"])))
+        out.append(
+            Finding(
+                "sync_point",
+                share,
+                f"Host blocked waiting for the GPU in {via} ({d['calls']} times)",
+                {
+                    "wait_ns": d["wait_ns"],
+                    "cost_ns": d["cost_ns"],
+                    "calls": d["calls"],
+                    "wait_per_step_ns": d["wait_ns"] // v.n_steps,
+                    "api": ", ".join(sorted(d["api"])),
+                },
+                source_location(file, line),
+                _sync_fix(d["via"]),
+            )
+        )
     return out
 
 
@@ -250,16 +220,21 @@ _TO_DEVICE = ("cuda", "to", "copy_", "pin_memory")
 
 def _sync_fix(via: set) -> str:
     if any(name.rsplit(".", 1)[-1] in _TO_DEVICE for name in via):
-        return ("Copy from pinned memory without waiting: DataLoader(pin_memory=True) or "
-                "tensor.pin_memory(), then .cuda(non_blocking=True) / .to(device, "
-                "non_blocking=True).")
-    return ("Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
-            "print(tensor)): accumulate on the GPU and read every N steps, or log "
-            "asynchronously with non_blocking copies into pinned memory.")
+        return (
+            "Copy from pinned memory without waiting: DataLoader(pin_memory=True) or "
+            "tensor.pin_memory(), then .cuda(non_blocking=True) / .to(device, "
+            "non_blocking=True)."
+        )
+    return (
+        "Avoid reading GPU values on the host every step (.item(), .cpu(), .numpy(), "
+        "print(tensor)): accumulate on the GPU and read every N steps, or log "
+        "asynchronously with non_blocking copies into pinned memory."
+    )
 
 
-def data_wait_spans(spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray,
-                    data_fetch=()) -> np.ndarray:
+def data_wait_spans(
+    spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray, data_fetch=()
+) -> np.ndarray:
     """Indices (in start order) of the spans of one window in which the training loop
     waited for its next batch.
 
@@ -280,8 +255,11 @@ def data_wait_spans(spans: np.ndarray, ops: np.ndarray, raw_ops: np.ndarray,
     is_gen = (raw_ops["flags"] & OPF_GENERATOR) != 0
     loader = np.flatnonzero((is_next | is_gen) & (ops["kind"] == "python"))
     wanted = set(data_fetch)
-    fetch = np.flatnonzero(np.array([n in wanted for n in names], dtype=bool)) if wanted \
+    fetch = (
+        np.flatnonzero(np.array([n in wanted for n in names], dtype=bool))
+        if wanted
         else np.zeros(0, dtype=np.int64)
+    )
     if not len(spans) or not (len(loader) or len(fetch)):
         return np.zeros(0, dtype=np.int64)
     # Loader calls made directly under a step (the training loop's own fetch).
@@ -366,22 +344,35 @@ def _data_stall(v: _View):
         where = source_location(file, line)
     # the hottest function inside the loader
     inner = _hottest_below(v, set(int(i) for i in idx))
-    ev = {"wait_ns": wait, "wait_per_step_ns": wait // v.n_steps,
-          "gpu_busy_during_wait_share": busy / max(wait, 1)}
+    ev = {
+        "wait_ns": wait,
+        "wait_per_step_ns": wait // v.n_steps,
+        "gpu_busy_during_wait_share": busy / max(wait, 1),
+    }
     if inner:
         ev["hottest_inside"] = inner
     hot = _worker_hotspot(v.res)  # -- subprocesses: what the workers were busy with --
     ev.update(hot)
-    return [Finding(
-        "data_stall", severity,
-        f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
-        f"{format_time(wait // v.n_steps)} per step"
-        + (f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
-           f"{hot['workers_hottest']}" if hot else ""),
-        ev, where,
-        "Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
-        "workers or the GPU, and cache decoded samples.")]
+    return [
+        Finding(
+            "data_stall",
+            severity,
+            f"Input pipeline stall: the training loop waits in {ops['name'][row]} "
+            f"{format_time(wait // v.n_steps)} per step"
+            + (
+                f"; workers spent {100 * hot['workers_hottest_share']:.0f}% of their time in "
+                f"{hot['workers_hottest']}"
+                if hot
+                else ""
+            ),
+            ev,
+            where,
+            "Load data in parallel and ahead of the GPU: "
+            "DataLoader(num_workers>0, pin_memory=True, "
+            "persistent_workers=True, prefetch_factor=2+), move per-sample transforms to the "
+            "workers or the GPU, and cache decoded samples.",
+        )
+    ]
 
 
 def _hottest_below(v: _View, roots: set[int]) -> str:
@@ -410,20 +401,8 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
 
 def _merged(gpu, kinds):
     m = np.isin(gpu["kind"], kinds)
-    s, e = gpu["start_ns"][m], gpu["end_ns"][m]
-    order = np.argsort(s, kind="stable")
-    out = []
     # Python ints: these end up in findings' evidence, which to_dict() promises as plain data
-    for a, b in zip(s[order].tolist(), e[order].tolist()):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([int(a), int(b)])
-    return out
-
-
-def _overlap(iv, s, e):
-    return sum(max(0, min(b, e) - max(a, s)) for a, b in iv if b > s and a < e)
+    return union_list(gpu["start_ns"][m], gpu["end_ns"][m])
 
 
 def _launch_bound(v: _View):
@@ -435,7 +414,9 @@ def _launch_bound(v: _View):
     if len(k) < 10 or share_busy > 0.6:
         return []
     dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
-    launch_rows = np.flatnonzero((v.raw_ops["kind"] == 5) & (v.raw_ops["flags"] == API_LAUNCH))
+    launch_rows = np.flatnonzero(
+        (v.raw_ops["kind"] == OP_CUDA_API) & (v.raw_ops["flags"] == API_LAUNCH)
+    )
     sp = v.spans
     lm = np.isin(sp["op_row"], launch_rows)
     launch_ns = float(np.median(sp["end_ns"][lm] - sp["start_ns"][lm])) if lm.any() else 5000.0
@@ -447,16 +428,25 @@ def _launch_bound(v: _View):
     severity = (1.0 - share_busy) * min(1.0, short + 0.25)
     if short < 0.3:
         return []
-    return [Finding(
-        "launch_bound", severity,
-        f"Launch-bound: {per_step:.0f} kernels per step, {100 * short:.0f}% shorter than a launch "
-        f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
-        {"kernels_per_step": int(per_step), "short_kernel_share": short,
-         "median_kernel_ns": int(np.median(dur)), "median_launch_ns": int(launch_ns),
-         "gpu_busy_share": share_busy},
-        "",
-        "Give the GPU more work per launch: a larger batch, fused ops (torch.compile), CUDA "
-        "graphs (torch.cuda.graphs / mode='reduce-overhead'), or fewer tiny elementwise ops.")]
+    return [
+        Finding(
+            "launch_bound",
+            severity,
+            f"Launch-bound: {per_step:.0f} kernels per step, "
+            f"{100 * short:.0f}% shorter than a launch "
+            f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
+            {
+                "kernels_per_step": int(per_step),
+                "short_kernel_share": short,
+                "median_kernel_ns": int(np.median(dur)),
+                "median_launch_ns": int(launch_ns),
+                "gpu_busy_share": share_busy,
+            },
+            "",
+            "Give the GPU more work per launch: a larger batch, fused ops (torch.compile), CUDA "
+            "graphs (torch.cuda.graphs / mode='reduce-overhead'), or fewer tiny elementwise ops.",
+        )
+    ]
 
 
 def _gpu_idle(v: _View):
@@ -488,13 +478,17 @@ def _gpu_idle(v: _View):
         name, where = _running_at(v, (a + b) // 2)
         top.append(f"{format_time(dur)} during {name}")
         file_line = file_line or where  # the Python line running in the largest gap
-    return [Finding(
-        "gpu_idle", share * 0.5,
-        f"GPU idle {100 * share:.0f}% of step time; largest gaps: " + "; ".join(top),
-        {"idle_ns": total, "gaps": len(gaps), "largest_gap_ns": gaps[0][0]},
-        file_line,
-        "Look at what the host runs during the gaps (above): move it off the critical path, "
-        "overlap it with GPU work, or batch it.")]
+    return [
+        Finding(
+            "gpu_idle",
+            share * 0.5,
+            f"GPU idle {100 * share:.0f}% of step time; largest gaps: " + "; ".join(top),
+            {"idle_ns": total, "gaps": len(gaps), "largest_gap_ns": gaps[0][0]},
+            file_line,
+            "Look at what the host runs during the gaps (above): move it off the critical path, "
+            "overlap it with GPU work, or batch it.",
+        )
+    ]
 
 
 def _running_at(v: _View, ts: int) -> tuple[str, str]:
@@ -532,25 +526,44 @@ def _mixed_precision(v: _View):
     saved = sum(by_precision[p] * f for p, f in _AMP_SAVES.items()) / max(total_gpu, 1)
     busy_share = float(v.steps["gpu_busy_ns"].sum()) / max(v.step_ns, 1) if len(v.steps) else 1
     top = max(slow_rows, key=lambda r: int(r["total_ns"]))
-    parts = [f"{p.upper()} {100 * by_precision[p] / total_gpu:.0f}%"
-             for p in PRECISIONS if by_precision[p]]
-    families = ", ".join(f"{f} {100 * ns / total_gpu:.0f}%" for f, ns in
-                         sorted(by_family.items(), key=lambda kv: -kv[1]))
+    parts = [
+        f"{p.upper()} {100 * by_precision[p] / total_gpu:.0f}%"
+        for p in PRECISIONS
+        if by_precision[p]
+    ]
+    families = ", ".join(
+        f"{f} {100 * ns / total_gpu:.0f}%"
+        for f, ns in sorted(by_family.items(), key=lambda kv: -kv[1])
+    )
     fp32_first = by_precision["fp32"] >= by_precision["tf32"]
-    fix = ("Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around "
-           "the forward pass (BF16 runs matrix kernels several times faster than FP32)")
-    fix += (", or at least TF32: torch.set_float32_matmul_precision('high') and "
-            "torch.backends.cudnn.allow_tf32 = True." if fp32_first else
-            "; TF32 tensor cores run at half the BF16 rate.")
-    return [Finding(
-        "no_mixed_precision", saved * busy_share,
-        f"FP32/TF32 matrix kernels take {100 * share:.0f}% of GPU time ({', '.join(parts)} of "
-        f"GPU time by precision; {families} by kind; e.g. {str(top['name'])[:60]})",
-        {"matrix_ns": sum(by_family.values()), "gpu_time_ns": total_gpu,
-         **{f"{p}_ns": by_precision[p] for p in PRECISIONS},
-         **{f"{f}_ns": ns for f, ns in by_family.items()},
-         "fp32_tf32_share": share, "amp_saving_share": saved},
-        "", fix)]
+    fix = (
+        "Use tensor cores: torch.autocast(device_type='cuda', dtype=torch.bfloat16) around "
+        "the forward pass (BF16 runs matrix kernels several times faster than FP32)"
+    )
+    fix += (
+        ", or at least TF32: torch.set_float32_matmul_precision('high') and "
+        "torch.backends.cudnn.allow_tf32 = True."
+        if fp32_first
+        else "; TF32 tensor cores run at half the BF16 rate."
+    )
+    return [
+        Finding(
+            "no_mixed_precision",
+            saved * busy_share,
+            f"FP32/TF32 matrix kernels take {100 * share:.0f}% of GPU time ({', '.join(parts)} of "
+            f"GPU time by precision; {families} by kind; e.g. {str(top['name'])[:60]})",
+            {
+                "matrix_ns": sum(by_family.values()),
+                "gpu_time_ns": total_gpu,
+                **{f"{p}_ns": by_precision[p] for p in PRECISIONS},
+                **{f"{f}_ns": ns for f, ns in by_family.items()},
+                "fp32_tf32_share": share,
+                "amp_saving_share": saved,
+            },
+            "",
+            fix,
+        )
+    ]
 
 
 def _communication(v: _View):
@@ -569,18 +582,25 @@ def _communication(v: _View):
     share = exposed / max(v.step_ns, 1)
     if share < 0.05:
         return []
-    return [Finding(
-        "communication_wait", share,
-        f"Communication not overlapped with compute: {format_time(exposed // v.n_steps)} per step",
-        {"comm_ns": total, "exposed_comm_ns": exposed},
-        "",
-        "Overlap gradients' all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view)"
-        ", reduce communication volume (bf16 gradients), or check for a slow rank.")]
+    return [
+        Finding(
+            "communication_wait",
+            share,
+            "Communication not overlapped with compute: "
+            f"{format_time(exposed // v.n_steps)} per step",
+            {"comm_ns": total, "exposed_comm_ns": exposed},
+            "",
+            "Overlap gradients' all-reduce with backward "
+            "(DDP bucket_cap_mb, gradient_as_bucket_view)"
+            ", reduce communication volume (bf16 gradients), or check for a slow rank.",
+        )
+    ]
 
 
 def _memory_churn(v: _View):
-    rows = np.flatnonzero((v.raw_ops["kind"] == 5)
-                          & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE)))
+    rows = np.flatnonzero(
+        (v.raw_ops["kind"] == OP_CUDA_API) & np.isin(v.raw_ops["flags"], (API_ALLOC, API_FREE))
+    )
     if not len(rows):
         return []
     calls = int(v.raw_ops["calls"][rows].sum())
@@ -589,84 +609,28 @@ def _memory_churn(v: _View):
     share = t / max(v.step_ns, 1)
     if per_step < 1 or share < 0.02:
         return []
-    return [Finding(
-        "memory_churn", share,
-        f"cudaMalloc/cudaFree inside steps: {per_step:.1f} calls per step",
-        {"calls": calls, "time_ns": t},
-        "",
-        "Let the caching allocator reuse memory: keep tensor shapes stable across steps, "
-        "preallocate buffers, avoid torch.cuda.empty_cache() in the loop.")]
+    return [
+        Finding(
+            "memory_churn",
+            share,
+            f"cudaMalloc/cudaFree inside steps: {per_step:.1f} calls per step",
+            {"calls": calls, "time_ns": t},
+            "",
+            "Let the caching allocator reuse memory: keep tensor shapes stable across steps, "
+            "preallocate buffers, avoid torch.cuda.empty_cache() in the loop.",
+        )
+    ]
 
 
-CHECKS = (_data_stall, _sync_points, _launch_bound, _gpu_idle, _mixed_precision, _communication,
-          _memory_churn)
-
-
-# -- cross-rank checks: they read a gpuprof.distributed.MergedRun (gpuprof.merge) --
-
-def _straggler(m) -> list[Finding]:
-    """One rank slowest in most steps while the others wait for it in communication."""
-    slow = m.slowest
-    if len(m.ranks) < 2 or not len(slow):
-        return []
-    ranks, counts = np.unique(slow["rank"], return_counts=True)
-    rank = int(ranks[np.argmax(counts)])
-    mine = slow["rank"] == rank
-    n, total = int(mine.sum()), len(slow)
-    if 2 * n <= total:
-        return []  # no rank is the slowest in most steps: jitter, not a straggler
-    rows = m.steps[np.isin(m.steps["step"], slow["step"])]
-    step_ns = float(rows["step_ns"].mean())
-    wait_total = int(slow["others_wait_ns"][mine].sum())
-    wait_per_step = wait_total // total
-    share = wait_per_step / max(step_ns, 1.0)
-    if share < 0.05:
-        return []
-    waited = []
-    for r in m.ranks:
-        if r == rank:
-            continue
-        w = 0
-        for k in slow["step"][mine]:
-            at = rows[rows["step"] == k]
-            w += max(int(at["exposed_comm_ns"][at["rank"] == r][0])
-                     - int(at["exposed_comm_ns"][at["rank"] == rank][0]), 0)
-        waited.append(f"rank {r}: {format_time(w // total)}")
-    me = rows[rows["rank"] == rank]
-    others = rows[rows["rank"] != rank]
-    return [Finding(
-        "straggler", share,
-        f"Rank {rank} is a straggler: slowest in {n} of {total} steps; the other ranks waited "
-        f"{format_time(wait_per_step)} per step for it in communication",
-        {"straggler_rank": rank, "slowest_steps": n, "steps": total,
-         "wait_ns": wait_total, "wait_per_step_ns": wait_per_step,
-         "straggler_work_ns": int(me["work_ns"].mean()),
-         "others_work_ns": int(others["work_ns"].mean()),
-         "waited_per_step": "; ".join(waited)},
-        "",
-        f"Find what rank {rank} does that the others do not: open process 'rank {rank}' in the "
-        "merged trace next to another rank. Usual causes: uneven input (sequence lengths, shard "
-        "sizes), work only that rank does (logging, checkpointing, evaluation), a slower or "
-        "throttled GPU, CPU contention on its host (OMP_NUM_THREADS, dataloader workers), or an "
-        "unbalanced model split.")]
-
-
-RANK_CHECKS = (_straggler,)
-
-
-def _diagnose_ranks(m) -> Diagnosis:
-    findings = []
-    for check in RANK_CHECKS:
-        findings += check(m)
-    rows = m.steps[np.isin(m.steps["step"], m.slowest["step"])]
-    step_ns = int(rows["step_ns"].mean()) if len(rows) else 0
-    busy = int(rows["busy_ns"].mean()) if len(rows) else 0
-    summary = {"steps": len(m.slowest), "step_ns_mean": step_ns,
-               "gpu_busy_share": busy / max(step_ns, 1), "gpu": bool(m.gpu),
-               "ranks": list(m.ranks)}
-    return Diagnosis(findings, summary)
-
-# -- end cross-rank checks --
+CHECKS = (
+    _data_stall,
+    _sync_points,
+    _launch_bound,
+    _gpu_idle,
+    _mixed_precision,
+    _communication,
+    _memory_churn,
+)
 
 
 def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
@@ -678,30 +642,42 @@ def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
     count as waits for data, next to the loader calls made directly under a step (see
     :func:`data_wait_spans`).
     """
-    from .distributed import MergedRun
-
     if isinstance(results, MergedRun):
-        return _diagnose_ranks(results)
+        return diagnose_ranks(results)
     if isinstance(data_fetch, str) or not all(isinstance(n, str) for n in data_fetch):
-        raise TypeError(f"diagnose(): data_fetch must be a list of op names (str), "
-                        f"got {data_fetch!r}")
+        raise TypeError(
+            f"diagnose(): data_fetch must be a list of op names (str), got {data_fetch!r}"
+        )
     v = _View(results, data_fetch=data_fetch)
     findings = []
     for check in CHECKS:
         findings += check(v)
     busy = int(v.steps["gpu_busy_ns"].sum()) if len(v.steps) else 0
-    summary = {"steps": len(v.steps), "step_ns_mean": v.step_ns // v.n_steps,
-               "gpu_busy_share": busy / max(v.step_ns, 1), "gpu": bool(len(v.gpu))}
+    summary = {
+        "steps": len(v.steps),
+        "step_ns_mean": v.step_ns // v.n_steps,
+        "gpu_busy_share": busy / max(v.step_ns, 1),
+        "gpu": bool(len(v.gpu)),
+    }
     return Diagnosis(findings, summary)
 
 
 # -- where each step's time goes: one part per instant, for the step bars of reports --
 
-STEP_BREAKDOWN_DTYPE = np.dtype([
-    ("step", "i8"), ("window", "i4"), ("start_ns", "i8"), ("end_ns", "i8"), ("step_ns", "i8"),
-    ("gpu_busy_ns", "i8"), ("comm_ns", "i8"), ("data_wait_ns", "i8"), ("sync_wait_ns", "i8"),
-    ("idle_ns", "i8"),
-])
+STEP_BREAKDOWN_DTYPE = np.dtype(
+    [
+        ("step", "i8"),
+        ("window", "i4"),
+        ("start_ns", "i8"),
+        ("end_ns", "i8"),
+        ("step_ns", "i8"),
+        ("gpu_busy_ns", "i8"),
+        ("comm_ns", "i8"),
+        ("data_wait_ns", "i8"),
+        ("sync_wait_ns", "i8"),
+        ("idle_ns", "i8"),
+    ]
+)
 
 
 def step_breakdown(results: Results) -> np.ndarray:
@@ -730,8 +706,6 @@ def step_breakdown(results: Results) -> np.ndarray:
         ``results.steps()``, with ``window`` the index of the recorded window and
         ``step_ns = end_ns - start_ns``.
     """
-    from .distributed import _covered, _intersect, _union
-
     parts = []
     for wi in range(len(results._windows)):
         v = _View(results, wi)
@@ -756,18 +730,27 @@ def step_breakdown(results: Results) -> np.ndarray:
         s_end = sp["end_ns"][si].astype(np.int64)
         starts = np.sort(g["start_ns"][work])
         nxt = np.searchsorted(starts, s_end)
-        nxt_start = np.where(nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)],
-                             np.iinfo(np.int64).max)
+        nxt_start = np.where(
+            nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)], np.iinfo(np.int64).max
+        )
         bubble = _union(s_end, np.minimum(s_end + (s_end - sp["start_ns"][si]), nxt_start))
-        gpu_or_loader = _union(np.concatenate([gpu_any[0], loader[0]]),
-                               np.concatenate([gpu_any[1], loader[1]]))
+        gpu_or_loader = _union(
+            np.concatenate([gpu_any[0], loader[0]]), np.concatenate([gpu_any[1], loader[1]])
+        )
         out["gpu_busy_ns"] = _covered(busy, lo, hi)
         out["comm_ns"] = _covered(gpu_any, lo, hi) - out["gpu_busy_ns"]
-        out["data_wait_ns"] = (_covered(loader, lo, hi)
-                               - _covered(_intersect(loader, gpu_any), lo, hi))
-        out["sync_wait_ns"] = (_covered(bubble, lo, hi)
-                               - _covered(_intersect(bubble, gpu_or_loader), lo, hi))
-        out["idle_ns"] = (out["step_ns"] - out["gpu_busy_ns"] - out["comm_ns"]
-                          - out["data_wait_ns"] - out["sync_wait_ns"])
+        out["data_wait_ns"] = _covered(loader, lo, hi) - _covered(
+            _intersect(loader, gpu_any), lo, hi
+        )
+        out["sync_wait_ns"] = _covered(bubble, lo, hi) - _covered(
+            _intersect(bubble, gpu_or_loader), lo, hi
+        )
+        out["idle_ns"] = (
+            out["step_ns"]
+            - out["gpu_busy_ns"]
+            - out["comm_ns"]
+            - out["data_wait_ns"]
+            - out["sync_wait_ns"]
+        )
         parts.append(out)
     return np.concatenate(parts)

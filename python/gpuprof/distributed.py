@@ -27,13 +27,23 @@ import gzip
 import json
 import os
 import re
-import sys
 
 import numpy as np
+
+from ._findings import Diagnosis, Finding
+from ._format import format_time
+from ._intervals import covered as _covered
+from ._intervals import intersect as _intersect
+from ._intervals import union as _union
+from ._output import check_output_path
+from ._ranks import distributed_info, expand_name, rank_info
+from ._trace_read import read_trace
+from ._version import __version__
 
 __all__ = [
     "MergedRun",
     "collective_name",
+    "diagnose_ranks",
     "comm_overlap",
     "distributed_info",
     "expand_name",
@@ -41,227 +51,20 @@ __all__ = [
     "rank_info",
 ]
 
-# ---- who am I ---------------------------------------------------------------------------------
+STEP_FIELDS = (
+    "step_ns",
+    "compute_ns",
+    "comm_ns",
+    "overlap_ns",
+    "exposed_comm_ns",
+    "memcpy_ns",
+    "busy_ns",
+    "idle_ns",
+)
 
-
-def _env_int(name: str) -> int | None:
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"gpuprof: environment variable {name}={v!r} is not an integer; "
-                         f"set it to the process's {name.lower()} (torchrun does) or unset it"
-                         ) from None
-
-
-def _torch_dist():
-    """torch.distributed when the program imported it and initialised a process
-    group, else None. Never imports torch."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist
-    except Exception:  # a half-initialised process group must not break profiling
-        pass
-    return None
-
-
-def rank_info() -> dict:
-    """This process's place in a distributed job.
-
-    Returns:
-        ``{"rank": int, "local_rank": int, "world_size": int}``. From
-        ``torch.distributed`` when a process group is initialised (the local
-        rank then still comes from ``LOCAL_RANK``), else from the ``RANK``,
-        ``LOCAL_RANK`` and ``WORLD_SIZE`` variables torchrun sets, else rank 0
-        of 1. Without ``LOCAL_RANK`` the local rank equals the rank (one node).
-
-    Raises:
-        ValueError: one of the variables is not an integer, only one of
-            ``RANK``/``WORLD_SIZE`` is set, or the rank is outside the world.
-    """
-    rank = world = None
-    dist = _torch_dist()
-    if dist is not None:
-        try:
-            rank, world = int(dist.get_rank()), int(dist.get_world_size())
-        except Exception:
-            rank = world = None
-    if rank is None:
-        rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        if (rank is None) != (world is None):
-            have, missing = ("RANK", "WORLD_SIZE") if world is None else ("WORLD_SIZE", "RANK")
-            raise ValueError(f"gpuprof: {have} is set but {missing} is not; set both (torchrun "
-                             "does) or neither")
-        if rank is None:
-            rank, world = 0, 1
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"gpuprof: rank {rank} is not inside a world of size {world}; check "
-                         "RANK and WORLD_SIZE")
-    local = _env_int("LOCAL_RANK")
-    if local is None:
-        local = rank
-    if local < 0:
-        raise ValueError(f"gpuprof: LOCAL_RANK={local} is negative; it must be the process's "
-                         "index on its node")
-    return {"rank": rank, "local_rank": local, "world_size": world}
-
-
-def _nccl_version() -> str | None:
-    torch = sys.modules.get("torch")
-    nccl = getattr(getattr(torch, "cuda", None), "nccl", None) or sys.modules.get("torch.cuda.nccl")
-    if nccl is None:
-        return None
-    try:
-        v = nccl.version()
-    except Exception:  # built without NCCL, or no driver
-        return None
-    if isinstance(v, (tuple, list)):
-        return ".".join(str(int(x)) for x in v)
-    return str(v)
-
-
-def _jsonable(value):
-    """``value`` as plain JSON data (torch's pg config may hold odd types)."""
-    try:
-        return json.loads(json.dumps(value, default=str))
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def distributed_info() -> dict:
-    """The trace's ``distributedInfo`` object (trace-format section 9).
-
-    With an initialised ``torch.distributed`` process group: ``backend``,
-    ``rank``, ``world_size``, and where this torch provides them ``pg_count``,
-    ``pg_config`` and ``nccl_version`` (NCCL backends). Otherwise ``rank`` and
-    ``world_size`` from :func:`rank_info`: ``{"rank": 0, "world_size": 1}`` for
-    a single process, so that HTA needs no manual editing.
-
-    Raises:
-        ValueError: as :func:`rank_info`.
-    """
-    dist = _torch_dist()
-    if dist is not None:
-        try:
-            info = {"backend": str(dist.get_backend()), "rank": int(dist.get_rank()),
-                    "world_size": int(dist.get_world_size())}
-        except Exception:
-            info = None
-        if info is not None:
-            with contextlib.suppress(Exception):
-                info["pg_count"] = int(dist.get_pg_count())
-            c10d = getattr(dist, "distributed_c10d", None)
-            get_configs = getattr(c10d, "_get_all_pg_configs", None)
-            if get_configs is not None:
-                with contextlib.suppress(Exception):
-                    info["pg_config"] = _jsonable(get_configs())
-            if "nccl" in info["backend"]:
-                v = _nccl_version()
-                if v:
-                    info["nccl_version"] = v
-            return info
-    r = rank_info()
-    return {"rank": r["rank"], "world_size": r["world_size"]}
-
-
-_PLACEHOLDER = re.compile(r"\{(rank|local_rank|world_size)\}")
-
-
-def expand_name(name):
-    """Replace ``{rank}``, ``{local_rank}`` and ``{world_size}`` in an output name.
-
-    Other braces are left alone, so a name without these placeholders comes
-    back unchanged. Example: ``expand_name("traces/rank{rank}.json")`` is
-    ``"traces/rank1.json"`` on rank 1.
-
-    Args:
-        name: a str or os.PathLike.
-
-    Returns:
-        The expanded name (str; os.PathLike input is converted).
-
-    Raises:
-        TypeError: ``name`` is not a str or os.PathLike.
-        ValueError: as :func:`rank_info`, when a placeholder needs the rank.
-    """
-    if isinstance(name, os.PathLike):
-        name = os.fspath(name)
-    if isinstance(name, bytes):
-        name = os.fsdecode(name)
-    if not isinstance(name, str):
-        raise TypeError(f"expand_name(): name must be a str or os.PathLike, got {name!r}")
-    if not _PLACEHOLDER.search(name):
-        return name
-    info = rank_info()
-    return _PLACEHOLDER.sub(lambda m: str(info[m.group(1)]), name)
-
-
-# ---- interval arithmetic (ns, half-open) ------------------------------------------------------
-
-
-def _union(starts, ends) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint, sorted intervals covering the given ones."""
-    s = np.asarray(starts, dtype=np.int64)
-    e = np.asarray(ends, dtype=np.int64)
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if not len(s):
-        return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    # a new interval starts where it begins after everything before it ended
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(new)
-    out_e = np.append(reach[idx[1:] - 1], reach[-1])
-    return s[idx], out_e
-
-
-def _intersect(a, b) -> tuple[np.ndarray, np.ndarray]:
-    """Intersection of two disjoint sorted interval sets."""
-    (as_, ae), (bs, be) = a, b
-    i = j = 0
-    out_s, out_e = [], []
-    while i < len(as_) and j < len(bs):
-        lo, hi = max(as_[i], bs[j]), min(ae[i], be[j])
-        if lo < hi:
-            out_s.append(lo)
-            out_e.append(hi)
-        if ae[i] < be[j]:
-            i += 1
-        else:
-            j += 1
-    return np.array(out_s, dtype=np.int64), np.array(out_e, dtype=np.int64)
-
-
-def _covered(iv, lo, hi) -> np.ndarray:
-    """Time covered by disjoint sorted intervals ``iv`` inside each [lo, hi)."""
-    s, e = iv
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    if not len(s):
-        return np.zeros(lo.shape, dtype=np.int64)
-    before = np.concatenate(([0], np.cumsum(e - s)))
-
-    def upto(t):  # covered time in (-inf, t)
-        i = np.searchsorted(s, t, side="right") - 1
-        ic = np.clip(i, 0, len(s) - 1)
-        part = np.where(i >= 0, np.clip(np.minimum(t, e[ic]) - s[ic], 0, None), 0)
-        return np.where(i >= 0, before[ic], 0) + part
-
-    return np.maximum(upto(hi) - upto(lo), 0)
-
-
-STEP_FIELDS = ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "memcpy_ns",
-               "busy_ns", "idle_ns")
-
-OVERLAP_DTYPE = np.dtype([("step", "i8"), ("start_ns", "i8"), ("end_ns", "i8")]
-                         + [(f, "i8") for f in STEP_FIELDS])
+OVERLAP_DTYPE = np.dtype(
+    [("step", "i8"), ("start_ns", "i8"), ("end_ns", "i8")] + [(f, "i8") for f in STEP_FIELDS]
+)
 
 
 def _step_breakdown(steps, start, end, compute, comm, memory) -> np.ndarray:
@@ -306,8 +109,10 @@ def comm_overlap(results) -> np.ndarray:
     """
     res = getattr(results, "results", results)
     if not (callable(getattr(res, "steps", None)) and callable(getattr(res, "gpu_events", None))):
-        raise TypeError("comm_overlap(): pass a gpuprof.profile, prof.results or a loaded "
-                        f"profile, got {type(results).__name__}")
+        raise TypeError(
+            "comm_overlap(): pass a gpuprof.profile, prof.results or a loaded "
+            f"profile, got {type(results).__name__}"
+        )
     steps = res.steps()
     g = res.gpu_events()
 
@@ -316,9 +121,14 @@ def comm_overlap(results) -> np.ndarray:
 
     kernel = g["kind"] == "kernel"
     comm = g["category"] == "communication"
-    return _step_breakdown(steps["step"], steps["start_ns"], steps["end_ns"],
-                           pick(kernel & ~comm), pick(kernel & comm),
-                           pick(np.isin(g["kind"], ("memcpy", "memset"))))
+    return _step_breakdown(
+        steps["step"],
+        steps["start_ns"],
+        steps["end_ns"],
+        pick(kernel & ~comm),
+        pick(kernel & comm),
+        pick(np.isin(g["kind"], ("memcpy", "memset"))),
+    )
 
 
 # ---- reading per-rank traces ------------------------------------------------------------------
@@ -326,10 +136,11 @@ def comm_overlap(results) -> np.ndarray:
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 # ncclDevKernel_AllReduce_Sum_f32_RING_LL(...), ncclKernel_AllGather_RING_LL_Sum_int8_t(...)
 _COLLECTIVE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_GPU_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
-                       "gpu_memory"))
+_GPU_CATS = frozenset(
+    ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory")
+)
 _SPECIAL_PIDS = ("Spans", "Traces", "")
-_GPU_TID_BASE = 1_000_000_000   # merged lanes: host threads keep their OS tid (< 2**22)
+_GPU_TID_BASE = 1_000_000_000  # merged lanes: host threads keep their OS tid (< 2**22)
 _OVERHEAD_TID_BASE = 1_500_000_000
 
 
@@ -343,25 +154,7 @@ def collective_name(kernel_name: str) -> str:
 
 
 def _read_json(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-            f.seek(0)
-            if head == b"\x1f\x8b":
-                with gzip.GzipFile(fileobj=f) as gz:
-                    data = gz.read()
-            else:
-                data = f.read()
-        doc = json.loads(data)
-    except OSError as e:
-        raise OSError(e.errno, f"merge(): cannot read {path!r}: {e.strerror or e}", path) from e
-    except (ValueError, EOFError) as e:
-        raise ValueError(f"merge(): {path!r} is not a JSON trace ({e})") from None
-    if isinstance(doc, list):
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise ValueError(f"merge(): {path!r} is not a Chrome trace: it has no traceEvents list")
-    return doc
+    return read_trace(path, "merge")
 
 
 def _ns(ts) -> int:
@@ -375,12 +168,15 @@ class _RankTrace:
         self.rank = rank
         self.files = files
         self.info = docs[0].get("distributedInfo") or {}
-        self.events: list[tuple[int, dict]] = []   # (absolute ns of ts, event)
+        self.events: list[tuple[int, dict]] = []  # (absolute ns of ts, event)
         self.steps: dict[int, tuple[int, int]] = {}
         self.host_pids: set = set()
         self.collectives: dict[str, tuple[int, int]] = {}  # name -> (calls, total ns)
-        iv: dict[str, tuple[list, list]] = {"compute": ([], []), "comm": ([], []),
-                                             "memory": ([], [])}
+        iv: dict[str, tuple[list, list]] = {
+            "compute": ([], []),
+            "comm": ([], []),
+            "memory": ([], []),
+        }
         for doc in docs:
             base = int(doc.get("baseTimeNanoseconds", 0) or 0)
             for ev in doc["traceEvents"]:
@@ -421,14 +217,16 @@ class _RankTrace:
         start = [self.steps[k][0] for k in steps]
         end = [self.steps[k][1] for k in steps]
         iv = self.intervals
-        return _step_breakdown(np.array(steps, dtype=np.int64), start, end, iv["compute"],
-                               iv["comm"], iv["memory"])
+        return _step_breakdown(
+            np.array(steps, dtype=np.int64), start, end, iv["compute"], iv["comm"], iv["memory"]
+        )
 
 
 def _expand_one(p: str) -> list[str]:
     if os.path.isdir(p):
-        found = sorted(glob.glob(os.path.join(p, "*.json")) +
-                       glob.glob(os.path.join(p, "*.json.gz")))
+        found = sorted(
+            glob.glob(os.path.join(p, "*.json")) + glob.glob(os.path.join(p, "*.json.gz"))
+        )
         if not found:
             raise FileNotFoundError(f"merge(): folder {p!r} holds no .json or .json.gz trace")
         return found
@@ -447,11 +245,15 @@ def _expand_paths(paths) -> list[str]:
     try:
         names = [os.fsdecode(os.fspath(p)) for p in paths]
     except TypeError:
-        raise TypeError("merge(): paths must be trace files (a list of str or os.PathLike), a "
-                        f"folder or a glob pattern, got {paths!r}") from None
+        raise TypeError(
+            "merge(): paths must be trace files (a list of str or os.PathLike), a "
+            f"folder or a glob pattern, got {paths!r}"
+        ) from None
     if not names:
-        raise ValueError("merge(): paths is empty; pass the per-rank trace files, e.g. "
-                         "glob.glob('traces/*.pt.trace.json')")
+        raise ValueError(
+            "merge(): paths is empty; pass the per-rank trace files, e.g. "
+            "glob.glob('traces/*.pt.trace.json')"
+        )
     out: list[str] = []
     for p in names:
         out += _expand_one(p)
@@ -461,10 +263,13 @@ def _expand_paths(paths) -> list[str]:
 def _load_ranks(paths: list[str], ranks) -> list[_RankTrace]:
     if ranks is not None:
         ranks = list(ranks)
-        if len(ranks) != len(paths) or not all(isinstance(r, int) and not isinstance(r, bool)
-                                               and r >= 0 for r in ranks):
-            raise ValueError(f"merge(): ranks must be one non-negative int per path "
-                             f"({len(paths)} paths), got {ranks!r}")
+        if len(ranks) != len(paths) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks
+        ):
+            raise ValueError(
+                f"merge(): ranks must be one non-negative int per path "
+                f"({len(paths)} paths), got {ranks!r}"
+            )
     by_rank: dict[int, tuple[list[str], list[dict]]] = {}
     for i, path in enumerate(paths):
         if not os.path.isfile(path):
@@ -476,8 +281,10 @@ def _load_ranks(paths: list[str], ranks) -> list[_RankTrace]:
         elif isinstance(info, dict) and isinstance(info.get("rank"), int):
             rank = info["rank"]
         else:
-            raise ValueError(f"merge(): {path!r} has no distributedInfo rank; pass ranks=[...] "
-                             "(CLI: --ranks 0,1,...) in the order of the files")
+            raise ValueError(
+                f"merge(): {path!r} has no distributedInfo rank; pass ranks=[...] "
+                "(CLI: --ranks 0,1,...) in the order of the files"
+            )
         files, docs = by_rank.setdefault(rank, ([], []))
         files.append(path)
         docs.append(doc)
@@ -486,9 +293,11 @@ def _load_ranks(paths: list[str], ranks) -> list[_RankTrace]:
         files, docs = by_rank[rank]
         rt = _RankTrace(rank, files, docs)
         if len(rt.host_pids) > 1:
-            raise ValueError(f"merge(): several processes claim rank {rank} "
-                             f"(files {', '.join(files)}); each rank must be one process. "
-                             "Pass ranks=[...] (CLI: --ranks) to number them yourself")
+            raise ValueError(
+                f"merge(): several processes claim rank {rank} "
+                f"(files {', '.join(files)}); each rank must be one process. "
+                "Pass ranks=[...] (CLI: --ranks) to number them yourself"
+            )
         out.append(rt)
     return out
 
@@ -504,9 +313,11 @@ def _align(traces: list[_RankTrace], align: str) -> tuple[str, dict[int, int], i
         return "clock", zero, None
     if not common:
         if align == "step":
-            raise ValueError("merge(): align='step' needs a ProfilerStep#<n> recorded by every "
-                             "rank; these traces share none (record the same steps on every "
-                             "rank, or use align='clock')")
+            raise ValueError(
+                "merge(): align='step' needs a ProfilerStep#<n> recorded by every "
+                "rank; these traces share none (record the same steps on every "
+                "rank, or use align='clock')"
+            )
         return "clock", zero, None
     k0 = min(common)
     starts = {t.rank: t.steps[k0][0] for t in traces}
@@ -540,7 +351,8 @@ def _rank_events(t: _RankTrace, index: int, n_ranks: int, shift: int, base: int)
     for _, ev in t.events:
         if ev.get("ph") == "X":
             (gpu_lanes if ev.get("cat") in _GPU_CATS else host_lanes).add(
-                (ev.get("pid"), ev.get("tid")))
+                (ev.get("pid"), ev.get("tid"))
+            )
     names: dict[tuple, str] = {}
     for _, ev in t.events:
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
@@ -580,27 +392,61 @@ def _rank_events(t: _RankTrace, index: int, n_ranks: int, shift: int, base: int)
     meta = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}},
         {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": label}},
-        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-         "args": {"sort_index": pid}},
+        {
+            "ph": "M",
+            "name": "process_sort_index",
+            "pid": pid,
+            "tid": 0,
+            "args": {"sort_index": pid},
+        },
     ]
     for lane in sorted(host_lanes, key=lambda x: str(x[1])):
         if lane[0] == -1 or lane in gpu_lanes or not isinstance(lane[1], int):
             continue
         name = names.get(lane) or f"thread {lane[1]}"
-        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": lane[1],
-                     "args": {"name": name}})
-        meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": lane[1],
-                     "args": {"sort_index": lane[1]}})
+        meta.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": lane[1], "args": {"name": name}}
+        )
+        meta.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": pid,
+                "tid": lane[1],
+                "args": {"sort_index": lane[1]},
+            }
+        )
     for lane, tid in gpu_tid.items():
         label = names.get(lane) or f"stream {lane[1]}"
-        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                     "args": {"name": f"GPU {lane[0]} {label}"}})
-        meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                     "args": {"sort_index": tid}})
+        meta.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": f"GPU {lane[0]} {label}"},
+            }
+        )
+        meta.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
     for lane, tid in other_tid.items():
         what = "gpuprof overhead" if lane[0] == "overhead" else "thread"
-        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                     "args": {"name": f"{what} {lane[1]}"}})
+        meta.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": f"{what} {lane[1]}"},
+            }
+        )
     return meta + out
 
 
@@ -609,12 +455,17 @@ def _write_merged(path: str, header: dict, events: list[dict]) -> None:
     try:
         raw = open(tmp, "wb")  # noqa: SIM115 (closed below, also on failure)
         try:
-            f = (gzip.GzipFile(filename=os.path.basename(path[:-3]), mode="wb", fileobj=raw,
-                               compresslevel=6) if path.endswith(".gz") else raw)
+            f = (
+                gzip.GzipFile(
+                    filename=os.path.basename(path[:-3]), mode="wb", fileobj=raw, compresslevel=6
+                )
+                if path.endswith(".gz")
+                else raw
+            )
             parts = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in header.items()]
             f.write(("{\n  " + ",\n  ".join(parts) + ',\n  "traceEvents": [\n').encode())
             for i in range(0, len(events), 4096):
-                chunk = events[i:i + 4096]
+                chunk = events[i : i + 4096]
                 text = ",\n".join(json.dumps(e, allow_nan=False) for e in chunk)
                 f.write(((",\n" if i else "") + text).encode("utf-8", "replace"))
             f.write(f'\n  ],\n  "traceName": {json.dumps(path)}\n}}\n'.encode())
@@ -631,12 +482,21 @@ def _write_merged(path: str, header: dict, events: list[dict]) -> None:
 
 # ---- the cross-rank report --------------------------------------------------------------------
 
-RANK_STEP_DTYPE = np.dtype([("rank", "i4")] + OVERLAP_DTYPE.descr + [("work_ns", "i8"),
-                                                                      ("slowest", "?")])
-COLLECTIVES_DTYPE = np.dtype([("rank", "i4"), ("collective", "U32"), ("calls", "i8"),
-                              ("total_ns", "i8")])
-SLOWEST_DTYPE = np.dtype([("step", "i8"), ("rank", "i4"), ("work_ns", "i8"),
-                          ("others_wait_ns", "i8"), ("max_wait_ns", "i8")])
+RANK_STEP_DTYPE = np.dtype(
+    [("rank", "i4")] + OVERLAP_DTYPE.descr + [("work_ns", "i8"), ("slowest", "?")]
+)
+COLLECTIVES_DTYPE = np.dtype(
+    [("rank", "i4"), ("collective", "U32"), ("calls", "i8"), ("total_ns", "i8")]
+)
+SLOWEST_DTYPE = np.dtype(
+    [
+        ("step", "i8"),
+        ("rank", "i4"),
+        ("work_ns", "i8"),
+        ("others_wait_ns", "i8"),
+        ("max_wait_ns", "i8"),
+    ]
+)
 
 
 class MergedRun:
@@ -668,8 +528,14 @@ class MergedRun:
         gpu: whether any rank recorded GPU activity.
     """
 
-    def __init__(self, traces: list[_RankTrace], alignment: str, shifts: dict[int, int],
-                 aligned_step, path: str | None):
+    def __init__(
+        self,
+        traces: list[_RankTrace],
+        alignment: str,
+        shifts: dict[int, int],
+        aligned_step,
+        path: str | None,
+    ):
         self.path = path
         self.ranks = [t.rank for t in traces]
         self.files = {t.rank: list(t.files) for t in traces}
@@ -697,8 +563,13 @@ class MergedRun:
             steps["slowest"][idx[j]] = True
             others = np.delete(np.arange(len(rows)), j)
             waits = np.maximum(rows["exposed_comm_ns"][others] - rows["exposed_comm_ns"][j], 0)
-            slow[i] = (k, rows["rank"][j], rows["work_ns"][j],
-                       int(waits.mean()) if len(waits) else 0, int(waits.max(initial=0)))
+            slow[i] = (
+                k,
+                rows["rank"][j],
+                rows["work_ns"][j],
+                int(waits.mean()) if len(waits) else 0,
+                int(waits.max(initial=0)),
+            )
         self.steps = steps
         self.slowest = slow
         coll = [(t.rank, c, n, ns) for t in traces for c, (n, ns) in sorted(t.collectives.items())]
@@ -713,8 +584,9 @@ class MergedRun:
         """Per rank, means over the common steps of the :attr:`steps` fields,
         plus ``steps`` (how many) and ``slowest_steps`` (how many it was slowest in)."""
         fields = list(STEP_FIELDS) + ["work_ns"]
-        dt = np.dtype([("rank", "i4"), ("steps", "i8"), ("slowest_steps", "i8")]
-                      + [(f, "i8") for f in fields])
+        dt = np.dtype(
+            [("rank", "i4"), ("steps", "i8"), ("slowest_steps", "i8")] + [(f, "i8") for f in fields]
+        )
         out = np.zeros(len(self.ranks), dtype=dt)
         common = np.isin(self.steps["step"], self.slowest["step"])
         for i, r in enumerate(self.ranks):
@@ -728,35 +600,44 @@ class MergedRun:
 
     def diagnose(self):
         """Cross-rank findings (a straggler rank): a :class:`gpuprof.diagnose.Diagnosis`."""
-        from .diagnose import diagnose
-
-        return diagnose(self)
+        return diagnose_ranks(self)
 
     def table(self, max_steps: int | None = None) -> str:
         """The cross-rank report: per-rank means, then per step and rank,
         the slowest rank of each step marked with ``*``."""
-        from .tables import format_time as ft
-
+        ft = format_time
         lines = []
         n = len(self.common_steps)
-        how = ("the ranks' own clocks" if self.alignment == "clock" else
-               f"ProfilerStep#{self.aligned_step} of each rank (clocks disagreed)")
-        lines.append(f"gpuprof merge: {len(self.ranks)} ranks, {n} steps recorded by every rank; "
-                     f"timelines aligned on {how}")
+        how = (
+            "the ranks' own clocks"
+            if self.alignment == "clock"
+            else f"ProfilerStep#{self.aligned_step} of each rank (clocks disagreed)"
+        )
+        lines.append(
+            f"gpuprof merge: {len(self.ranks)} ranks, {n} steps recorded by every rank; "
+            f"timelines aligned on {how}"
+        )
         if self.path:
             lines.append(f"merged trace: {self.path}")
         if not self.gpu:
             lines.append("(no GPU activity in the traces: compute and communication are 0)")
-        head = (f"{'Rank':>5} {'Step time':>11} {'Compute':>11} {'Comm':>11} {'Overlap':>11} "
-                f"{'Exposed comm':>13} {'Idle':>11}")
+        head = (
+            f"{'Rank':>5} {'Step time':>11} {'Compute':>11} {'Comm':>11} {'Overlap':>11} "
+            f"{'Exposed comm':>13} {'Idle':>11}"
+        )
         lines += ["", "Per rank, mean per step", head + f" {'Slowest in':>11}"]
         for r in self.rank_summary():
-            lines.append(f"{r['rank']:5d} {ft(r['step_ns']):>11} {ft(r['compute_ns']):>11} "
-                         f"{ft(r['comm_ns']):>11} {ft(r['overlap_ns']):>11} "
-                         f"{ft(r['exposed_comm_ns']):>13} {ft(r['idle_ns']):>11} "
-                         f"{r['slowest_steps']:>5d} of {r['steps']:<2d}")
-        lines += ["", "Per step (* = slowest rank: most time outside communication waits)",
-                  f"{'Step':>6} " + head + f" {'Waited for slowest':>19}"]
+            lines.append(
+                f"{r['rank']:5d} {ft(r['step_ns']):>11} {ft(r['compute_ns']):>11} "
+                f"{ft(r['comm_ns']):>11} {ft(r['overlap_ns']):>11} "
+                f"{ft(r['exposed_comm_ns']):>13} {ft(r['idle_ns']):>11} "
+                f"{r['slowest_steps']:>5d} of {r['steps']:<2d}"
+            )
+        lines += [
+            "",
+            "Per step (* = slowest rank: most time outside communication waits)",
+            f"{'Step':>6} " + head + f" {'Waited for slowest':>19}",
+        ]
         shown = self.slowest if max_steps is None else self.slowest[:max_steps]
         for s in shown:
             rows = self.steps[self.steps["step"] == s["step"]]
@@ -764,11 +645,13 @@ class MergedRun:
             for r in rows:
                 mark = "*" if r["slowest"] else " "
                 wait = max(int(r["exposed_comm_ns"]) - slow_exposed, 0)
-                lines.append(f"{s['step']:6d} {r['rank']:4d}{mark} {ft(r['step_ns']):>11} "
-                             f"{ft(r['compute_ns']):>11} {ft(r['comm_ns']):>11} "
-                             f"{ft(r['overlap_ns']):>11} {ft(r['exposed_comm_ns']):>13} "
-                             f"{ft(r['idle_ns']):>11} "
-                             f"{'' if r['slowest'] else ft(wait):>19}")
+                lines.append(
+                    f"{s['step']:6d} {r['rank']:4d}{mark} {ft(r['step_ns']):>11} "
+                    f"{ft(r['compute_ns']):>11} {ft(r['comm_ns']):>11} "
+                    f"{ft(r['overlap_ns']):>11} {ft(r['exposed_comm_ns']):>13} "
+                    f"{ft(r['idle_ns']):>11} "
+                    f"{'' if r['slowest'] else ft(wait):>19}"
+                )
         if len(shown) < len(self.slowest):
             lines.append(f"... {len(self.slowest) - len(shown)} more steps")
         if len(self.slowest):
@@ -776,15 +659,23 @@ class MergedRun:
             top = int(np.argmax(counts)) + min(self.ranks)
             per_step = ", ".join(str(int(r)) for r in shown["rank"])
             more = ", ..." if len(shown) < len(self.slowest) else ""
-            lines += ["", f"slowest rank per step: {per_step}{more} "
-                      f"(rank {top} in {int(counts.max())} of {n})"]
+            lines += [
+                "",
+                f"slowest rank per step: {per_step}{more} "
+                f"(rank {top} in {int(counts.max())} of {n})",
+            ]
         if len(self.collectives):
-            lines += ["", "NCCL kernels per rank (all recorded steps)",
-                      f"{'Rank':>5} {'Collective':<16} {'Calls':>7} {'Total':>11} {'Mean':>11}"]
+            lines += [
+                "",
+                "NCCL kernels per rank (all recorded steps)",
+                f"{'Rank':>5} {'Collective':<16} {'Calls':>7} {'Total':>11} {'Mean':>11}",
+            ]
             for c in self.collectives:
-                lines.append(f"{c['rank']:5d} {c['collective']:<16} {c['calls']:7d} "
-                             f"{ft(c['total_ns']):>11} "
-                             f"{ft(c['total_ns'] / max(c['calls'], 1)):>11}")
+                lines.append(
+                    f"{c['rank']:5d} {c['collective']:<16} {c['calls']:7d} "
+                    f"{ft(c['total_ns']):>11} "
+                    f"{ft(c['total_ns'] / max(c['calls'], 1)):>11}"
+                )
         return "\n".join(line.rstrip() for line in lines) + "\n"
 
     def __str__(self) -> str:
@@ -792,14 +683,22 @@ class MergedRun:
 
     def to_dict(self) -> dict:
         """Everything above as plain data (JSON-ready)."""
+
         def rows(a):
             return [dict(zip(a.dtype.names, r, strict=True)) for r in a.tolist()]
 
-        return {"path": self.path, "ranks": self.ranks, "files": self.files,
-                "alignment": self.alignment, "aligned_step": self.aligned_step,
-                "shifts_ns": self.shifts_ns, "steps": rows(self.steps),
-                "slowest": rows(self.slowest), "rank_summary": rows(self.rank_summary()),
-                "collectives": rows(self.collectives)}
+        return {
+            "path": self.path,
+            "ranks": self.ranks,
+            "files": self.files,
+            "alignment": self.alignment,
+            "aligned_step": self.aligned_step,
+            "shifts_ns": self.shifts_ns,
+            "steps": rows(self.steps),
+            "slowest": rows(self.slowest),
+            "rank_summary": rows(self.rank_summary()),
+            "collectives": rows(self.collectives),
+        }
 
 
 def merge(out_path, paths, *, align: str = "auto", ranks=None) -> MergedRun:
@@ -841,40 +740,139 @@ def merge(out_path, paths, *, align: str = "auto", ranks=None) -> MergedRun:
         raise ValueError(f"merge(): align must be 'auto', 'clock' or 'step', got {align!r}")
     files = _expand_paths(paths)
     if out_path is not None:
-        from .exporters.chrome import check_output_path
-
         out_path = check_output_path(out_path, "merge")
         if os.path.exists(out_path) and any(
-                os.path.exists(f) and os.path.samefile(f, out_path) for f in files):
-            raise ValueError(f"merge(): out_path {out_path!r} is one of the input traces; "
-                             "write the merged trace to another file")
+            os.path.exists(f) and os.path.samefile(f, out_path) for f in files
+        ):
+            raise ValueError(
+                f"merge(): out_path {out_path!r} is one of the input traces; "
+                "write the merged trace to another file"
+            )
     traces = _load_ranks(files, ranks)
     method, shifts, k0 = _align(traces, align)
     run = MergedRun(traces, method, shifts, k0, out_path)
     if out_path is None:
         return run
-    starts = [tabs + shifts[t.rank] for t in traces for tabs, ev in t.events
-              if tabs is not None and ev.get("ph") != "M"]
+    starts = [
+        tabs + shifts[t.rank]
+        for t in traces
+        for tabs, ev in t.events
+        if tabs is not None and ev.get("ph") != "M"
+    ]
     base = min(starts) if starts else 0
     events: list[dict] = []
     for i, t in enumerate(traces):
         events += _rank_events(t, i, len(traces), shifts[t.rank], base)
-    from . import __version__
-
     header = {
         "schemaVersion": 1,
         "deviceProperties": [],
         "gpuprof_version": __version__,
         "gpuprofMerged": {
-            "ranks": [{"rank": t.rank, "files": t.files, "shift_ns": shifts[t.rank],
-                       "distributedInfo": t.info} for t in traces],
-            "alignment": method, "aligned_step": k0},
+            "ranks": [
+                {
+                    "rank": t.rank,
+                    "files": t.files,
+                    "shift_ns": shifts[t.rank],
+                    "distributedInfo": t.info,
+                }
+                for t in traces
+            ],
+            "alignment": method,
+            "aligned_step": k0,
+        },
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": int(base),
     }
     try:
         _write_merged(out_path, header, events)
     except OSError as e:
-        raise OSError(e.errno, f"merge(): cannot write {out_path!r}: {e.strerror or e}",
-                      out_path) from e
+        raise OSError(
+            e.errno, f"merge(): cannot write {out_path!r}: {e.strerror or e}", out_path
+        ) from e
     return run
+
+
+# -- cross-rank checks: they read a gpuprof.distributed.MergedRun (gpuprof.merge) --
+
+
+def _straggler(m) -> list[Finding]:
+    """One rank slowest in most steps while the others wait for it in communication."""
+    slow = m.slowest
+    if len(m.ranks) < 2 or not len(slow):
+        return []
+    ranks, counts = np.unique(slow["rank"], return_counts=True)
+    rank = int(ranks[np.argmax(counts)])
+    mine = slow["rank"] == rank
+    n, total = int(mine.sum()), len(slow)
+    if 2 * n <= total:
+        return []  # no rank is the slowest in most steps: jitter, not a straggler
+    rows = m.steps[np.isin(m.steps["step"], slow["step"])]
+    step_ns = float(rows["step_ns"].mean())
+    wait_total = int(slow["others_wait_ns"][mine].sum())
+    wait_per_step = wait_total // total
+    share = wait_per_step / max(step_ns, 1.0)
+    if share < 0.05:
+        return []
+    waited = []
+    for r in m.ranks:
+        if r == rank:
+            continue
+        w = 0
+        for k in slow["step"][mine]:
+            at = rows[rows["step"] == k]
+            w += max(
+                int(at["exposed_comm_ns"][at["rank"] == r][0])
+                - int(at["exposed_comm_ns"][at["rank"] == rank][0]),
+                0,
+            )
+        waited.append(f"rank {r}: {format_time(w // total)}")
+    me = rows[rows["rank"] == rank]
+    others = rows[rows["rank"] != rank]
+    return [
+        Finding(
+            "straggler",
+            share,
+            f"Rank {rank} is a straggler: slowest in {n} of {total} steps; the other ranks waited "
+            f"{format_time(wait_per_step)} per step for it in communication",
+            {
+                "straggler_rank": rank,
+                "slowest_steps": n,
+                "steps": total,
+                "wait_ns": wait_total,
+                "wait_per_step_ns": wait_per_step,
+                "straggler_work_ns": int(me["work_ns"].mean()),
+                "others_work_ns": int(others["work_ns"].mean()),
+                "waited_per_step": "; ".join(waited),
+            },
+            "",
+            f"Find what rank {rank} does that the others do not: open process 'rank {rank}' in the "
+            "merged trace next to another rank. Usual causes: uneven input (sequence lengths, "
+            "shard sizes), work only that rank does (logging, checkpointing, evaluation), a "
+            "slower or throttled GPU, CPU contention on its host (OMP_NUM_THREADS, dataloader "
+            "workers), or an "
+            "unbalanced model split.",
+        )
+    ]
+
+
+RANK_CHECKS = (_straggler,)
+
+
+def diagnose_ranks(m) -> Diagnosis:
+    findings = []
+    for check in RANK_CHECKS:
+        findings += check(m)
+    rows = m.steps[np.isin(m.steps["step"], m.slowest["step"])]
+    step_ns = int(rows["step_ns"].mean()) if len(rows) else 0
+    busy = int(rows["busy_ns"].mean()) if len(rows) else 0
+    summary = {
+        "steps": len(m.slowest),
+        "step_ns_mean": step_ns,
+        "gpu_busy_share": busy / max(step_ns, 1),
+        "gpu": bool(m.gpu),
+        "ranks": list(m.ranks),
+    }
+    return Diagnosis(findings, summary)
+
+
+# -- end cross-rank checks --

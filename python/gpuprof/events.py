@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._results import OP_KINDS, Results, _display_name
+from ._constants import OP_CUDA_API, SF_ENTERED
+from ._results import Results, _display_name
 
 __all__ = ["EventList", "FunctionEvent", "Interval"]
 
-_API_KIND = next(k for k, v in OP_KINDS.items() if v == "cuda_api")
+_API_KIND = OP_CUDA_API
 
 
 class Interval:
@@ -55,7 +56,7 @@ class FunctionEvent:
         self.device_time_total = float(ev._dev_total_us[i])
         self.self_device_time_total = float(ev._dev_self_us[i])
         self.line = int(ev._spans["line"][i])
-        self.is_context = bool(ev._spans["flags"][i] & 1)
+        self.is_context = bool(ev._spans["flags"][i] & SF_ENTERED)
         self.count = 1
         self.input_shapes: list = []  # not recorded (docs/api.md)
         self.stack: list[str] = []
@@ -75,10 +76,12 @@ class FunctionEvent:
         return [self._events[int(c)] for c in self._events._children(self.id)]
 
     def __repr__(self) -> str:
-        return (f"<FunctionEvent id={self.id} name={self.name!r} thread={self.thread} "
-                f"cpu_time_total={self.cpu_time_total:.3f}us "
-                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
-                f"device_time_total={self.device_time_total:.3f}us>")
+        return (
+            f"<FunctionEvent id={self.id} name={self.name!r} thread={self.thread} "
+            f"cpu_time_total={self.cpu_time_total:.3f}us "
+            f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
+            f"device_time_total={self.device_time_total:.3f}us>"
+        )
 
 
 class EventList:
@@ -89,8 +92,10 @@ class EventList:
         spans = results.spans()
         ops = results.window_ops(-1)
         self._spans = spans
-        self._names = [_display_name(n, f, ln, k) for n, f, ln, k in
-                       zip(ops["name"], ops["file"], ops["line"], ops["kind"])]
+        self._names = [
+            _display_name(n, f, ln, k)
+            for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
+        ]
         self._kinds = [str(k) for k in ops["kind"]]
         self._op = spans["op_row"].astype(np.int64)
         n = len(spans)
@@ -155,8 +160,7 @@ def _device_times(spans, parent, gpu):
     corr = gpu["correlation"][work]
     dur = (gpu["end_ns"][work] - gpu["start_ns"][work]).astype(np.int64)
     pos = np.searchsorted(corr_sorted, corr)
-    found = (pos < len(corr_sorted)) & (corr_sorted[np.minimum(pos, len(corr_sorted) - 1)]
-                                        == corr)
+    found = (pos < len(corr_sorted)) & (corr_sorted[np.minimum(pos, len(corr_sorted) - 1)] == corr)
     api = api_idx[order[pos[found]]]
     dur = dur[found]
     launcher = parent[api]

@@ -30,20 +30,28 @@ import warnings
 import numpy as np
 
 from ._allocators import ADAPTERS, ALLOCATOR_DTYPE, active_adapters
+from ._constants import GPU_FREE, GPU_MALLOC, OP_CUDA_API
+from ._format import format_bytes as _format_bytes
 from ._host_sampler import HOST_DTYPE, HostSampler, SampleSnapshot
 from ._paths import source_location
 from ._results import Results
 from ._spans import python_caller, span_at
 
-__all__ = ["CUDA_CURVE_DTYPE", "HOST_CURVE_DTYPE", "DeviceMemory", "MemorySummary",
-           "memory_curve", "memory_summary", "plot_memory"]
+__all__ = [
+    "CUDA_CURVE_DTYPE",
+    "HOST_CURVE_DTYPE",
+    "DeviceMemory",
+    "MemorySummary",
+    "memory_curve",
+    "memory_summary",
+    "plot_memory",
+]
 
-CUDA_CURVE_DTYPE = np.dtype([("timestamp_ns", "i8"), ("allocated_bytes", "i8"),
-                             ("reserved_bytes", "i8")])
+CUDA_CURVE_DTYPE = np.dtype(
+    [("timestamp_ns", "i8"), ("allocated_bytes", "i8"), ("reserved_bytes", "i8")]
+)
 HOST_CURVE_DTYPE = HOST_DTYPE
 
-GPU_MALLOC, GPU_FREE = 5, 6   # GP_GPU_* (cuda/gp_cuda.h)
-OP_CUDA_API = 5  # GP_OP_CUDA_API
 LARGEST_N = 5
 GAP_RATIO = 2.0
 GAP_MIN_BYTES = 16 << 20  # below this a reserved/allocated ratio is noise, not a finding
@@ -68,8 +76,11 @@ def start_sampler(interval_s: float, owner=None) -> HostSampler | None:
     try:
         sampler.start()
     except Exception as e:
-        warnings.warn(f"gpuprof: memory sampler not started ({e!r}); host and allocator "
-                      "memory curves will be empty", stacklevel=3)
+        warnings.warn(
+            f"gpuprof: memory sampler not started ({e!r}); host and allocator "
+            "memory curves will be empty",
+            stacklevel=3,
+        )
         return None
     return sampler
 
@@ -84,10 +95,16 @@ def kept_samples(results: Results, sampler) -> SampleSnapshot | None:
 
 def validate_interval(value) -> float:
     """memory_sample_interval_s as a float, or ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError("profile(): memory_sample_interval_s must be a positive number of "
-                         f"seconds (e.g. 0.01), got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            "profile(): memory_sample_interval_s must be a positive number of "
+            f"seconds (e.g. 0.01), got {value!r}"
+        )
     return float(value)
 
 
@@ -109,8 +126,10 @@ def parse_device(device) -> int | None:
 def parse_source(source) -> str:
     """Check memory_curve's source argument; ValueError naming the valid ones."""
     if not isinstance(source, str) or source not in _sources():
-        raise ValueError(f"memory_curve(): source must be one of {', '.join(map(repr, _sources()))}"
-                         f"; got {source!r}")
+        raise ValueError(
+            f"memory_curve(): source must be one of {', '.join(map(repr, _sources()))}"
+            f"; got {source!r}"
+        )
     return source
 
 
@@ -137,8 +156,9 @@ def _driver_events(results: Results, device: int):
         g = w.raw["gpu"]
         if not len(g):
             continue
-        idx = np.flatnonzero(((g["kind"] == GPU_MALLOC) | (g["kind"] == GPU_FREE))
-                             & (g["device"] == device))
+        idx = np.flatnonzero(
+            ((g["kind"] == GPU_MALLOC) | (g["kind"] == GPU_FREE)) & (g["device"] == device)
+        )
         idx = idx[np.argsort(g["start_ns"][idx], kind="stable")]
         sizes: dict[int, int] = {}
         for i in idx:
@@ -215,15 +235,18 @@ def _host_rows(results: Results, sampler: HostSampler | None) -> np.ndarray:
     return rows[_in_windows(rows["timestamp_ns"], results)]
 
 
-def memory_curve(results: Results, device="cuda:0", *, sampler: HostSampler | None = None,
-                 source: str = "auto") -> np.ndarray:
+def memory_curve(
+    results: Results, device="cuda:0", *, sampler: HostSampler | None = None, source: str = "auto"
+) -> np.ndarray:
     """Memory over time for one device (see :meth:`gpuprof.profile.memory_curve`)."""
     index = parse_device(device)
     parse_source(source)
     if index is None:
         if source not in ("auto", "host"):
-            raise ValueError(f"memory_curve(): source={source!r} has no host curve; use "
-                             "source='auto' with device='cpu'")
+            raise ValueError(
+                f"memory_curve(): source={source!r} has no host curve; use "
+                "source='auto' with device='cpu'"
+            )
         return _host_rows(results, sampler)
     if source == "host":
         raise ValueError("memory_curve(): source='host' needs device='cpu'")
@@ -327,15 +350,7 @@ def _running_at(results: Results, ts: int) -> tuple[str, str]:
 # -- summary ----------------------------------------------------------------------------------
 def format_bytes(n: int | float) -> str:
     """Bytes in binary units: 512 B, 1.5 KiB, 256.0 MiB, 1.25 GiB (sign kept)."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            break
-        n /= 1024
-    if unit == "B":
-        return f"{sign}{int(n)} B"
-    return f"{sign}{n:.2f} {unit}" if unit == "GiB" else f"{sign}{n:.1f} {unit}"
+    return _format_bytes(n, "binary")
 
 
 def _ms(ns: int) -> str:
@@ -374,9 +389,14 @@ class DeviceMemory:
         self.notes: list[str] = []
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "peak_bytes": self.peak_bytes,
-                "peak_source": self.peak_source, "driver": self.driver,
-                "allocator": self.allocator, "notes": list(self.notes)}
+        return {
+            "device": self.device,
+            "peak_bytes": self.peak_bytes,
+            "peak_source": self.peak_source,
+            "driver": self.driver,
+            "allocator": self.allocator,
+            "notes": list(self.notes),
+        }
 
 
 class MemorySummary:
@@ -389,18 +409,25 @@ class MemorySummary:
     ``window_start_ns``, ``notes``.
     """
 
-    def __init__(self, devices: dict[str, DeviceMemory], host: dict | None,
-                 window_start_ns: int, notes: list[str]):
+    def __init__(
+        self,
+        devices: dict[str, DeviceMemory],
+        host: dict | None,
+        window_start_ns: int,
+        notes: list[str],
+    ):
         self.devices = devices
         self.host = host
         self.window_start_ns = window_start_ns
         self.notes = notes
 
     def to_dict(self) -> dict:
-        return {"window_start_ns": self.window_start_ns,
-                "devices": {k: v.to_dict() for k, v in self.devices.items()},
-                "host": dict(self.host) if self.host is not None else None,
-                "notes": list(self.notes)}
+        return {
+            "window_start_ns": self.window_start_ns,
+            "devices": {k: v.to_dict() for k, v in self.devices.items()},
+            "host": dict(self.host) if self.host is not None else None,
+            "notes": list(self.notes),
+        }
 
     def __str__(self) -> str:
         t0 = self.window_start_ns
@@ -412,38 +439,50 @@ class MemorySummary:
             out.append(f"{name}: peak {format_bytes(d.peak_bytes)} ({d.peak_source})")
             a = d.allocator
             if a is not None:
-                out.append(f"  {a['name']} allocator (absolute, sampled): peak allocated "
-                           f"{format_bytes(a['peak_allocated_bytes'])} at "
-                           f"{_ms(a['peak_allocated_ns'] - t0)}, peak reserved "
-                           f"{format_bytes(a['peak_reserved_bytes'])}; at the end allocated "
-                           f"{format_bytes(a['end_allocated_bytes'])}, reserved "
-                           f"{format_bytes(a['end_reserved_bytes'])}")
+                out.append(
+                    f"  {a['name']} allocator (absolute, sampled): peak allocated "
+                    f"{format_bytes(a['peak_allocated_bytes'])} at "
+                    f"{_ms(a['peak_allocated_ns'] - t0)}, peak reserved "
+                    f"{format_bytes(a['peak_reserved_bytes'])}; at the end allocated "
+                    f"{format_bytes(a['end_allocated_bytes'])}, reserved "
+                    f"{format_bytes(a['end_reserved_bytes'])}"
+                )
             r = d.driver
             if r is not None:
-                out.append(f"  device allocations (CUPTI, relative to the window start): peak "
-                           f"{format_bytes(r['peak_bytes'])} at {_ms(r['peak_ns'] - t0)}; "
-                           f"{r['allocations']} allocations, {r['frees']} frees")
+                out.append(
+                    f"  device allocations (CUPTI, relative to the window start): peak "
+                    f"{format_bytes(r['peak_bytes'])} at {_ms(r['peak_ns'] - t0)}; "
+                    f"{r['allocations']} allocations, {r['frees']} frees"
+                )
                 if r["peak_op"] or r["peak_location"]:
-                    out.append(f"  peak reached by {r['peak_op'] or '?'}"
-                               + (f" at {r['peak_location']}" if r["peak_location"] else ""))
+                    out.append(
+                        f"  peak reached by {r['peak_op'] or '?'}"
+                        + (f" at {r['peak_location']}" if r["peak_location"] else "")
+                    )
                 if r["largest"]:
                     out.append("  largest allocations:")
                     for x in r["largest"]:
-                        out.append(f"    {format_bytes(x['bytes']):>11}  {x['op'] or '?'}"
-                                   + (f"  {x['location']}" if x["location"] else ""))
+                        out.append(
+                            f"    {format_bytes(x['bytes']):>11}  {x['op'] or '?'}"
+                            + (f"  {x['location']}" if x["location"] else "")
+                        )
             for n in d.notes:
                 out.append(f"  note: {n}")
         h = self.host
         if h is not None:
             out.append("")
             what = "RSS" if h["rss_source"] == "statm" else "max RSS so far (getrusage)"
-            out.append(f"host {what}, sampled every {h['interval_s'] * 1e3:g} ms "
-                       f"({h['samples']} samples): start {format_bytes(h['start_bytes'])}, "
-                       f"peak {format_bytes(h['peak_bytes'])} at {_ms(h['peak_ns'] - t0)}, "
-                       f"end {format_bytes(h['end_bytes'])}")
+            out.append(
+                f"host {what}, sampled every {h['interval_s'] * 1e3:g} ms "
+                f"({h['samples']} samples): start {format_bytes(h['start_bytes'])}, "
+                f"peak {format_bytes(h['peak_bytes'])} at {_ms(h['peak_ns'] - t0)}, "
+                f"end {format_bytes(h['end_bytes'])}"
+            )
             if h["peak_op"]:
-                out.append(f"  running at the peak: {h['peak_op']}"
-                           + (f" at {h['peak_location']}" if h["peak_location"] else ""))
+                out.append(
+                    f"  running at the peak: {h['peak_op']}"
+                    + (f" at {h['peak_location']}" if h["peak_location"] else "")
+                )
         for n in self.notes:
             out.append(f"note: {n}")
         return "\n".join(out) + "\n"
@@ -480,10 +519,18 @@ def _driver_summary(results: Results, device: int) -> dict | None:
     for b, ts, wi, i in sorted(mallocs, key=lambda m: (-m[0], m[1]))[:LARGEST_N]:
         lop, lwhere = _allocation_site(results, wi, i)
         largest.append({"bytes": b, "timestamp_ns": ts, "op": lop, "location": lwhere})
-    return {"peak_bytes": peak, "peak_ns": int(curve["timestamp_ns"][k]), "peak_op": op,
-            "peak_location": where, "allocations": len(mallocs), "frees": n_free,
-            "allocated_bytes_total": sum(m[0] for m in mallocs), "freed_bytes_total": freed,
-            "largest": largest, "baseline_bytes": None}
+    return {
+        "peak_bytes": peak,
+        "peak_ns": int(curve["timestamp_ns"][k]),
+        "peak_op": op,
+        "peak_location": where,
+        "allocations": len(mallocs),
+        "frees": n_free,
+        "allocated_bytes_total": sum(m[0] for m in mallocs),
+        "freed_bytes_total": freed,
+        "largest": largest,
+        "baseline_bytes": None,
+    }
 
 
 def _allocator_summary(name: str, rows: np.ndarray) -> dict:
@@ -498,22 +545,30 @@ def _allocator_summary(name: str, rows: np.ndarray) -> dict:
         peak_alloc = int(pk[-1])
         peak_alloc_ns = int(rows["timestamp_ns"][int(np.argmax(pk >= pk[-1]))])
     kr = int(np.argmax(reserved))
-    return {"name": name, "peak_allocated_bytes": peak_alloc, "peak_allocated_ns": peak_alloc_ns,
-            "peak_reserved_bytes": int(reserved[kr]),
-            "peak_reserved_ns": int(rows["timestamp_ns"][kr]),
-            "end_allocated_bytes": int(alloc[-1]), "end_reserved_bytes": int(reserved[-1]),
-            "gap_bytes": int(reserved[kr]) - peak_alloc, "samples": len(rows)}
+    return {
+        "name": name,
+        "peak_allocated_bytes": peak_alloc,
+        "peak_allocated_ns": peak_alloc_ns,
+        "peak_reserved_bytes": int(reserved[kr]),
+        "peak_reserved_ns": int(rows["timestamp_ns"][kr]),
+        "end_allocated_bytes": int(alloc[-1]),
+        "end_reserved_bytes": int(reserved[-1]),
+        "gap_bytes": int(reserved[kr]) - peak_alloc,
+        "samples": len(rows),
+    }
 
 
 def _gap_note(a: dict) -> str | None:
     res, alloc = a["peak_reserved_bytes"], a["peak_allocated_bytes"]
     if res > GAP_RATIO * alloc and res - alloc >= GAP_MIN_BYTES:
-        return (f"the {a['name']} allocator reserved {format_bytes(res)} from the device but "
-                f"its tensors never used more than {format_bytes(alloc)} at once: "
-                f"{format_bytes(res - alloc)} sits cached or fragmented. Memory reserved here "
-                "is not available to other processes or libraries; if you run out of memory, "
-                "see docs/memory.md (release the cache, or reduce fragmentation, e.g. "
-                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).")
+        return (
+            f"the {a['name']} allocator reserved {format_bytes(res)} from the device but "
+            f"its tensors never used more than {format_bytes(alloc)} at once: "
+            f"{format_bytes(res - alloc)} sits cached or fragmented. Memory reserved here "
+            "is not available to other processes or libraries; if you run out of memory, "
+            "see docs/memory.md (release the cache, or reduce fragmentation, e.g. "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)."
+        )
     return None
 
 
@@ -546,9 +601,11 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
             dm.allocator = _allocator_summary(curve_source(allocs), rows)
             dm.peak_bytes = dm.allocator["peak_allocated_bytes"]
             dm.peak_source = curve_source(allocs)
-            dm.notes.append(f"the device curve sums {len(allocs)} allocators ("
-                            f"{', '.join(name for name, _ in allocs)}), each at its latest "
-                            "sample; the peak is the largest sum of those samples")
+            dm.notes.append(
+                f"the device curve sums {len(allocs)} allocators ("
+                f"{', '.join(name for name, _ in allocs)}), each at its latest "
+                "sample; the peak is the largest sum of those samples"
+            )
         elif allocs:
             name, rows = allocs[0]
             dm.allocator = _allocator_summary(name, rows)
@@ -565,9 +622,11 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
         else:
             continue
         if dm.driver is not None and dm.allocator is None:
-            dm.notes.append("the CUPTI curve is relative to the window start: memory allocated "
-                            "before it is not counted (no framework allocator was sampled to "
-                            "give an absolute baseline)")
+            dm.notes.append(
+                "the CUPTI curve is relative to the window start: memory allocated "
+                "before it is not counted (no framework allocator was sampled to "
+                "give an absolute baseline)"
+            )
         devices[dm.device] = dm
     if not devices and not results.cuda.get("active", False) and results.cuda.get("error"):
         notes.append(f"GPU capture was off: {results.cuda['error']}")
@@ -578,14 +637,23 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
             k = int(np.argmax(rows["rss_bytes"]))
             op, where = _running_at(results, int(rows["timestamp_ns"][k]))
             rss = rows["rss_bytes"]
-            host = {"rss_source": sampler.rss_source, "start_bytes": int(rss[0]),
-                    "peak_bytes": int(rss[k]), "peak_ns": int(rows["timestamp_ns"][k]),
-                    "end_bytes": int(rss[-1]),
-                    "peak_op": op, "peak_location": where, "samples": len(rows),
-                    "interval_s": sampler.interval_s, "dropped": sampler.dropped}
+            host = {
+                "rss_source": sampler.rss_source,
+                "start_bytes": int(rss[0]),
+                "peak_bytes": int(rss[k]),
+                "peak_ns": int(rows["timestamp_ns"][k]),
+                "end_bytes": int(rss[-1]),
+                "peak_op": op,
+                "peak_location": where,
+                "samples": len(rows),
+                "interval_s": sampler.interval_s,
+                "dropped": sampler.dropped,
+            }
             if sampler.dropped:
-                notes.append(f"{sampler.dropped} early host samples were overwritten (the "
-                             "sampler keeps the newest ones)")
+                notes.append(
+                    f"{sampler.dropped} early host samples were overwritten (the "
+                    "sampler keeps the newest ones)"
+                )
         notes.extend(sampler.errors)
     return MemorySummary(devices, host, t0, notes)
 
@@ -596,18 +664,21 @@ def _matplotlib():
         import matplotlib  # noqa: F401
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise ImportError("plot_memory() needs matplotlib, an optional dependency: "
-                          "pip install matplotlib (or pip install 'gpuprof[plot]')") from e
+        raise ImportError(
+            "plot_memory() needs matplotlib, an optional dependency: "
+            "pip install matplotlib (or pip install 'gpuprof[plot]')"
+        ) from e
     return Figure
 
 
 def plot_memory(results: Results, path_or_ax=None, *, sampler: HostSampler | None = None):
     """Draw the memory curves (see :meth:`gpuprof.profile.plot_memory`)."""
-    is_ax = path_or_ax is not None and hasattr(path_or_ax, "plot") and \
-        hasattr(path_or_ax, "figure")
+    is_ax = path_or_ax is not None and hasattr(path_or_ax, "plot") and hasattr(path_or_ax, "figure")
     if path_or_ax is not None and not is_ax and not isinstance(path_or_ax, (str, os.PathLike)):
-        raise TypeError("plot_memory(): path_or_ax must be None, a file path or a matplotlib "
-                        f"Axes, got {type(path_or_ax).__name__}")
+        raise TypeError(
+            "plot_memory(): path_or_ax must be None, a file path or a matplotlib "
+            f"Axes, got {type(path_or_ax).__name__}"
+        )
     Figure = _matplotlib()
     t0 = int(_windows(results)[0].raw["window_start_ns"])
     summary = memory_summary(results, sampler=sampler)
@@ -616,14 +687,35 @@ def plot_memory(results: Results, path_or_ax=None, *, sampler: HostSampler | Non
         idx = parse_device(name)
         if d.allocator is not None:
             for src, rows in _allocator_samples(results, sampler, idx):
-                device_lines.append((f"{name} {src} allocated", rows["timestamp_ns"],
-                                     rows["allocated_bytes"], "-", False))
-                device_lines.append((f"{name} {src} reserved", rows["timestamp_ns"],
-                                     rows["reserved_bytes"], "--", False))
+                device_lines.append(
+                    (
+                        f"{name} {src} allocated",
+                        rows["timestamp_ns"],
+                        rows["allocated_bytes"],
+                        "-",
+                        False,
+                    )
+                )
+                device_lines.append(
+                    (
+                        f"{name} {src} reserved",
+                        rows["timestamp_ns"],
+                        rows["reserved_bytes"],
+                        "--",
+                        False,
+                    )
+                )
         if d.driver is not None:
             c = _driver_curve(results, idx)[0]
-            device_lines.append((f"{name} device allocations (CUPTI, from window start)",
-                                 c["timestamp_ns"], c["allocated_bytes"], "-", True))
+            device_lines.append(
+                (
+                    f"{name} device allocations (CUPTI, from window start)",
+                    c["timestamp_ns"],
+                    c["allocated_bytes"],
+                    "-",
+                    True,
+                )
+            )
     host = _host_rows(results, sampler)
     if is_ax:
         axes = [path_or_ax, path_or_ax]
@@ -633,26 +725,42 @@ def plot_memory(results: Results, path_or_ax=None, *, sampler: HostSampler | Non
         fig = Figure(figsize=(9, 3.2 * n), layout="constrained")
         made = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
         axes = [made[0], made[-1]]
-    scale, unit = _unit(max([int(np.max(np.abs(v))) for _, _, v, _, _ in device_lines if len(v)]
-                            + ([int(host["rss_bytes"].max())] if len(host) else []) + [1]))
+    scale, unit = _unit(
+        max(
+            [int(np.max(np.abs(v))) for _, _, v, _, _ in device_lines if len(v)]
+            + ([int(host["rss_bytes"].max())] if len(host) else [])
+            + [1]
+        )
+    )
     if device_lines:
         ax = axes[0]
         for label, ts, v, style, steps in device_lines:
-            ax.plot((ts - t0) / 1e9, v / scale, style, label=label,
-                    drawstyle="steps-post" if steps else "default")
+            ax.plot(
+                (ts - t0) / 1e9,
+                v / scale,
+                style,
+                label=label,
+                drawstyle="steps-post" if steps else "default",
+            )
         ax.set_ylabel(f"device memory ({unit})")
     if len(host):
         ax = axes[1]
-        ax.plot((host["timestamp_ns"] - t0) / 1e9, host["rss_bytes"] / scale, "-", color="gray",
-                label="host RSS")
+        ax.plot(
+            (host["timestamp_ns"] - t0) / 1e9,
+            host["rss_bytes"] / scale,
+            "-",
+            color="gray",
+            label="host RSS",
+        )
         ax.set_ylabel(f"memory ({unit})" if is_ax else f"host RSS ({unit})")
     for ax in set(axes):
         ax.set_xlabel("seconds since window start")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize="small")
     if not device_lines and not len(host):
-        axes[0].text(0.5, 0.5, "no memory recorded", ha="center", va="center",
-                     transform=axes[0].transAxes)
+        axes[0].text(
+            0.5, 0.5, "no memory recorded", ha="center", va="center", transform=axes[0].transAxes
+        )
     if is_ax:
         return path_or_ax
     if path_or_ax is not None:
@@ -665,4 +773,3 @@ def _unit(peak: int) -> tuple[float, str]:
         if peak >= scale:
             return float(scale), unit
     return 1.0, "B"
-

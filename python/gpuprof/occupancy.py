@@ -72,10 +72,10 @@ __all__ = [
 
 LIMITERS = ("registers", "shared_mem", "block_size", "blocks_per_sm", "warps")
 
-REG_ALLOC_UNIT = 256        # registers, per warp, every architecture from 3.0 on
-SUBPARTITIONS = 4           # SMSPs per SM (and the warp allocation granularity of
-                            # the per-block register check), 7.0 and newer
-MAX_REGS_PER_THREAD = 255   # what ptxas can assign; 7.0 and newer
+REG_ALLOC_UNIT = 256  # registers, per warp, every architecture from 3.0 on
+SUBPARTITIONS = 4  # SMSPs per SM (and the warp allocation granularity of
+# the per-block register check), 7.0 and newer
+MAX_REGS_PER_THREAD = 255  # what ptxas can assign; 7.0 and newer
 
 
 @dataclass(frozen=True)
@@ -83,19 +83,19 @@ class DeviceLimits:
     """What one device offers a kernel, in the units of the CUDA attributes."""
 
     compute_capability: tuple[int, int]
-    max_threads_per_sm: int         # maxThreadsPerMultiprocessor
-    max_blocks_per_sm: int          # maxBlocksPerMultiprocessor
-    regs_per_sm: int                # regsPerMultiprocessor
-    regs_per_block: int             # regsPerBlock
-    max_threads_per_block: int      # maxThreadsPerBlock
-    shared_mem_per_sm: int          # sharedMemPerMultiprocessor (largest carveout)
-    shared_mem_per_block: int       # sharedMemPerBlock (without opt-in)
+    max_threads_per_sm: int  # maxThreadsPerMultiprocessor
+    max_blocks_per_sm: int  # maxBlocksPerMultiprocessor
+    regs_per_sm: int  # regsPerMultiprocessor
+    regs_per_block: int  # regsPerBlock
+    max_threads_per_block: int  # maxThreadsPerBlock
+    shared_mem_per_sm: int  # sharedMemPerMultiprocessor (largest carveout)
+    shared_mem_per_block: int  # sharedMemPerBlock (without opt-in)
     shared_mem_per_block_optin: int  # sharedMemPerBlockOptin
     reserved_shared_mem_per_block: int  # the driver's per-block reserve
-    shared_mem_alloc_unit: int      # bytes
+    shared_mem_alloc_unit: int  # bytes
     warp_size: int = 32
     reg_alloc_unit: int = REG_ALLOC_UNIT
-    num_sms: int = 0                # numSms; 0 when unknown
+    num_sms: int = 0  # numSms; 0 when unknown
 
     @property
     def max_warps_per_sm(self) -> int:
@@ -104,11 +104,18 @@ class DeviceLimits:
 
 def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, smem_unit):
     return DeviceLimits(
-        compute_capability=cc, max_threads_per_sm=threads_sm, max_blocks_per_sm=blocks_sm,
-        regs_per_sm=65536, regs_per_block=65536, max_threads_per_block=1024,
-        shared_mem_per_sm=smem_sm, shared_mem_per_block=48 * 1024,
-        shared_mem_per_block_optin=smem_optin, reserved_shared_mem_per_block=reserved,
-        shared_mem_alloc_unit=smem_unit)
+        compute_capability=cc,
+        max_threads_per_sm=threads_sm,
+        max_blocks_per_sm=blocks_sm,
+        regs_per_sm=65536,
+        regs_per_block=65536,
+        max_threads_per_block=1024,
+        shared_mem_per_sm=smem_sm,
+        shared_mem_per_block=48 * 1024,
+        shared_mem_per_block_optin=smem_optin,
+        reserved_shared_mem_per_block=reserved,
+        shared_mem_alloc_unit=smem_unit,
+    )
 
 
 KB = 1024
@@ -118,13 +125,13 @@ KB = 1024
 #: thread, 1024 threads per block, 48 KB shared memory per block without opt-in.
 ARCH_LIMITS: dict[tuple[int, int], DeviceLimits] = {
     #            cc      threads/SM blocks/SM smem/SM   opt-in/block reserve unit
-    (7, 0): _arch((7, 0), 2048, 32, 96 * KB, 96 * KB, 0, 256),      # V100
-    (7, 5): _arch((7, 5), 1024, 16, 64 * KB, 64 * KB, 0, 256),      # T4, RTX 20
-    (8, 0): _arch((8, 0), 2048, 32, 164 * KB, 163 * KB, KB, 128),   # A100
-    (8, 6): _arch((8, 6), 1536, 16, 100 * KB, 99 * KB, KB, 128),    # A10, RTX 30
-    (8, 7): _arch((8, 7), 1536, 16, 164 * KB, 163 * KB, KB, 128),   # Jetson Orin
-    (8, 9): _arch((8, 9), 1536, 24, 100 * KB, 99 * KB, KB, 128),    # L4, L40, RTX 40
-    (9, 0): _arch((9, 0), 2048, 32, 228 * KB, 227 * KB, KB, 128),   # H100, H200
+    (7, 0): _arch((7, 0), 2048, 32, 96 * KB, 96 * KB, 0, 256),  # V100
+    (7, 5): _arch((7, 5), 1024, 16, 64 * KB, 64 * KB, 0, 256),  # T4, RTX 20
+    (8, 0): _arch((8, 0), 2048, 32, 164 * KB, 163 * KB, KB, 128),  # A100
+    (8, 6): _arch((8, 6), 1536, 16, 100 * KB, 99 * KB, KB, 128),  # A10, RTX 30
+    (8, 7): _arch((8, 7), 1536, 16, 164 * KB, 163 * KB, KB, 128),  # Jetson Orin
+    (8, 9): _arch((8, 9), 1536, 24, 100 * KB, 99 * KB, KB, 128),  # L4, L40, RTX 40
+    (9, 0): _arch((9, 0), 2048, 32, 228 * KB, 227 * KB, KB, 128),  # H100, H200
     (10, 0): _arch((10, 0), 2048, 32, 228 * KB, 227 * KB, KB, 128),  # B200
     (12, 0): _arch((12, 0), 1536, 24, 100 * KB, 99 * KB, KB, 128),  # RTX 50
 }
@@ -179,8 +186,10 @@ def arch_limits(cc) -> DeviceLimits:
     same = sorted(k for k in ARCH_LIMITS if k[0] == major and k[1] <= minor)
     if not same:
         known = ", ".join(f"sm_{a}{b}" for a, b in ARCH_LIMITS)
-        raise ValueError(f"compute capability {major}.{minor} is not in gpuprof's occupancy "
-                         f"table ({known}); pass the device's properties instead")
+        raise ValueError(
+            f"compute capability {major}.{minor} is not in gpuprof's occupancy "
+            f"table ({known}); pass the device's properties instead"
+        )
     return ARCH_LIMITS[same[-1]]
 
 
@@ -199,8 +208,10 @@ def device_limits(device) -> DeviceLimits:
     if not isinstance(device, dict):
         return arch_limits(device)
     if "computeMajor" not in device:
-        raise ValueError("device properties need 'computeMajor' and 'computeMinor' (as from "
-                         f"gpuprof._gpuprof.device_props()), got keys {sorted(device)}")
+        raise ValueError(
+            "device properties need 'computeMajor' and 'computeMinor' (as from "
+            f"gpuprof._gpuprof.device_props()), got keys {sorted(device)}"
+        )
     cc = (int(device["computeMajor"]), int(device.get("computeMinor", 0)))
     given = {f: int(device[k]) for k, f in _PROP_KEYS.items() if int(device.get(k) or 0) > 0}
     try:
@@ -214,11 +225,16 @@ def device_limits(device) -> DeviceLimits:
         values["reserved_shared_mem_per_block"] = KB if cc[0] >= 8 else 0
     if "shared_mem_alloc_unit" not in values:
         values["shared_mem_alloc_unit"] = 128 if cc[0] >= 8 else 256
-    missing = [f for f, spec in DeviceLimits.__dataclass_fields__.items()
-               if f not in values and spec.default is MISSING]
+    missing = [
+        f
+        for f, spec in DeviceLimits.__dataclass_fields__.items()
+        if f not in values and spec.default is MISSING
+    ]
     if missing:
-        raise ValueError(f"compute capability {cc[0]}.{cc[1]} is not in gpuprof's occupancy "
-                         f"table and the device properties lack {', '.join(missing)}")
+        raise ValueError(
+            f"compute capability {cc[0]}.{cc[1]} is not in gpuprof's occupancy "
+            f"table and the device properties lack {', '.join(missing)}"
+        )
     return DeviceLimits(**values)
 
 
@@ -226,14 +242,14 @@ def device_limits(device) -> DeviceLimits:
 class Occupancy:
     """Theoretical occupancy of one launch configuration on one device."""
 
-    occupancy: float            # active warps / max warps per SM, 0..1
-    limiter: str                # one of LIMITERS
-    blocks_per_sm: int          # active (resident) blocks per SM
-    warps_per_sm: int           # active warps per SM
+    occupancy: float  # active warps / max warps per SM, 0..1
+    limiter: str  # one of LIMITERS
+    blocks_per_sm: int  # active (resident) blocks per SM
+    warps_per_sm: int  # active warps per SM
     max_warps_per_sm: int
     warps_per_block: int
-    regs_per_warp: int          # allocated (rounded up to the allocation unit)
-    shared_mem_per_block: int   # allocated bytes (with the reserve, rounded up)
+    regs_per_warp: int  # allocated (rounded up to the allocation unit)
+    shared_mem_per_block: int  # allocated bytes (with the reserve, rounded up)
     limits: dict[str, int] = field(default_factory=dict)  # blocks per SM by each resource
 
 
@@ -247,16 +263,20 @@ def _threads(block) -> int:
     if isinstance(block, (int, np.integer)) and not isinstance(block, bool):
         return _check_count("block", block, 1)
     if isinstance(block, (str, bytes, bool)):
-        raise ValueError(f"theoretical_occupancy(): block must be a thread count or (x, y, z), "
-                         f"got {block!r}")
+        raise ValueError(
+            f"theoretical_occupancy(): block must be a thread count or (x, y, z), got {block!r}"
+        )
     try:
         dims = [int(d) for d in block]
     except TypeError:
-        raise ValueError(f"theoretical_occupancy(): block must be a thread count or (x, y, z), "
-                         f"got {block!r}") from None
+        raise ValueError(
+            f"theoretical_occupancy(): block must be a thread count or (x, y, z), got {block!r}"
+        ) from None
     if not 1 <= len(dims) <= 3 or any(d < 0 for d in dims) or not any(dims):
-        raise ValueError(f"theoretical_occupancy(): block must be a thread count or (x, y, z) "
-                         f"of non-negative sizes, got {block!r}")
+        raise ValueError(
+            f"theoretical_occupancy(): block must be a thread count or (x, y, z) "
+            f"of non-negative sizes, got {block!r}"
+        )
     return math.prod(d if d else 1 for d in dims)
 
 
@@ -279,8 +299,10 @@ def theoretical_occupancy(block, registers: int, shared_mem: int, device) -> Occ
     registers = _check_count("registers", registers)
     shared_mem = _check_count("shared_mem", shared_mem)
     if registers > MAX_REGS_PER_THREAD:
-        raise ValueError(f"theoretical_occupancy(): registers must be at most "
-                         f"{MAX_REGS_PER_THREAD} per thread, got {registers}")
+        raise ValueError(
+            f"theoretical_occupancy(): registers must be at most "
+            f"{MAX_REGS_PER_THREAD} per thread, got {registers}"
+        )
     warp = dev.warp_size
     warps_per_block = -(-threads // warp)
     max_warps = dev.max_warps_per_sm
@@ -314,8 +336,12 @@ def theoretical_occupancy(block, registers: int, shared_mem: int, device) -> Occ
     else:
         smem_limit = dev.shared_mem_per_sm // smem
 
-    limits = {"registers": reg_limit, "shared_mem": smem_limit,
-              "blocks_per_sm": dev.max_blocks_per_sm, "warps": warp_limit}
+    limits = {
+        "registers": reg_limit,
+        "shared_mem": smem_limit,
+        "blocks_per_sm": dev.max_blocks_per_sm,
+        "warps": warp_limit,
+    }
     blocks = min(limits.values())
     active_warps = blocks * warps_per_block
     occ = active_warps / max_warps if max_warps else 0.0
@@ -324,19 +350,27 @@ def theoretical_occupancy(block, registers: int, shared_mem: int, device) -> Occ
     elif blocks == warp_limit and active_warps == max_warps:
         limiter = "warps"
     else:
-        limiter = next(k for k in ("warps", "blocks_per_sm", "registers", "shared_mem")
-                       if limits[k] == blocks)
+        limiter = next(
+            k for k in ("warps", "blocks_per_sm", "registers", "shared_mem") if limits[k] == blocks
+        )
         if limiter == "warps":
             limiter = "block_size"  # slots left over: the block size does not divide them
-    return Occupancy(occupancy=occ, limiter=limiter, blocks_per_sm=blocks,
-                     warps_per_sm=active_warps, max_warps_per_sm=max_warps,
-                     warps_per_block=warps_per_block, regs_per_warp=regs_per_warp,
-                     shared_mem_per_block=smem,
-                     limits={k: min(v, 1 << 30) for k, v in limits.items()})
+    return Occupancy(
+        occupancy=occ,
+        limiter=limiter,
+        blocks_per_sm=blocks,
+        warps_per_sm=active_warps,
+        max_warps_per_sm=max_warps,
+        warps_per_block=warps_per_block,
+        regs_per_warp=regs_per_warp,
+        shared_mem_per_block=smem,
+        limits={k: min(v, 1 << 30) for k, v in limits.items()},
+    )
 
 
-def estimated_achieved_occupancy(grid, block, registers: int, shared_mem: int, device,
-                                 num_sms: int | None = None) -> float:
+def estimated_achieved_occupancy(
+    grid, block, registers: int, shared_mem: int, device, num_sms: int | None = None
+) -> float:
     """Occupancy a launch can reach given its grid, as a fraction (Kineto's
     "est. achieved occupancy %" / 100): resident blocks per SM are the smaller of
     the theoretical limit and ``grid blocks / SMs`` (a small grid cannot fill the
@@ -352,8 +386,10 @@ def estimated_achieved_occupancy(grid, block, registers: int, shared_mem: int, d
     dev = device_limits(device)
     sms = num_sms if num_sms is not None else dev.num_sms
     if not sms or sms < 1:
-        raise ValueError("estimated_achieved_occupancy(): num_sms is unknown; pass num_sms= or "
-                         "device properties with numSms")
+        raise ValueError(
+            "estimated_achieved_occupancy(): num_sms is unknown; pass num_sms= or "
+            "device properties with numSms"
+        )
     occ = theoretical_occupancy(block, registers, shared_mem, dev)
     blocks = _threads(grid) / sms
     resident = min(float(occ.blocks_per_sm), blocks)
@@ -406,8 +442,7 @@ def annotate_kernels(rows: np.ndarray, device_props) -> None:
         block = tuple(int(b) for b in rows["block"][i])
         if dev is None or not any(block):
             continue
-        key = (int(rows["device"][i]), block, int(rows["registers"][i]),
-               int(rows["shared_mem"][i]))
+        key = (int(rows["device"][i]), block, int(rows["registers"][i]), int(rows["shared_mem"][i]))
         if key not in cache:
             try:
                 cache[key] = theoretical_occupancy(block, key[2], key[3], dev)

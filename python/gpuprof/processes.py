@@ -30,22 +30,39 @@ from .tables import KeyAverages
 
 __all__ = ["PROCESSES_DTYPE", "ProcessData", "worker_hotspot", "processes_array", "select"]
 
-PROCESSES_DTYPE = np.dtype([
-    ("pid", "i8"), ("ppid", "i8"), ("role", "U6"), ("name", object), ("start_method", "U10"),
-    ("status", "U7"), ("windows", "i4"), ("events", "i8"), ("dropped", "i8"),
-    ("recorded_ns", "i8"), ("cpu_self_ns", "i8"),
-])
+PROCESSES_DTYPE = np.dtype(
+    [
+        ("pid", "i8"),
+        ("ppid", "i8"),
+        ("role", "U6"),
+        ("name", object),
+        ("start_method", "U10"),
+        ("status", "U7"),
+        ("windows", "i4"),
+        ("events", "i8"),
+        ("dropped", "i8"),
+        ("recorded_ns", "i8"),
+        ("cpu_self_ns", "i8"),
+    ]
+)
 
 _OPS_KEY = ("name", "file", "line", "kind")
 
 # A C call whose nearest Python caller is in one of these files is a worker
 # waiting for work or handing results back, not doing it.
-_WAIT_MARKERS = tuple(os.sep + p for p in (
-    os.path.join("multiprocessing", ""), os.path.join("concurrent", "futures", ""),
-    "queue.py", "threading.py", "selectors.py", "socket.py",
-    os.path.join("torch", "utils", "data", "_utils", "worker.py"),
-    os.path.join("torch", "multiprocessing", ""),
-))
+_WAIT_MARKERS = tuple(
+    os.sep + p
+    for p in (
+        os.path.join("multiprocessing", ""),
+        os.path.join("concurrent", "futures", ""),
+        "queue.py",
+        "threading.py",
+        "selectors.py",
+        "socket.py",
+        os.path.join("torch", "utils", "data", "_utils", "worker.py"),
+        os.path.join("torch", "multiprocessing", ""),
+    )
+)
 
 
 class ProcessData:
@@ -65,8 +82,9 @@ class ProcessData:
             saved pieces, e.g. before being terminated).
     """
 
-    def __init__(self, pid: int, ppid: int, name: str, start_method: str, status: str,
-                 windows: list[dict]):
+    def __init__(
+        self, pid: int, ppid: int, name: str, start_method: str, status: str, windows: list[dict]
+    ):
         self.pid = pid
         self.ppid = ppid
         self.role = "worker"
@@ -76,8 +94,10 @@ class ProcessData:
         self.windows = windows
 
     def __repr__(self) -> str:
-        return (f"<gpuprof.ProcessData pid={self.pid} {self.name!r} {self.status}: "
-                f"{len(self.windows)} window(s)>")
+        return (
+            f"<gpuprof.ProcessData pid={self.pid} {self.name!r} {self.status}: "
+            f"{len(self.windows)} window(s)>"
+        )
 
     def ops(self) -> np.ndarray:
         """This process's ops (``prof.ops()`` fields), its windows summed."""
@@ -142,13 +162,34 @@ def processes_array(results: Results) -> np.ndarray:
     ev, dr, rec = _window_events(results.windows)
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
     main_ops = results.ops()
-    out[0] = (int(results.meta.get("pid") or os.getpid()), os.getppid(), "main",
-              os.path.basename(argv0) or "python", "", "ok", len(results.windows), ev, dr, rec,
-              int(main_ops["cpu_self_ns"].sum()))
+    out[0] = (
+        int(results.meta.get("pid") or os.getpid()),
+        os.getppid(),
+        "main",
+        os.path.basename(argv0) or "python",
+        "",
+        "ok",
+        len(results.windows),
+        ev,
+        dr,
+        rec,
+        int(main_ops["cpu_self_ns"].sum()),
+    )
     for i, c in enumerate(children, 1):
         ev, dr, rec = _window_events(c.windows)
-        out[i] = (c.pid, c.ppid, c.role, c.name, c.start_method, c.status, len(c.windows),
-                  ev, dr, rec, int(c.ops()["cpu_self_ns"].sum()))
+        out[i] = (
+            c.pid,
+            c.ppid,
+            c.role,
+            c.name,
+            c.start_method,
+            c.status,
+            len(c.windows),
+            ev,
+            dr,
+            rec,
+            int(c.ops()["cpu_self_ns"].sum()),
+        )
     return out
 
 
@@ -156,8 +197,9 @@ class ProcessResults(Results):
     """A :class:`Results` whose ops() are one process's or a sum over processes
     (what ``key_averages(pid=...)`` tabulates)."""
 
-    def __init__(self, windows: list[dict], ops: np.ndarray, cuda: dict | None,
-                 meta: dict | None, label: str):
+    def __init__(
+        self, windows: list[dict], ops: np.ndarray, cuda: dict | None, meta: dict | None, label: str
+    ):
         super().__init__(windows, cuda=cuda, meta=meta)
         self._ops_rows = ops
         self.label = label
@@ -168,16 +210,20 @@ class ProcessResults(Results):
     def call_tree(self) -> np.ndarray:
         if len(self._windows) == 1:
             return super().call_tree()
-        raise NotImplementedError(f"call_tree() of {self.label}: it spans several windows or "
-                                  "processes; group_by_stack_n and top_level_events_only need "
-                                  "one process and one window (pid=<int>, acc_events=False)")
+        raise NotImplementedError(
+            f"call_tree() of {self.label}: it spans several windows or "
+            "processes; group_by_stack_n and top_level_events_only need "
+            "one process and one window (pid=<int>, acc_events=False)"
+        )
 
 
 def _check_pid(pid) -> None:
-    if isinstance(pid, bool) or not (pid is None or isinstance(pid, (int, np.integer))
-                                     or pid in ("workers", "all", "main")):
-        raise ValueError(f"pid must be None, a process id (int), 'main', 'workers' or 'all', "
-                         f"got {pid!r}")
+    if isinstance(pid, bool) or not (
+        pid is None or isinstance(pid, (int, np.integer)) or pid in ("workers", "all", "main")
+    ):
+        raise ValueError(
+            f"pid must be None, a process id (int), 'main', 'workers' or 'all', got {pid!r}"
+        )
 
 
 def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
@@ -193,48 +239,75 @@ def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
     main_pid = int(results.meta.get("pid") or os.getpid())
     children = getattr(results, "subprocesses", None) or []
     if pid is None or pid == "main" or (not isinstance(pid, str) and int(pid) == main_pid):
-        return ProcessResults(results.windows, results.ops(), results.cuda, results.meta,
-                              f"process {main_pid} (main)")
+        return ProcessResults(
+            results.windows, results.ops(), results.cuda, results.meta, f"process {main_pid} (main)"
+        )
     if not subprocesses:
-        raise RuntimeError(f"pid={pid!r}: child processes were not profiled; use "
-                           "gpuprof.profile(subprocesses=True)")
+        raise RuntimeError(
+            f"pid={pid!r}: child processes were not profiled; use "
+            "gpuprof.profile(subprocesses=True)"
+        )
     if pid == "workers":
         wins = [w for c in children for w in c.windows]
         if not wins:
-            raise ValueError("pid='workers': no child process recorded anything in the kept "
-                             "window(s); see prof.processes()")
+            raise ValueError(
+                "pid='workers': no child process recorded anything in the kept "
+                "window(s); see prof.processes()"
+            )
         ops = _merge([c.ops() for c in children])
-        return ProcessResults(wins, ops, {"active": False, "mode": "off", "error": None},
-                              {}, f"{len(children)} worker process(es)")
+        return ProcessResults(
+            wins,
+            ops,
+            {"active": False, "mode": "off", "error": None},
+            {},
+            f"{len(children)} worker process(es)",
+        )
     if pid == "all":
         wins = list(results.windows) + [w for c in children for w in c.windows]
         ops = _merge([results.ops()] + [c.ops() for c in children])
-        return ProcessResults(wins, ops, results.cuda, results.meta,
-                              f"{1 + len(children)} processes")
+        return ProcessResults(
+            wins, ops, results.cuda, results.meta, f"{1 + len(children)} processes"
+        )
     pid = int(pid)
     for c in children:
         if c.pid == pid:
             if not c.windows:
-                raise ValueError(f"pid={pid}: process {pid} recorded nothing in the kept "
-                                 f"window(s) (status {c.status!r}); see prof.processes()")
-            return ProcessResults(c.windows, c.ops(), {"active": False, "mode": "off",
-                                                      "error": None},
-                                  {"pid": pid, "process_name": c.name},
-                                  f"process {pid} ({c.name or 'worker'})")
+                raise ValueError(
+                    f"pid={pid}: process {pid} recorded nothing in the kept "
+                    f"window(s) (status {c.status!r}); see prof.processes()"
+                )
+            return ProcessResults(
+                c.windows,
+                c.ops(),
+                {"active": False, "mode": "off", "error": None},
+                {"pid": pid, "process_name": c.name},
+                f"process {pid} ({c.name or 'worker'})",
+            )
     known = ", ".join(str(p) for p in [main_pid] + [c.pid for c in children])
-    raise ValueError(f"pid={pid}: no such process in this profile; recorded: {known} "
-                     "(see prof.processes())")
+    raise ValueError(
+        f"pid={pid}: no such process in this profile; recorded: {known} (see prof.processes())"
+    )
 
 
-def key_averages(results: Results, pid, subprocesses: bool, group_by_stack_n: int,
-                 show_memory: bool, include_context: bool = False) -> KeyAverages:
+def key_averages(
+    results: Results,
+    pid,
+    subprocesses: bool,
+    group_by_stack_n: int,
+    show_memory: bool,
+    include_context: bool = False,
+) -> KeyAverages:
     sel = select(results, pid, subprocesses)
-    return KeyAverages(sel, group_by_stack_n=group_by_stack_n,
-                       show_memory=show_memory and pid in (None, "main"),
-                       include_context=include_context)
+    return KeyAverages(
+        sel,
+        group_by_stack_n=group_by_stack_n,
+        show_memory=show_memory and pid in (None, "main"),
+        include_context=include_context,
+    )
 
 
 # ---- diagnosis -------------------------------------------------------------------------
+
 
 def _is_wait_file(file: str) -> bool:
     return any(m in file for m in _WAIT_MARKERS)
@@ -347,6 +420,9 @@ def worker_hotspot(results: Results) -> dict:
         label = f"{name} ({source_location(file, line)})"
     else:
         label = name
-    return {"workers": len(children), "workers_hottest": label,
-            "workers_hottest_share": min(1.0, busy[key] / wall),
-            "workers_busy_share": min(1.0, sum(busy.values()) / wall)}
+    return {
+        "workers": len(children),
+        "workers_hottest": label,
+        "workers_hottest_share": min(1.0, busy[key] / wall),
+        "workers_busy_share": min(1.0, sum(busy.values()) / wall),
+    }

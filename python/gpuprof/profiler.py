@@ -13,8 +13,11 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from . import (  # docs/nvtx.md, docs/subprocesses.md
     _cuda,
+    _deepdive,
     _gpuprof,
     _monitoring,
     _nvtx,
@@ -65,8 +68,16 @@ def _user_stacklevel() -> int:
 # Packages whose threads run the notebook kernel or the debugger itself (ipykernel's
 # IOPub, control and heartbeat threads, IPython's history saver, debugpy's): their
 # event loops are not the user's work, and gpuprof leaves them out of its results.
-_KERNEL_PACKAGES = ("ipykernel", "IPython", "jupyter_client", "zmq", "tornado", "debugpy",
-                    "pydevd", "_pydevd")
+_KERNEL_PACKAGES = (
+    "ipykernel",
+    "IPython",
+    "jupyter_client",
+    "zmq",
+    "tornado",
+    "debugpy",
+    "pydevd",
+    "_pydevd",
+)
 
 
 def _kernel_threads() -> list[int]:
@@ -94,25 +105,29 @@ def _check_torch_compat_args(**args) -> None:
         raise TypeError(f"profile(): use_cuda must be a bool or None, got {args['use_cuda']!r}")
     t = args["post_processing_timeout_s"]
     if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or t < 0):
-        raise ValueError(f"profile(): post_processing_timeout_s must be a number >= 0 or None, "
-                         f"got {t!r}")
+        raise ValueError(
+            f"profile(): post_processing_timeout_s must be a number >= 0 or None, got {t!r}"
+        )
     if args["custom_trace_id_callback"] is not None and not callable(
-            args["custom_trace_id_callback"]):
-        raise TypeError("profile(): custom_trace_id_callback must be callable or None, got "
-                        f"{args['custom_trace_id_callback']!r}")
+        args["custom_trace_id_callback"]
+    ):
+        raise TypeError(
+            "profile(): custom_trace_id_callback must be callable or None, got "
+            f"{args['custom_trace_id_callback']!r}"
+        )
     unsupported = {
         "record_shapes": "gpuprof does not record input shapes (docs/api.md says why); "
-                         "tables have no Input Shapes column",
+        "tables have no Input Shapes column",
         "with_flops": "gpuprof does not estimate FLOPs (it does not see input shapes); "
-                      "deep_dive() measures FLOP/s of the hottest kernels on a GPU",
+        "deep_dive() measures FLOP/s of the hottest kernels on a GPU",
         "experimental_config": "it configures PyTorch's Kineto profiler, which gpuprof does "
-                               "not use; gpuprof honours its enable_cuda_sync_events (as "
-                               "cuda_sync_events=True) and ignores the rest",
+        "not use; gpuprof honours its enable_cuda_sync_events (as "
+        "cuda_sync_events=True) and ignores the rest",
         "execution_trace_observer": "gpuprof does not write PyTorch execution traces; "
-                                    "it is ignored",
+        "it is ignored",
         "custom_trace_id_callback": "gpuprof's traces have no trace id; it is ignored",
         "post_processing_timeout_s": "gpuprof closes a window in one pass and cannot "
-                                     "stop it part way; it is ignored",
+        "stop it part way; it is ignored",
     }
     for name, why in unsupported.items():
         value = args[name]
@@ -196,12 +211,16 @@ class profile(ResultAccessors):
         use_cuda: bool | None = None,
         cuda_sync_events: bool = False,
     ):
-        _check_torch_compat_args(with_flops=with_flops, with_modules=with_modules,
-                                 post_processing_timeout_s=post_processing_timeout_s,
-                                 use_cuda=use_cuda, record_shapes=record_shapes,
-                                 experimental_config=experimental_config,
-                                 execution_trace_observer=execution_trace_observer,
-                                 custom_trace_id_callback=custom_trace_id_callback)
+        _check_torch_compat_args(
+            with_flops=with_flops,
+            with_modules=with_modules,
+            post_processing_timeout_s=post_processing_timeout_s,
+            use_cuda=use_cuda,
+            record_shapes=record_shapes,
+            experimental_config=experimental_config,
+            execution_trace_observer=execution_trace_observer,
+            custom_trace_id_callback=custom_trace_id_callback,
+        )
         if getattr(experimental_config, "enable_cuda_sync_events", False) is True:
             cuda_sync_events = True
         cuda_off_reason = None  # why CUDA is not in the activities, for the table footer
@@ -220,18 +239,22 @@ class profile(ResultAccessors):
                     cuda_off_reason = _cuda.cuda_status()["reason"] or "not usable here"
                 self._explicit_cuda = False
         else:
-            if isinstance(activities, (str, ProfilerActivity)) or not isinstance(activities,
-                                                                                 Iterable):
-                raise TypeError("profile(): activities must be a list of ProfilerActivity, "
-                                f"got {activities!r}")
+            if isinstance(activities, (str, ProfilerActivity)) or not isinstance(
+                activities, Iterable
+            ):
+                raise TypeError(
+                    f"profile(): activities must be a list of ProfilerActivity, got {activities!r}"
+                )
             acts = set()
             for a in activities:
                 if not isinstance(a, ProfilerActivity):
                     if type(a).__name__ == "ProfilerActivity" and a.name in ("CPU", "CUDA"):
                         a = ProfilerActivity[a.name]  # torch.profiler.ProfilerActivity
                     else:
-                        raise TypeError("profile(): activities must contain ProfilerActivity.CPU"
-                                        f" or ProfilerActivity.CUDA, got {a!r}")
+                        raise TypeError(
+                            "profile(): activities must contain ProfilerActivity.CPU"
+                            f" or ProfilerActivity.CUDA, got {a!r}"
+                        )
                 acts.add(a)
             if use_cuda:
                 acts.add(ProfilerActivity.CUDA)
@@ -239,16 +262,21 @@ class profile(ResultAccessors):
             if not self._explicit_cuda:
                 cuda_off_reason = "ProfilerActivity.CUDA is not in activities"
         if schedule is not None and not callable(schedule):
-            raise TypeError(f"profile(): schedule must be gpuprof.schedule(...) or a callable, "
-                            f"got {schedule!r}")
+            raise TypeError(
+                f"profile(): schedule must be gpuprof.schedule(...) or a callable, got {schedule!r}"
+            )
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"profile(): on_trace_ready must be callable, got {on_trace_ready!r}")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"profile(): max_events must be a positive int, got {max_events!r}")
-        for name, flag in (("profile_memory", profile_memory), ("with_stack", with_stack),
-                           ("record_shapes", record_shapes), ("acc_events", acc_events),
-                           ("subprocesses", subprocesses),
-                           ("cuda_sync_events", cuda_sync_events)):
+        for name, flag in (
+            ("profile_memory", profile_memory),
+            ("with_stack", with_stack),
+            ("record_shapes", record_shapes),
+            ("acc_events", acc_events),
+            ("subprocesses", subprocesses),
+            ("cuda_sync_events", cuda_sync_events),
+        ):
             if not isinstance(flag, bool):
                 raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
         self.activities = acts
@@ -282,11 +310,15 @@ class profile(ResultAccessors):
         # -- capture ranges (gpuprof._nvtx, docs/nvtx.md) --
         capture_mode, capture_name, capture_domain = _nvtx.parse_capture(capture)
         if capture_mode and schedule is not None:
-            raise ValueError("profile(): capture= and schedule= cannot be combined: the capture "
-                             "range decides when to record; drop one of them")
+            raise ValueError(
+                "profile(): capture= and schedule= cannot be combined: the capture "
+                "range decides when to record; drop one of them"
+            )
         if capture_mode == _nvtx.CAPTURE_PROFILER_API and not cuda:
-            raise RuntimeError("profile(capture='cudaProfilerApi') needs GPU capture, which is "
-                               f"off: {self._cuda_state['error'] or 'CUDA not in activities'}")
+            raise RuntimeError(
+                "profile(capture='cudaProfilerApi') needs GPU capture, which is "
+                f"off: {self._cuda_state['error'] or 'CUDA not in activities'}"
+            )
         self.capture = capture
         # -- end capture ranges --
         self._monitoring = _monitoring.use_monitoring()
@@ -319,8 +351,10 @@ class profile(ResultAccessors):
         another profiler is active."""
         other = _foreign_profiler()
         if other:
-            raise RuntimeError(f"gpuprof.profile.start(): another profiler is active ({other}); "
-                               "stop it first, gpuprof will not silently replace it")
+            raise RuntimeError(
+                f"gpuprof.profile.start(): another profiler is active ({other}); "
+                "stop it first, gpuprof will not silently replace it"
+            )
         self._windows = []
         self._partial = None
         self._windows_before = self._core.windows  # windows of earlier start()/stop() runs
@@ -346,20 +380,25 @@ class profile(ResultAccessors):
         if self.capture and self.capture.startswith("nvtx:"):  # -- capture ranges --
             nvtx = _nvtx.status()
             if nvtx["reason"]:
-                warnings.warn(f"gpuprof: profile(capture={self.capture!r}) may never record: "
-                              f"{nvtx['reason']}", stacklevel=2)
+                warnings.warn(
+                    f"gpuprof: profile(capture={self.capture!r}) may never record: "
+                    f"{nvtx['reason']}",
+                    stacklevel=2,
+                )
         cuda = self._core.cuda
-        self._cuda_state = {"active": cuda["active"], "mode": cuda["mode"],
-                            "parts": cuda["parts"],
-                            "error": cuda["error"] or self._cuda_state.get("error")}
+        self._cuda_state = {
+            "active": cuda["active"],
+            "mode": cuda["mode"],
+            "parts": cuda["parts"],
+            "error": cuda["error"] or self._cuda_state.get("error"),
+        }
         if self._explicit_cuda and cuda["error"]:
             warnings.warn(f"gpuprof: GPU capture is off: {cuda['error']}", stacklevel=2)
         # -- memory curves (gpuprof.memory): host RSS and allocator sampler --
         if self.profile_memory:
             if self._memory_sampler is not None:
                 self._memory_sampler.stop()
-            self._memory_sampler = _memory.start_sampler(self.memory_sample_interval_s,
-                                                         owner=self)
+            self._memory_sampler = _memory.start_sampler(self.memory_sample_interval_s, owner=self)
         # -- end memory curves --
 
     def stop(self) -> None:
@@ -423,19 +462,30 @@ class profile(ResultAccessors):
         active = getattr(self.schedule, "active", None)
         if complete and not self.acc_events:
             kept = self.results.steps()["step"]
-            span = (f"steps {kept[0]}-{kept[-1]}" if len(kept) > 1 else
-                    f"step {kept[0]}" if len(kept) else "its steps")
-            msg = (f"gpuprof: the loop ended at step {step}, inside a recording window of the "
-                   f"schedule; that cut-short window was dropped and the results show the last "
-                   f"complete one ({span})")
+            span = (
+                f"steps {kept[0]}-{kept[-1]}"
+                if len(kept) > 1
+                else f"step {kept[0]}"
+                if len(kept)
+                else "its steps"
+            )
+            msg = (
+                f"gpuprof: the loop ended at step {step}, inside a recording window of the "
+                f"schedule; that cut-short window was dropped and the results show the last "
+                f"complete one ({span})"
+            )
         else:
-            msg = (f"gpuprof: the loop ended at step {step}, inside the first recording "
-                   f"window of the schedule; the results show that cut-short window")
+            msg = (
+                f"gpuprof: the loop ended at step {step}, inside the first recording "
+                f"window of the schedule; the results show that cut-short window"
+            )
         cycle = self.schedule.wait + self.schedule.warmup + active if active else 0
-        hint = (f"run whole cycles ({cycle} step{'s' if cycle != 1 else ''} each) or set "
-                f"repeat= so the last cycle ends before the loop does"
-                if isinstance(self.schedule, Schedule) else
-                "make the schedule's last recording window end before the loop does")
+        hint = (
+            f"run whole cycles ({cycle} step{'s' if cycle != 1 else ''} each) or set "
+            f"repeat= so the last cycle ends before the loop does"
+            if isinstance(self.schedule, Schedule)
+            else "make the schedule's last recording window end before the loop does"
+        )
         warnings.warn(f"{msg}; to avoid this, {hint}", UserWarning, stacklevel=_user_stacklevel())
 
     def _window_ready(self, _core) -> None:
@@ -471,14 +521,19 @@ class profile(ResultAccessors):
     def results(self) -> Results:
         """The recorded window(s) as a :class:`gpuprof.Results`."""
         self._collect()
-        res = Results(self._windows, cuda=self._cuda_state,
-                      meta={"profile_memory": self.profile_memory, "with_stack": self.with_stack,
-                            "trace_metadata": dict(self._metadata)})
+        res = Results(
+            self._windows,
+            cuda=self._cuda_state,
+            meta={
+                "profile_memory": self.profile_memory,
+                "with_stack": self.with_stack,
+                "trace_metadata": dict(self._metadata),
+            },
+        )
         res.memory_samples = self._memory_sampler  # -- memory curves --
         # -- subprocesses: res.subprocesses, one gpuprof.processes.ProcessData per child --
         if self._subprocs is not None:
-            res.subprocesses = _processes.group_children(
-                self._subprocs.children_of(self._windows))
+            res.subprocesses = _processes.group_children(self._subprocs.children_of(self._windows))
         # -- end subprocesses --
         return res
 
@@ -499,8 +554,10 @@ class profile(ResultAccessors):
             TypeError: key or value is not a str.
         """
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"add_metadata(): key and value must be str, got {key!r}, {value!r};"
-                            " use add_metadata_json(key, json_text) for other values")
+            raise TypeError(
+                f"add_metadata(): key and value must be str, got {key!r}, {value!r};"
+                " use add_metadata_json(key, json_text) for other values"
+            )
         self._metadata[key] = json.dumps(value)
 
     def add_metadata_json(self, key: str, value: str) -> None:
@@ -512,19 +569,31 @@ class profile(ResultAccessors):
             ValueError: value is not valid JSON.
         """
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"add_metadata_json(): key and value must be str, got {key!r}, "
-                            f"{value!r}")
+            raise TypeError(
+                f"add_metadata_json(): key and value must be str, got {key!r}, {value!r}"
+            )
         try:
             json.loads(value)
         except ValueError as e:
-            raise ValueError(f"add_metadata_json(): value must be JSON text, got {value!r} "
-                             f"({e}); use add_metadata(key, value) for a plain string") from e
+            raise ValueError(
+                f"add_metadata_json(): value must be JSON text, got {value!r} "
+                f"({e}); use add_metadata(key, value) for a plain string"
+            ) from e
         self._metadata[key] = value
 
     # -- results ---------------------------------------------------------------
     # -- kernel deep dive (gpuprof.deepdive, docs/kernels.md) ------------------------------
-    def deep_dive(self, top: int = 5, replay=None, *, command=None, backend: str = "auto",
-                  max_kernels: int = 20000, timeout_s: float | None = 1800.0, ncu=None):
+    def deep_dive(
+        self,
+        top: int = 5,
+        replay=None,
+        *,
+        command=None,
+        backend: str = "auto",
+        max_kernels: int = 20000,
+        timeout_s: float | None = 1800.0,
+        ncu=None,
+    ):
         """Hardware metrics (SM and DRAM throughput as % of peak, achieved occupancy,
         L1/L2 hit rates, tensor-pipe use, FLOP/s) and a compute-, memory- or
         latency-bound verdict for the ``top`` kernels with the most GPU time.
@@ -544,13 +613,22 @@ class profile(ResultAccessors):
             ValueError, TypeError: bad arguments.
         """
         if self.running:
-            raise RuntimeError("deep_dive(): the profiler is still running; call it after "
-                               "prof.stop() (after the with block), so that replaying kernels "
-                               "cannot perturb a recorded window")
-        from .deepdive import deep_dive
-
-        return deep_dive(self.results, top, replay, command=command, backend=backend,
-                         max_kernels=max_kernels, timeout_s=timeout_s, ncu=ncu)
+            raise RuntimeError(
+                "deep_dive(): the profiler is still running; call it after "
+                "prof.stop() (after the with block), so that replaying kernels "
+                "cannot perturb a recorded window"
+            )
+        return _deepdive.deep_dive(
+            self.results,
+            top,
+            replay,
+            command=command,
+            backend=backend,
+            max_kernels=max_kernels,
+            timeout_s=timeout_s,
+            ncu=ncu,
+            kernel_sequence=kernel_sequence,
+        )
 
     # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
     def _step_and_tell_children(self) -> None:
@@ -566,6 +644,7 @@ class profile(ResultAccessors):
         "lost", "timeout"), windows, events, dropped, recorded_ns, cpu_self_ns
         (see :data:`gpuprof.processes.PROCESSES_DTYPE` and docs/subprocesses.md)."""
         return _processes.processes_array(self.results)
+
     # -- end subprocesses --
 
 
@@ -606,3 +685,15 @@ class record_function:
                 _gpuprof.range_pop(token)
 
         return wrapper
+
+
+def kernel_sequence(replay) -> list[tuple[str, int]]:
+    """Run ``replay`` under a plain gpuprof profile: (name, device) of its
+    kernels in launch order (correlation id, then start for graph kernels).
+    The deep dive (gpuprof.deepdive) names its CUPTI ranges with it."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        replay()
+    ev = p.gpu_events()
+    ev = ev[ev["kind"] == "kernel"]
+    order = np.lexsort((ev["start_ns"], ev["correlation"]))
+    return [(str(ev["name"][i]), int(ev["device"][i])) for i in order]

@@ -15,6 +15,7 @@ import enum
 import numbers
 import warnings
 
+from . import _constants as _c
 from . import _gpuprof
 
 __all__ = ["ProfilerAction", "Schedule", "schedule"]
@@ -23,10 +24,10 @@ __all__ = ["ProfilerAction", "Schedule", "schedule"]
 class ProfilerAction(enum.IntEnum):
     """What the profiler does at a step (same values as torch.profiler's)."""
 
-    NONE = 0
-    WARMUP = 1
-    RECORD = 2
-    RECORD_AND_SAVE = 3
+    NONE = _c.ACT_NONE
+    WARMUP = _c.ACT_WARMUP
+    RECORD = _c.ACT_RECORD
+    RECORD_AND_SAVE = _c.ACT_RECORD_AND_SAVE
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -56,20 +57,35 @@ class Schedule:
         self.skip_first_wait = _check_int("skip_first_wait", skip_first_wait, 0)
 
     def as_tuple(self) -> tuple[int, int, int, int, int, int]:
-        return (self.wait, self.warmup, self.active, self.repeat, self.skip_first,
-                self.skip_first_wait)
+        return (
+            self.wait,
+            self.warmup,
+            self.active,
+            self.repeat,
+            self.skip_first,
+            self.skip_first_wait,
+        )
 
     def __call__(self, step: int) -> ProfilerAction:
         step = _check_int("step", step, 0)
         return ProfilerAction(_gpuprof._test_schedule_action(*self.as_tuple(), step))
 
     def __repr__(self) -> str:
-        return ("schedule(wait={}, warmup={}, active={}, repeat={}, skip_first={}, "
-                "skip_first_wait={})".format(*self.as_tuple()))
+        return (
+            "schedule(wait={}, warmup={}, active={}, repeat={}, skip_first={}, "
+            "skip_first_wait={})".format(*self.as_tuple())
+        )
 
 
-def schedule(*, wait: int, warmup: int, active: int, repeat: int = 0, skip_first: int = 0,
-             skip_first_wait: int = 0) -> Schedule:
+def schedule(
+    *,
+    wait: int,
+    warmup: int,
+    active: int,
+    repeat: int = 0,
+    skip_first: int = 0,
+    skip_first_wait: int = 0,
+) -> Schedule:
     """Return a schedule for :class:`gpuprof.profile` (torch.profiler.schedule semantics).
 
     Args:
@@ -86,6 +102,9 @@ def schedule(*, wait: int, warmup: int, active: int, repeat: int = 0, skip_first
     """
     s = Schedule(wait, warmup, active, repeat, skip_first, skip_first_wait)
     if s.warmup == 0:
-        warnings.warn("gpuprof.schedule(): warmup=0 records the first step cold; its timings "
-                      "include one-time costs", stacklevel=2)
+        warnings.warn(
+            "gpuprof.schedule(): warmup=0 records the first step cold; its timings "
+            "include one-time costs",
+            stacklevel=2,
+        )
     return s

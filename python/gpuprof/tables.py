@@ -15,10 +15,10 @@ import re
 
 import numpy as np
 
+from ._format import TIME_UNITS, format_bytes, format_time
 from ._results import Results, _display_name, outermost
 
-__all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time",
-           "format_bytes"]
+__all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
 
 # sort key -> (field of KeyAverages.rows, per-call average?)
 SORT_KEYS = {
@@ -42,32 +42,14 @@ SORT_KEYS = {
 }
 
 # time_unit= of table(): nanoseconds per unit
-TIME_UNITS = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}
 
 # Fields of KeyAverages.rows beyond those of ops()
-_EXTRA_FIELDS = [("cuda_mem_total_bytes", "i8"), ("cpu_mem_total_bytes", "i8"),
-                 ("context", "?"), ("top_level", "?")]
-
-
-def format_time(ns: float, unit: str | None = None) -> str:
-    """Nanoseconds as torch.profiler prints durations: us, ms or s with 3 decimals
-    (the largest unit that keeps the figure >= 1, or ``unit``: s, ms, us, ns)."""
-    if unit is not None:
-        return f"{ns / TIME_UNITS[unit]:.3f}{unit}"
-    us = ns / 1e3
-    if abs(us) >= 1e6:
-        return f"{us / 1e6:.3f}s"
-    if abs(us) >= 1e3:
-        return f"{us / 1e3:.3f}ms"
-    return f"{us:.3f}us"
-
-
-def format_bytes(n: float) -> str:
-    """Bytes as torch.profiler's memory columns print them: Gb, Mb, Kb or b."""
-    for unit, scale in (("Gb", 1 << 30), ("Mb", 1 << 20), ("Kb", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} b"
+_EXTRA_FIELDS = [
+    ("cuda_mem_total_bytes", "i8"),
+    ("cpu_mem_total_bytes", "i8"),
+    ("context", "?"),
+    ("top_level", "?"),
+]
 
 
 def _pct(x: float, total: float) -> str:
@@ -117,13 +99,15 @@ class KeyAverage:
         return self.key
 
     def __repr__(self) -> str:
-        return (f"<KeyAverage key={self.key!r} count={self.count} "
-                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
-                f"cpu_time_total={self.cpu_time_total:.3f}us "
-                f"self_device_time_total={self.self_device_time_total:.3f}us "
-                f"device_time_total={self.device_time_total:.3f}us "
-                f"cpu_memory_usage={self.cpu_memory_usage} "
-                f"device_memory_usage={self.device_memory_usage}>")
+        return (
+            f"<KeyAverage key={self.key!r} count={self.count} "
+            f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
+            f"cpu_time_total={self.cpu_time_total:.3f}us "
+            f"self_device_time_total={self.self_device_time_total:.3f}us "
+            f"device_time_total={self.device_time_total:.3f}us "
+            f"cpu_memory_usage={self.cpu_memory_usage} "
+            f"device_memory_usage={self.device_memory_usage}>"
+        )
 
 
 class KeyAverages:
@@ -137,15 +121,25 @@ class KeyAverages:
     out unless ``include_context=True``.
     """
 
-    def __init__(self, results: Results, group_by_stack_n: int = 0, show_memory: bool = False,
-                 include_context: bool = False):
-        if isinstance(group_by_stack_n, bool) or not isinstance(group_by_stack_n, int) \
-                or group_by_stack_n < 0:
-            raise ValueError(f"key_averages(): group_by_stack_n must be an int >= 0, "
-                             f"got {group_by_stack_n!r}")
+    def __init__(
+        self,
+        results: Results,
+        group_by_stack_n: int = 0,
+        show_memory: bool = False,
+        include_context: bool = False,
+    ):
+        if (
+            isinstance(group_by_stack_n, bool)
+            or not isinstance(group_by_stack_n, int)
+            or group_by_stack_n < 0
+        ):
+            raise ValueError(
+                f"key_averages(): group_by_stack_n must be an int >= 0, got {group_by_stack_n!r}"
+            )
         if not isinstance(include_context, bool):
-            raise TypeError(f"key_averages(): include_context must be a bool, "
-                            f"got {include_context!r}")
+            raise TypeError(
+                f"key_averages(): include_context must be a bool, got {include_context!r}"
+            )
         self._results = results
         self.group_by_stack_n = group_by_stack_n
         self.show_memory = show_memory
@@ -168,12 +162,16 @@ class KeyAverages:
         keep = np.ones(len(rows), dtype=bool) if include_context else ~ctx
         self.rows = rows[keep]
         self.stacks = None if stacks is None else [s for s, k in zip(stacks, keep) if k]
-        self.display = [_display_name(n, f, ln, k) for n, f, ln, k in
-                        zip(self.rows["name"], self.rows["file"], self.rows["line"],
-                            self.rows["kind"])]
+        self.display = [
+            _display_name(n, f, ln, k)
+            for n, f, ln, k in zip(
+                self.rows["name"], self.rows["file"], self.rows["line"], self.rows["kind"]
+            )
+        ]
         # what was measured, for the columns shown and the sort fallback
-        self.cuda_memory = show_memory and (bool(results.cuda.get("active")) or bool(
-            (rows["cuda_mem_self_bytes"] != 0).any()))
+        self.cuda_memory = show_memory and (
+            bool(results.cuda.get("active")) or bool((rows["cuda_mem_self_bytes"] != 0).any())
+        )
         self.cpu_memory = show_memory and bool((rows["cpu_mem_self_bytes"] != 0).any())
 
     def _by_stack(self, n: int):
@@ -201,10 +199,19 @@ class KeyAverages:
         top = (parent < 0) | context[op_of[np.maximum(parent, 0)]]
         groups: dict[tuple, dict] = {}
         for i, key in enumerate(keys):
-            g = groups.setdefault(key, {"calls": 0, "cpu_total_ns": 0, "cpu_self_ns": 0,
-                                        "cuda_total_ns": 0, "cuda_self_ns": 0,
-                                        "cuda_mem_self_bytes": 0, "cuda_mem_total_bytes": 0,
-                                        "top_level": False})
+            g = groups.setdefault(
+                key,
+                {
+                    "calls": 0,
+                    "cpu_total_ns": 0,
+                    "cpu_self_ns": 0,
+                    "cuda_total_ns": 0,
+                    "cuda_self_ns": 0,
+                    "cuda_mem_self_bytes": 0,
+                    "cuda_mem_total_bytes": 0,
+                    "top_level": False,
+                },
+            )
             g["calls"] += int(tree["calls"][i])
             g["cpu_self_ns"] += int(tree["self_ns"][i])
             g["cuda_self_ns"] += int(tree["cuda_self_ns"][i])
@@ -223,8 +230,12 @@ class KeyAverages:
                 rows[f][j] = v
             rows["context"][j] = context[op]
             rows["top_level"][j] = g["top_level"] and not context[op]
-            stacks.append([_display_name(ops["name"][s], ops["file"][s], ops["line"][s], "python")
-                           for s in stack])
+            stacks.append(
+                [
+                    _display_name(ops["name"][s], ops["file"][s], ops["line"][s], "python")
+                    for s in stack
+                ]
+            )
         return rows, stacks
 
     # -- torch.profiler's EventList of FunctionEventAvg ---------------------------------
@@ -238,9 +249,12 @@ class KeyAverages:
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(f"KeyAverages index {i} out of range ({len(self)} rows)")
-        return KeyAverage(self.rows[i], self.display[i],
-                          self.stacks[i] if self.stacks is not None else [],
-                          str(self.rows["kind"][i]))
+        return KeyAverage(
+            self.rows[i],
+            self.display[i],
+            self.stacks[i] if self.stacks is not None else [],
+            str(self.rows["kind"][i]),
+        )
 
     def __iter__(self):
         for i in range(len(self)):
@@ -251,9 +265,18 @@ class KeyAverages:
         ``key_averages().total_average()``: totals of nested ops add up."""
         r = self.rows
         total = _with_extra_fields(r[:0], 1)
-        for f in ("calls", "cpu_total_ns", "cpu_self_ns", "cuda_total_ns", "cuda_self_ns",
-                  "kernels", "cuda_mem_self_bytes", "cpu_mem_self_bytes",
-                  "cuda_mem_total_bytes", "cpu_mem_total_bytes"):
+        for f in (
+            "calls",
+            "cpu_total_ns",
+            "cpu_self_ns",
+            "cuda_total_ns",
+            "cuda_self_ns",
+            "kernels",
+            "cuda_mem_self_bytes",
+            "cpu_mem_self_bytes",
+            "cuda_mem_total_bytes",
+            "cpu_mem_total_bytes",
+        ):
             total[f][0] = r[f].sum()
         return KeyAverage(total[0], "Total", [], "total")
 
@@ -264,8 +287,9 @@ class KeyAverages:
         if sort_by is None:
             return None, False, None
         if not isinstance(sort_by, str) or sort_by not in SORT_KEYS:
-            raise ValueError(f"table(): unknown sort_by {sort_by!r}; valid keys: "
-                             + ", ".join(sorted(SORT_KEYS)))
+            raise ValueError(
+                f"table(): unknown sort_by {sort_by!r}; valid keys: " + ", ".join(sorted(SORT_KEYS))
+            )
         field, avg = SORT_KEYS[sort_by]
         missing = None
         if field.startswith("cuda_mem") and not self.cuda_memory:
@@ -276,8 +300,11 @@ class KeyAverages:
             missing = "no CUDA time was recorded"
         if missing is None:
             return field, avg, None
-        return "cpu_self_ns", False, (f"Sorted by self CPU time: sort_by={sort_by!r} has no "
-                                      f"figures ({missing})")
+        return (
+            "cpu_self_ns",
+            False,
+            (f"Sorted by self CPU time: sort_by={sort_by!r} has no figures ({missing})"),
+        )
 
     def _order(self, sort_by: str | None) -> np.ndarray:
         field, avg, _ = self._sort_field(sort_by)
@@ -288,10 +315,17 @@ class KeyAverages:
             vals = vals / np.maximum(self.rows["calls"], 1)
         return np.argsort(-vals, kind="stable")
 
-    def table(self, sort_by: str | None = None, row_limit: int = 100,
-              max_name_column_width: int = 55, max_src_column_width: int = 75,
-              max_shapes_column_width: int = 80, header: str | None = None,
-              top_level_events_only: bool = False, time_unit: str | None = None) -> str:
+    def table(
+        self,
+        sort_by: str | None = None,
+        row_limit: int = 100,
+        max_name_column_width: int = 55,
+        max_src_column_width: int = 75,
+        max_shapes_column_width: int = 80,
+        header: str | None = None,
+        top_level_events_only: bool = False,
+        time_unit: str | None = None,
+    ) -> str:
         """Render as text, with the columns and sort keys of torch.profiler's table.
 
         Args:
@@ -312,35 +346,40 @@ class KeyAverages:
         Raises:
             ValueError: an unknown sort key or time unit, or a width or limit out of range.
         """
-        for name, value, lo in (("row_limit", row_limit, -1),
-                                ("max_name_column_width", max_name_column_width, 4),
-                                ("max_src_column_width", max_src_column_width, 4),
-                                ("max_shapes_column_width", max_shapes_column_width, 4)):
+        for name, value, lo in (
+            ("row_limit", row_limit, -1),
+            ("max_name_column_width", max_name_column_width, 4),
+            ("max_src_column_width", max_src_column_width, 4),
+            ("max_shapes_column_width", max_shapes_column_width, 4),
+        ):
             if value is None and name == "row_limit":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"table(): {name} must be an int >= {lo}, got {value!r}")
         if time_unit is not None and time_unit not in TIME_UNITS:
-            raise ValueError(f"table(): time_unit must be one of {', '.join(TIME_UNITS)} or "
-                             f"None, got {time_unit!r}")
+            raise ValueError(
+                f"table(): time_unit must be one of {', '.join(TIME_UNITS)} or "
+                f"None, got {time_unit!r}"
+            )
         if not isinstance(top_level_events_only, bool):
-            raise TypeError(f"table(): top_level_events_only must be a bool, "
-                            f"got {top_level_events_only!r}")
+            raise TypeError(
+                f"table(): top_level_events_only must be a bool, got {top_level_events_only!r}"
+            )
         order = self._order(sort_by)
         if top_level_events_only:
             order = order[self.rows["top_level"][order]]
         if row_limit is not None and row_limit >= 0:
             order = order[:row_limit]
         note = self._sort_field(sort_by)[2]
-        return _render(self, order, max_name_column_width, max_src_column_width, header,
-                       time_unit, note)
+        return _render(
+            self, order, max_name_column_width, max_src_column_width, header, time_unit, note
+        )
 
     def __str__(self) -> str:
         return self.table(sort_by="self_cpu_time_total")
 
     def __repr__(self) -> str:
-        return (f"<KeyAverages: {len(self)} rows; print(prof.key_averages().table()) for the "
-                f"table>")
+        return f"<KeyAverages: {len(self)} rows; print(prof.key_averages().table()) for the table>"
 
     def _repr_html_(self) -> str:
         """The table as HTML for notebooks (top 30 rows by self CUDA, else self CPU time)."""
@@ -348,17 +387,19 @@ class KeyAverages:
 
         order = self._order("self_cuda_time_total" if self.cuda else "self_cpu_time_total")[:30]
         cols, lines_cells, footer = _cells(self, order, 80, 80, None, None)
-        rows = [cells[:-1] + [" \u2190 ".join([cells[-1], *more])] if more else cells
-                for cells, more in lines_cells]
+        rows = [
+            cells[:-1] + [" \u2190 ".join([cells[-1], *more])] if more else cells
+            for cells, more in lines_cells
+        ]
         align = "".join("l" if a is None else "r" for _, a in cols)
-        return Table("gpuprof key averages", [c for c, _ in cols], rows, align,
-                     footer=" | ".join(footer))._repr_html_()
+        return Table(
+            "gpuprof key averages", [c for c, _ in cols], rows, align, footer=" | ".join(footer)
+        )._repr_html_()
 
 
 def _with_extra_fields(rows: np.ndarray, n: int | None = None) -> np.ndarray:
     """``rows`` (ops() fields) copied into the KeyAverages dtype, or n zero rows."""
-    dtype = np.dtype(rows.dtype.descr + [f for f in _EXTRA_FIELDS
-                                         if f[0] not in rows.dtype.names])
+    dtype = np.dtype(rows.dtype.descr + [f for f in _EXTRA_FIELDS if f[0] not in rows.dtype.names])
     out = np.zeros(len(rows) if n is None else n, dtype=dtype)
     if n is None:
         for f in rows.dtype.names:
@@ -390,31 +431,38 @@ def op_columns(ka: KeyAverages, unit: str | None = None) -> list[tuple]:
     def time(v):
         return format_time(v, unit)
 
-    cols = [("Self CPU %", r["cpu_self_ns"], lambda v: _pct(v, total_self_cpu)),
-            ("Self CPU", r["cpu_self_ns"], time),
-            ("CPU total %", r["cpu_total_ns"], lambda v: _pct(v, total_self_cpu)),
-            ("CPU total", r["cpu_total_ns"], time),
-            ("CPU time avg", avg, time)]
+    cols = [
+        ("Self CPU %", r["cpu_self_ns"], lambda v: _pct(v, total_self_cpu)),
+        ("Self CPU", r["cpu_self_ns"], time),
+        ("CPU total %", r["cpu_total_ns"], lambda v: _pct(v, total_self_cpu)),
+        ("CPU total", r["cpu_total_ns"], time),
+        ("CPU time avg", avg, time),
+    ]
     if ka.cuda:
         cuda_avg = r["cuda_total_ns"] / np.maximum(r["calls"].astype(np.int64), 1)
-        cols += [("Self CUDA", r["cuda_self_ns"], time),
-                 ("Self CUDA %", r["cuda_self_ns"], lambda v: _pct(v, total_self_cuda)),
-                 ("CUDA total", r["cuda_total_ns"], time),
-                 ("CUDA time avg", cuda_avg, time)]
+        cols += [
+            ("Self CUDA", r["cuda_self_ns"], time),
+            ("Self CUDA %", r["cuda_self_ns"], lambda v: _pct(v, total_self_cuda)),
+            ("CUDA total", r["cuda_total_ns"], time),
+            ("CUDA time avg", cuda_avg, time),
+        ]
     if ka.cpu_memory:
-        cols += [("CPU Mem", r["cpu_mem_total_bytes"], format_bytes),
-                 ("Self CPU Mem", r["cpu_mem_self_bytes"], format_bytes)]
+        cols += [
+            ("CPU Mem", r["cpu_mem_total_bytes"], format_bytes),
+            ("Self CPU Mem", r["cpu_mem_self_bytes"], format_bytes),
+        ]
     if ka.cuda_memory:
-        cols += [("CUDA Mem", r["cuda_mem_total_bytes"], format_bytes),
-                 ("Self CUDA Mem", r["cuda_mem_self_bytes"], format_bytes)]
+        cols += [
+            ("CUDA Mem", r["cuda_mem_total_bytes"], format_bytes),
+            ("Self CUDA Mem", r["cuda_mem_self_bytes"], format_bytes),
+        ]
     cols += [("# of Calls", r["calls"], lambda v: str(int(v)))]
     if ka.cuda:
         cols += [("# Kernels", r["kernels"], lambda v: str(int(v)))]
     return cols
 
 
-def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None,
-           note: str | None):
+def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None, note: str | None):
     """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
     total_self_cpu = float(ka.total_self_cpu_ns)
     total_self_cuda = float(ka.total_self_cuda_ns)
@@ -434,17 +482,26 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None,
         footer.append(f"Self CUDA time total: {format_time(total_self_cuda, unit)}")
     if ka.context_rows and not ka.include_context:
         n = ka.context_rows
-        footer.append(f"Not shown: {n} frame{'s' if n != 1 else ''} already running when "
-                      f"recording began ({format_time(ka.context_self_ns, unit)} self CPU); "
-                      f"key_averages(include_context=True) shows them")
+        footer.append(
+            f"Not shown: {n} frame{'s' if n != 1 else ''} already running when "
+            f"recording began ({format_time(ka.context_self_ns, unit)} self CPU); "
+            f"key_averages(include_context=True) shows them"
+        )
     if note:
         footer.append(note)
     footer += _footer(ka._results)
     return cols, lines_cells, footer
 
 
-def _render(ka: KeyAverages, order, name_w: int, src_w: int, header: str | None,
-            unit: str | None = None, note: str | None = None) -> str:
+def _render(
+    ka: KeyAverages,
+    order,
+    name_w: int,
+    src_w: int,
+    header: str | None,
+    unit: str | None = None,
+    note: str | None = None,
+) -> str:
     cols, lines_cells, footer = _cells(ka, order, name_w, src_w, unit, note)
     widths = [len(c[0]) for c in cols]
     for cells, more in lines_cells:
@@ -480,15 +537,18 @@ def _footer(res: Results) -> list[str]:
     mode = res.cuda.get("mode", "off")
     if res.cuda.get("active"):
         frac = res.attributed_gpu_fraction
-        lines.append(f"CUDA capture: {mode}; {100 * frac:.1f}% of GPU time attributed to a "
-                     f"Python op")
+        lines.append(
+            f"CUDA capture: {mode}; {100 * frac:.1f}% of GPU time attributed to a Python op"
+        )
     elif res.cuda.get("error"):
         lines.append(f"CUDA capture: off ({res.cuda['error']})")
     else:
         lines.append("CUDA capture: off")
     if res.dropped_events:
-        lines.append(f"WARNING: {res.dropped_events} events dropped (event buffer full); "
-                     f"pass a larger max_events to gpuprof.profile()")
+        lines.append(
+            f"WARNING: {res.dropped_events} events dropped (event buffer full); "
+            f"pass a larger max_events to gpuprof.profile()"
+        )
     if res.dropped_gpu_records:
         lines.append(f"WARNING: {res.dropped_gpu_records} GPU records dropped by CUPTI")
     if os.environ.get("GPUPROF_TABLE_WINDOWS") and len(res.windows) > 1:

@@ -11,7 +11,7 @@ import html
 
 import numpy as np
 
-from .tables import format_time
+from ._format import format_time
 
 __all__ = ["Table", "kernel_table", "plot_steps", "step_table"]
 
@@ -19,8 +19,14 @@ __all__ = ["Table", "kernel_table", "plot_steps", "step_table"]
 class Table:
     """Rows of strings under headers; text with ``str()``, HTML with ``_repr_html_()``."""
 
-    def __init__(self, title: str, headers: list[str], rows: list[list[str]],
-                 align: str | None = None, footer: str = ""):
+    def __init__(
+        self,
+        title: str,
+        headers: list[str],
+        rows: list[list[str]],
+        align: str | None = None,
+        footer: str = "",
+    ):
         self.title = title
         self.headers = headers
         self.rows = rows
@@ -36,8 +42,9 @@ class Table:
             widths = [max(w, len(c)) for w, c in zip(widths, r)]
 
         def line(cells):
-            return "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                             for c, w, a in zip(cells, widths, self.align)).rstrip()
+            return "  ".join(
+                c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, self.align)
+            ).rstrip()
 
         sep = "-" * (sum(widths) + 2 * (len(widths) - 1))
         out = [self.title, sep, line(self.headers), sep] + [line(r) for r in self.rows] + [sep]
@@ -47,23 +54,35 @@ class Table:
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        head = "".join(f"<th style='text-align:{'left' if a == 'l' else 'right'}'>{esc(h)}</th>"
-                       for h, a in zip(self.headers, self.align))
+        head = "".join(
+            f"<th style='text-align:{'left' if a == 'l' else 'right'}'>{esc(h)}</th>"
+            for h, a in zip(self.headers, self.align)
+        )
         body = "".join(
-            "<tr>" + "".join(f"<td style='text-align:{'left' if a == 'l' else 'right'}'>"
-                             f"{esc(c)}</td>" for c, a in zip(r, self.align)) + "</tr>"
-            for r in self.rows)
+            "<tr>"
+            + "".join(
+                f"<td style='text-align:{'left' if a == 'l' else 'right'}'>{esc(c)}</td>"
+                for c, a in zip(r, self.align)
+            )
+            + "</tr>"
+            for r in self.rows
+        )
         foot = f"<p>{esc(self.footer)}</p>" if self.footer else ""
-        return (f"<div><b>{esc(self.title)}</b><table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>{foot}</div>")
+        return (
+            f"<div><b>{esc(self.title)}</b><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>{foot}</div>"
+        )
 
 
-def kernel_table(kernels: np.ndarray, sort_by: str = "total_ns", row_limit: int = 20,
-                 max_name_width: int = 70) -> Table:
+def kernel_table(
+    kernels: np.ndarray, sort_by: str = "total_ns", row_limit: int = 20, max_name_width: int = 70
+) -> Table:
     """The GPU activities with the most time first (fields of ``prof.kernels()``)."""
     if sort_by not in ("total_ns", "calls", "max_ns", "min_ns", "bytes"):
-        raise ValueError(f"kernel_table(): sort_by must be one of total_ns, calls, max_ns, "
-                         f"min_ns, bytes; got {sort_by!r}")
+        raise ValueError(
+            f"kernel_table(): sort_by must be one of total_ns, calls, max_ns, "
+            f"min_ns, bytes; got {sort_by!r}"
+        )
     if isinstance(row_limit, bool) or not isinstance(row_limit, int) or row_limit < -1:
         raise ValueError(f"kernel_table(): row_limit must be an int >= -1, got {row_limit!r}")
     order = np.argsort(-kernels[sort_by].astype(np.float64), kind="stable")
@@ -71,43 +90,93 @@ def kernel_table(kernels: np.ndarray, sort_by: str = "total_ns", row_limit: int 
         order = order[:row_limit]
     total = max(int(kernels["total_ns"].sum()), 1)
     has_occ = "occupancy" in (kernels.dtype.names or ())
-    headers = ["Kernel", "Device", "Calls", "Total", "%", "Avg", "Max", "Grid", "Block", "Regs",
-               "Category"] + (["Occupancy"] if has_occ else [])
+    headers = [
+        "Kernel",
+        "Device",
+        "Calls",
+        "Total",
+        "%",
+        "Avg",
+        "Max",
+        "Grid",
+        "Block",
+        "Regs",
+        "Category",
+    ] + (["Occupancy"] if has_occ else [])
     rows = []
     for i in order:
         k = kernels[i]
         name = str(k["name"])
         name = name if len(name) <= max_name_width else name[: max_name_width - 3] + "..."
-        row = [name, str(k["device"]), str(k["calls"]), format_time(k["total_ns"]),
-               f"{100 * k['total_ns'] / total:.1f}%",
-               format_time(k["total_ns"] / max(int(k["calls"]), 1)), format_time(k["max_ns"]),
-               "x".join(str(int(v)) for v in k["grid"]), "x".join(str(int(v)) for v in k["block"]),
-               str(k["registers"]), str(k["category"])]
+        row = [
+            name,
+            str(k["device"]),
+            str(k["calls"]),
+            format_time(k["total_ns"]),
+            f"{100 * k['total_ns'] / total:.1f}%",
+            format_time(k["total_ns"] / max(int(k["calls"]), 1)),
+            format_time(k["max_ns"]),
+            "x".join(str(int(v)) for v in k["grid"]),
+            "x".join(str(int(v)) for v in k["block"]),
+            str(k["registers"]),
+            str(k["category"]),
+        ]
         if has_occ:
             occ = float(k["occupancy"])
-            row.append("-" if occ != occ else  # NaN: copies, memsets, unknown device
-                       f"{100 * occ:.0f}% ({k['occupancy_limiter']})")
+            row.append(
+                "-"
+                if occ != occ
+                # NaN: copies, memsets, unknown device
+                else f"{100 * occ:.0f}% ({k['occupancy_limiter']})"
+            )
         rows.append(row)
     align = "lrrrrrrrrrl" + ("r" if has_occ else "")
-    return Table("GPU activity by name", headers, rows, align,
-                 footer=f"Total GPU time: {format_time(total)} in {int(kernels['calls'].sum())} "
-                        f"activities")
+    return Table(
+        "GPU activity by name",
+        headers,
+        rows,
+        align,
+        footer=f"Total GPU time: {format_time(total)} in {int(kernels['calls'].sum())} activities",
+    )
 
 
 def step_table(steps: np.ndarray) -> Table:
     """One line per recorded step (fields of ``prof.steps()``)."""
-    headers = ["Step", "Wall", "GPU busy", "GPU idle", "Busy %", "Memcpy", "Comm", "Sync wait",
-               "Kernels"]
+    headers = [
+        "Step",
+        "Wall",
+        "GPU busy",
+        "GPU idle",
+        "Busy %",
+        "Memcpy",
+        "Comm",
+        "Sync wait",
+        "Kernels",
+    ]
     rows = []
     for s in steps:
         wall = max(int(s["cpu_ns"]), 1)
-        rows.append([str(s["step"]), format_time(s["cpu_ns"]), format_time(s["gpu_busy_ns"]),
-                     format_time(s["gpu_idle_ns"]), f"{100 * s['gpu_busy_ns'] / wall:.1f}%",
-                     format_time(s["memcpy_ns"]), format_time(s["comm_ns"]),
-                     format_time(s["sync_wait_ns"]), str(s["kernels"])])
+        rows.append(
+            [
+                str(s["step"]),
+                format_time(s["cpu_ns"]),
+                format_time(s["gpu_busy_ns"]),
+                format_time(s["gpu_idle_ns"]),
+                f"{100 * s['gpu_busy_ns'] / wall:.1f}%",
+                format_time(s["memcpy_ns"]),
+                format_time(s["comm_ns"]),
+                format_time(s["sync_wait_ns"]),
+                str(s["kernels"]),
+            ]
+        )
     mean = float(steps["cpu_ns"].mean()) if len(steps) else 0.0
-    return Table("Steps", headers, rows, "r" * len(headers),
-                 footer=f"{len(steps)} steps, mean {format_time(mean)}")
+    return Table(
+        "Steps",
+        headers,
+        rows,
+        "r" * len(headers),
+        footer=f"{len(steps)} steps, mean {format_time(mean)}",
+    )
 
 
 def plot_steps(steps: np.ndarray, path_or_ax=None):
@@ -133,8 +202,13 @@ def plot_steps(steps: np.ndarray, path_or_ax=None):
     sync = np.minimum(steps["sync_wait_ns"] * ms, steps["gpu_idle_ns"] * ms)
     idle = steps["gpu_idle_ns"] * ms - sync
     bottom = np.zeros(len(steps))
-    for values, label in ((compute, "GPU compute"), (copy, "memcpy"), (comm, "communication"),
-                          (sync, "host waits on GPU"), (idle, "GPU idle")):
+    for values, label in (
+        (compute, "GPU compute"),
+        (copy, "memcpy"),
+        (comm, "communication"),
+        (sync, "host waits on GPU"),
+        (idle, "GPU idle"),
+    ):
         ax.bar(x, values, bottom=bottom, label=label)
         bottom = bottom + values
     ax.set_xticks(x, [str(s) for s in steps["step"]])

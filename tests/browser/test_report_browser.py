@@ -30,8 +30,13 @@ def _unavailable(reason):
 
 
 def _chromium():
-    names = [os.environ.get("GPUPROF_CHROMIUM"), "chromium", "chromium-browser",
-             "google-chrome", "google-chrome-stable"]
+    names = [
+        os.environ.get("GPUPROF_CHROMIUM"),
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+    ]
     for name in filter(None, names):
         path = shutil.which(name) or (name if os.path.isfile(name) else None)
         if path:
@@ -49,8 +54,9 @@ def browser():
         _unavailable("Playwright is not installed (pip install playwright)")
     exe = _chromium()
     if exe is None:
-        _unavailable("Chromium not found: apt-get install chromium, or set GPUPROF_CHROMIUM "
-                     "to its path")
+        _unavailable(
+            "Chromium not found: apt-get install chromium, or set GPUPROF_CHROMIUM to its path"
+        )
     pw = sync_playwright().start()
     try:
         b = pw.chromium.launch(executable_path=exe)
@@ -91,12 +97,13 @@ class Page:
 
     def first_cells(self, table):
         return self.page.eval_on_selector_all(
-            f"#{table} tbody tr", "rows => rows.map(r => r.cells[0].textContent)")
+            f"#{table} tbody tr", "rows => rows.map(r => r.cells[0].textContent)"
+        )
 
     def frames(self):
         return self.page.eval_on_selector_all(
-            "svg.flame g.frame",
-            "gs => gs.map(g => [g.dataset.name, parseFloat(g.dataset.width)])")
+            "svg.flame g.frame", "gs => gs.map(g => [g.dataset.name, parseFloat(g.dataset.width)])"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +154,8 @@ def test_sorting_a_column_reorders_the_table(opened, report_path):
     most = max(int(c) for c in ops["calls"])
     assert page.get_attribute("#ops th:has-text('# of Calls')", "aria-sort") == "descending"
     calls_col = page.eval_on_selector_all(
-        "#ops tbody tr", "rows => rows.map(r => +r.cells[r.cells.length - 2].textContent)")
+        "#ops tbody tr", "rows => rows.map(r => +r.cells[r.cells.length - 2].textContent)"
+    )
     assert calls_col == sorted(calls_col, reverse=True) and calls_col[0] == most
     page.click("#ops th:has-text('# of Calls') button")  # again: fewest first
     assert page.get_attribute("#ops th:has-text('# of Calls')", "aria-sort") == "ascending"
@@ -196,8 +204,16 @@ def test_a_screenshot_of_each_section(browser, tmp_path):
     try:
         p.page.add_style_tag(content="header.top { position: static; }")  # not over sections
         ids = p.page.eval_on_selector_all("main > section", "ss => ss.map(s => s.id)")
-        assert ids == ["summary", "diagnosis", "steps", "ops", "kernels", "flame", "memory",
-                       "trace"]
+        assert ids == [
+            "summary",
+            "diagnosis",
+            "steps",
+            "ops",
+            "kernels",
+            "flame",
+            "memory",
+            "trace",
+        ]
         out = tmp_path / "screens"
         out.mkdir()
         for sid in ids:
@@ -231,8 +247,11 @@ def test_open_in_perfetto_hands_the_trace_over(browser, tmp_path):
     res = training_results()
     trace = gpuprof.exporters.export_chrome_trace(res, tmp_path / "run.pt.trace.json.gz")
     path = export_html(res, tmp_path / "report.html", trace=trace)
-    stand_in = {"https://ui.perfetto.dev/**": lambda route: route.fulfill(
-        status=200, content_type="text/html", body=PERFETTO_STAND_IN)}
+    stand_in = {
+        "https://ui.perfetto.dev/**": lambda route: route.fulfill(
+            status=200, content_type="text/html", body=PERFETTO_STAND_IN
+        )
+    }
     p = Page(browser, path, routes=stand_in)
     try:
         page = p.page
@@ -248,7 +267,8 @@ def test_open_in_perfetto_hands_the_trace_over(browser, tmp_path):
         from playwright.sync_api import expect
 
         expect(page.locator(".perfetto-status")).to_have_text(
-            "Sent run.pt.trace.json.gz to Perfetto.")
+            "Sent run.pt.trace.json.gz to Perfetto."
+        )
         assert p.requests == [] and p.errors == []
     finally:
         p.close()
@@ -269,8 +289,9 @@ def test_a_long_window_draws_every_step(browser, tmp_path):
 
 def test_compare_page(browser, tmp_path):
     before = gpuprof.exporters.save(training_results(), tmp_path / "before.gpuprof")
-    after = gpuprof.exporters.save(training_results(gemm_us=100, loader_us=30),
-                                   tmp_path / "after.gpuprof")
+    after = gpuprof.exporters.save(
+        training_results(gemm_us=100, loader_us=30), tmp_path / "after.gpuprof"
+    )
     c = gpuprof.compare(before, after)
     p = Page(browser, c.export_html(tmp_path / "compare.html"))
     try:
@@ -286,7 +307,8 @@ def test_compare_page(browser, tmp_path):
         page.click("#compare-kernels th:has-text('Name') button")
         assert p.first_cells("compare-kernels") == sorted(first, key=str.lower)
         assert page.locator("#compare-findings .finding").count() == (
-            len(c.diagnosis_before["findings"]) + len(c.diagnosis_after["findings"]))
+            len(c.diagnosis_before["findings"]) + len(c.diagnosis_after["findings"])
+        )
         for sid in ("compare-summary", "compare-steps", "compare-findings", "compare-ops"):
             page.locator(f"#{sid}").screenshot(path=str(tmp_path / f"{sid}.png"))
         assert p.errors == [] and p.requests == []

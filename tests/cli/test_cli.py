@@ -18,8 +18,14 @@ PACKAGE = os.path.dirname(os.path.abspath(gp.__file__)) + os.sep
 
 def gpuprof(*args, cwd=None, timeout=180):
     env = dict(os.environ, PYTHONPATH=PYTHONPATH)
-    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuprof", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def script(name):
@@ -59,9 +65,13 @@ def test_run_prints_table_and_diagnosis_on_stdout_after_the_program():
 
 def test_run_report_can_be_redirected_to_a_file(tmp_path):
     with open(tmp_path / "out.txt", "w") as f:
-        r = subprocess.run([sys.executable, "-m", "gpuprof", "run", "--no-cuda",
-                            script("cpu_train.py"), "3"], stdout=f, stderr=subprocess.PIPE,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuprof", "run", "--no-cuda", script("cpu_train.py"), "3"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "out.txt").read_text()
     assert text.startswith("done") and "Self CPU time total" in text and "steps: " in text
@@ -78,8 +88,19 @@ def test_run_lets_exceptions_through():
 
 def test_run_passes_every_argument_after_the_target_to_the_program(tmp_path):
     marker = tmp_path / "ran"
-    r = gpuprof("run", "--no-cuda", "--limit", "3", script("leaves_marker.py"), str(marker),
-                "--limit", "-5", "--", "-m", "x")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--limit",
+        "3",
+        script("leaves_marker.py"),
+        str(marker),
+        "--limit",
+        "-5",
+        "--",
+        "-m",
+        "x",
+    )
     assert r.returncode == 0, r.stderr
     assert f"argv: ['{marker}', '--limit', '-5', '--', '-m', 'x']" in r.stdout
 
@@ -97,8 +118,15 @@ def test_run_writes_the_files_before_printing(tmp_path):
 
 def test_run_step_fn_of_an_imported_module_and_outputs(tmp_path):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--output", str(out),
-                script("uses_steps_module.py"))
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        "steps_module:train_step",
+        "--output",
+        str(out),
+        script("uses_steps_module.py"),
+    )
     assert r.returncode == 0, r.stderr
     assert "7 found (step boundaries: returns of steps_module:train_step)" in r.stdout
     assert len(saved(out).steps()) == 7  # the tail after the last step is no step
@@ -107,14 +135,25 @@ def test_run_step_fn_of_an_imported_module_and_outputs(tmp_path):
     rep = gpuprof("report", glob.glob(str(out / "*.gpuprof"))[0], "--steps")
     assert rep.returncode == 0, rep.stderr
     assert len([ln for ln in rep.stdout.splitlines()[1:] if ln.strip()]) >= 7
-    rep = gpuprof("report", glob.glob(str(out / "*.gpuprof"))[0], "--sort", "count",
-                  "--limit", "5")
+    rep = gpuprof("report", glob.glob(str(out / "*.gpuprof"))[0], "--sort", "count", "--limit", "5")
     assert rep.returncode == 0 and "# of Calls" in rep.stdout
 
 
 def test_run_module_with_schedule():
-    r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--wait", "1",
-                "--warmup", "1", "--active", "3", "-m", "uses_steps_module")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        "steps_module:train_step",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "3",
+        "-m",
+        "uses_steps_module",
+    )
     assert r.returncode == 0, r.stderr
     assert "steps: 3 recorded, 7 found" in r.stdout
 
@@ -122,8 +161,18 @@ def test_run_module_with_schedule():
 @pytest.mark.parametrize("spec", ["__main__:train_step", "cpu_train:train_step"])
 def test_step_fn_of_the_script_itself(spec, tmp_path):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--step-fn", spec, "--active", "3", "--output", str(out),
-                script("cpu_train.py"), "8")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        spec,
+        "--active",
+        "3",
+        "--output",
+        str(out),
+        script("cpu_train.py"),
+        "8",
+    )
     assert r.returncode == 0, r.stderr
     assert f"steps: 3 recorded, 8 found (step boundaries: returns of {spec})" in r.stdout
     ops = saved(out).ops()
@@ -134,20 +183,24 @@ def test_step_fn_of_the_script_itself(spec, tmp_path):
 
 @pytest.mark.parametrize("spec", ["__main__:Trainer.step", "class_loop:Trainer.load"])
 def test_step_fn_of_a_method_or_staticmethod_of_the_script(spec):
-    r = gpuprof("run", "--no-cuda", "--step-fn", spec, "--active", "3",
-                script("class_loop.py"), "8")
+    r = gpuprof(
+        "run", "--no-cuda", "--step-fn", spec, "--active", "3", script("class_loop.py"), "8"
+    )
     assert r.returncode == 0, r.stderr
     assert "class loop done" in r.stdout
     assert f"steps: 3 recorded, 8 found (step boundaries: returns of {spec})" in r.stdout
 
 
-@pytest.mark.parametrize("spec, target, why", [
-    ("nosuchmodule:fn", "cpu_train.py", "the program never imported nosuchmodule"),
-    ("steps_module:nope", "uses_steps_module.py", "module steps_module has no attribute nope"),
-    ("__main__:nope", "cpu_train.py", "the script defines no nope at its top level"),
-    ("__main__:main", "leaves_marker.py", "the script defines no main"),
-    ("steps_module:run", "cpu_train.py", "the program never imported steps_module"),
-])
+@pytest.mark.parametrize(
+    "spec, target, why",
+    [
+        ("nosuchmodule:fn", "cpu_train.py", "the program never imported nosuchmodule"),
+        ("steps_module:nope", "uses_steps_module.py", "module steps_module has no attribute nope"),
+        ("__main__:nope", "cpu_train.py", "the script defines no nope at its top level"),
+        ("__main__:main", "leaves_marker.py", "the script defines no main"),
+        ("steps_module:run", "cpu_train.py", "the program never imported steps_module"),
+    ],
+)
 def test_a_step_fn_that_never_ran_is_named_at_the_end(spec, target, why, tmp_path):
     args = [str(tmp_path / "m")] if target == "leaves_marker.py" else ["2"]
     r = gpuprof("run", "--no-cuda", "--step-fn", spec, script(target), *args)
@@ -169,21 +222,44 @@ def test_no_steps_under_active_names_the_flags_that_help():
 
 
 def test_a_schedule_longer_than_the_program_says_so():
-    r = gpuprof("run", "--no-cuda", "--step-fn", "__main__:train_step", "--warmup", "5",
-                "--active", "2", script("cpu_train.py"), "3")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        "__main__:train_step",
+        "--warmup",
+        "5",
+        "--active",
+        "2",
+        script("cpu_train.py"),
+        "3",
+    )
     assert r.returncode == 0, r.stderr
-    assert error_line(r) == ("gpuprof: nothing recorded: the program ended after 3 step(s), and "
-                             "--wait/--warmup/--active start recording at step 6; lower --wait "
-                             "or --warmup")
+    assert error_line(r) == (
+        "gpuprof: nothing recorded: the program ended after 3 step(s), and "
+        "--wait/--warmup/--active start recording at step 6; lower --wait "
+        "or --warmup"
+    )
 
 
 def test_fewer_steps_than_active_says_so():
-    r = gpuprof("run", "--no-cuda", "--step-fn", "__main__:train_step", "--active", "5",
-                script("cpu_train.py"), "3")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        "__main__:train_step",
+        "--active",
+        "5",
+        script("cpu_train.py"),
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     line = error_line(r)
-    assert re.fullmatch(r"gpuprof: recorded [1-4] of the 5 --active steps: the program ended "
-                        r"after 3 step\(s\)", line), line
+    assert re.fullmatch(
+        r"gpuprof: recorded [1-4] of the 5 --active steps: the program ended "
+        r"after 3 step\(s\)",
+        line,
+    ), line
 
 
 # -- nothing of the CLI's own in the results -----------------------------------------------------
@@ -194,8 +270,14 @@ def _assert_no_frames_of_ours(loaded, doc):
     ours = {f for f in files if f.startswith(PACKAGE) or f == runpy.run_path.__code__.co_filename}
     assert not ours, ours
     names = set(loaded.ops()["name"])
-    for name in ("exec", "Condition.wait", "Event.wait", "Timer.run", "_run_code",
-                 "__gpuprof_step_fn__"):
+    for name in (
+        "exec",
+        "Condition.wait",
+        "Event.wait",
+        "Timer.run",
+        "_run_code",
+        "__gpuprof_step_fn__",
+    ):
         assert name not in names, name
     texts = [json.dumps(e) for e in doc["traceEvents"]]
     for needle in ("runpy", PACKAGE, "cli.py", "_launch.py", "_steps.py"):
@@ -204,8 +286,16 @@ def _assert_no_frames_of_ours(loaded, doc):
 
 def test_no_frame_of_gpuprof_or_runpy_in_tables_or_trace(tmp_path):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--step-fn", "__main__:train_step", "--output", str(out),
-                script("cpu_train.py"), "4")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        "__main__:train_step",
+        "--output",
+        str(out),
+        script("cpu_train.py"),
+        "4",
+    )
     assert r.returncode == 0, r.stderr
     loaded = saved(out)
     _assert_no_frames_of_ours(loaded, trace(out))
@@ -218,8 +308,18 @@ def test_no_frame_of_gpuprof_or_runpy_in_tables_or_trace(tmp_path):
 
 def test_time_window_runs_no_thread_of_gpuprof(tmp_path):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--delay", "0.2", "--duration", "0.4", "--output", str(out),
-                script("cpu_train.py"), "150")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--delay",
+        "0.2",
+        "--duration",
+        "0.4",
+        "--output",
+        str(out),
+        script("cpu_train.py"),
+        "150",
+    )
     assert r.returncode == 0, r.stderr
     assert "steps: 0 recorded in the --delay/--duration window" in r.stdout  # no step() ran
     loaded = saved(out)
@@ -237,8 +337,9 @@ def test_delay_longer_than_the_program_says_so():
     r = gpuprof("run", "--no-cuda", "--delay", "30", script("cpu_train.py"), "2")
     assert r.returncode == 0, r.stderr
     assert "done" in r.stdout
-    assert error_line(r) == ("gpuprof: nothing recorded: the program ended before --delay 30 s; "
-                             "give a shorter --delay")
+    assert error_line(r) == (
+        "gpuprof: nothing recorded: the program ended before --delay 30 s; give a shorter --delay"
+    )
 
 
 # -- bad arguments: one line, exit code 2, the program never starts ------------------------------
@@ -282,8 +383,10 @@ def test_output_that_is_a_file_is_refused_before_the_program(tmp_path):
     existing.write_text("keep me")
     r = _run_with_marker(tmp_path, "--output", str(existing))
     assert r.returncode == 2
-    assert error_line(r) == (f"gpuprof: error: --output: {str(existing)!r} is a file, not a "
-                             "folder; name a folder (created if missing)")
+    assert error_line(r) == (
+        f"gpuprof: error: --output: {str(existing)!r} is a file, not a "
+        "folder; name a folder (created if missing)"
+    )
     assert existing.read_text() == "keep me"
 
 
@@ -302,15 +405,18 @@ def test_cuda_profiler_api_with_no_cuda_is_refused(tmp_path):
     assert "needs GPU capture: leave --no-cuda out" in error_line(r)
 
 
-@pytest.mark.parametrize("args, message", [
-    (("run", "no_such_script.py"), "no such script: 'no_such_script.py'"),
-    (("run", "-m", "no_such_module_xyz"), "no module named 'no_such_module_xyz'"),
-    (("run",), "the following arguments are required: TARGET"),
-    (("report", "/nonexistent/file.gpuprof"), "cannot read '/nonexistent/file.gpuprof'"),
-    (("report",), "the following arguments are required: FILE"),
-    (("compare", "/nonexistent/a.gpuprof"), "the following arguments are required: AFTER"),
-    (("bogus",), "argument COMMAND: invalid choice: 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("run", "no_such_script.py"), "no such script: 'no_such_script.py'"),
+        (("run", "-m", "no_such_module_xyz"), "no module named 'no_such_module_xyz'"),
+        (("run",), "the following arguments are required: TARGET"),
+        (("report", "/nonexistent/file.gpuprof"), "cannot read '/nonexistent/file.gpuprof'"),
+        (("report",), "the following arguments are required: FILE"),
+        (("compare", "/nonexistent/a.gpuprof"), "the following arguments are required: AFTER"),
+        (("bogus",), "argument COMMAND: invalid choice: 'bogus'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = gpuprof(*args)
     assert r.returncode == 2
@@ -333,8 +439,9 @@ def two_saved(tmp_path_factory):
     paths = []
     for i in range(2):
         out = tmp_path_factory.mktemp(f"run{i}")
-        r = gpuprof("run", "--no-cuda", "--memory", "--output", str(out),
-                    script("cpu_train.py"), str(3 + i))
+        r = gpuprof(
+            "run", "--no-cuda", "--memory", "--output", str(out), script("cpu_train.py"), str(3 + i)
+        )
         assert r.returncode == 0, r.stderr
         assert "gpuprof memory summary" in r.stdout and "host RSS" in r.stdout
         paths.append(glob.glob(str(out / "*.gpuprof"))[0])
@@ -363,8 +470,10 @@ def test_report_memory_of_a_saved_profile(two_saved):
 
 def test_report_memory_of_a_profile_without_memory_says_so(tmp_path):
     out = tmp_path / "out"
-    assert gpuprof("run", "--no-cuda", "--output", str(out), script("cpu_train.py"),
-                   "2").returncode == 0
+    assert (
+        gpuprof("run", "--no-cuda", "--output", str(out), script("cpu_train.py"), "2").returncode
+        == 0
+    )
     path = glob.glob(str(out / "*.gpuprof"))[0]
     r = gpuprof("report", "--memory", path)
     assert r.returncode == 2
@@ -411,8 +520,9 @@ def test_compare(two_saved, tmp_path):
 
 def test_run_trace_min_us_thins_the_trace(tmp_path):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--trace-min-us", "5", "--output", str(out),
-                script("cpu_train.py"), "3")
+    r = gpuprof(
+        "run", "--no-cuda", "--trace-min-us", "5", "--output", str(out), script("cpu_train.py"), "3"
+    )
     assert r.returncode == 0, r.stderr
     doc = trace(out)
     assert doc["gpuprof_min_duration_us"] == 5.0 and doc["gpuprof_omitted_calls"] > 0
@@ -462,8 +572,17 @@ def test_run_subprocesses_shows_the_pool_workers(tmp_path):
     """--subprocesses: the fork pool's workers are profiled; their rows are printed
     (one line per process, then the workers' ops summed) and kept in the outputs."""
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--subprocesses", "--limit", "1000", "--output", str(out),
-                script("pool_workers.py"), "20")
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--subprocesses",
+        "--limit",
+        "1000",
+        "--output",
+        str(out),
+        script("pool_workers.py"),
+        "20",
+    )
     assert r.returncode == 0, r.stderr
     assert "done 2470" in r.stdout
     text = r.stdout
@@ -473,10 +592,10 @@ def test_run_subprocesses_shows_the_pool_workers(tmp_path):
     assert len(workers) == 2, text
     assert "child processes (2), summed" in text
     # the workers' table: slow_item ran once per item, in the workers only
-    table = text[text.index("child processes (2), summed"):]
+    table = text[text.index("child processes (2), summed") :]
     row = [ln for ln in table.splitlines() if ln.startswith("slow_item (pool_workers.py:")]
     assert row and row[0].split()[-1] == "20", table
-    main_table = text[:text.index("processes: main")]
+    main_table = text[: text.index("processes: main")]
     assert "slow_item (pool_workers.py:" not in main_table
     # the saved profile keeps the workers; the trace has a lane per worker
     loaded = saved(out)
@@ -504,10 +623,18 @@ def html_data(path):
 
 
 def test_run_output_writes_report_html_beside_the_trace_and_report_and_compare_write_pages(
-        tmp_path):
+    tmp_path,
+):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--step-fn", "steps_module:train_step", "--output", str(out),
-                os.path.join(SCRIPTS, "uses_steps_module.py"))
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--step-fn",
+        "steps_module:train_step",
+        "--output",
+        str(out),
+        os.path.join(SCRIPTS, "uses_steps_module.py"),
+    )
     assert r.returncode == 0, r.stderr
     assert f"gpuprof: wrote {out / 'report.html'}" in r.stderr
     data = html_data(out / "report.html")
@@ -528,11 +655,15 @@ def test_run_output_writes_report_html_beside_the_trace_and_report_and_compare_w
     c = html_data(tmp_path / "c.html")
     assert c["page"] == "compare" and c["speedup"] == 1.0
 
-    for args in (("report", saved, "--html", str(tmp_path / "missing" / "r.html")),
-                 ("compare", saved, saved, "--html", str(tmp_path))):
+    for args in (
+        ("report", saved, "--html", str(tmp_path / "missing" / "r.html")),
+        ("compare", saved, saved, "--html", str(tmp_path)),
+    ):
         bad = gpuprof(*args)
         lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
         assert bad.returncode == 2 and len(lines) == 1 and "--html" in lines[0], bad.stderr
     bad = gpuprof("report", str(out / trace), "--html", str(tmp_path / "t.html"))
     assert bad.returncode == 2 and "needs a saved profile" in bad.stderr
+
+
 # -- end html report --

@@ -14,8 +14,17 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI instal
 
 def run_active_3(tmp_path, target, *args):
     out = tmp_path / "out"
-    r = gpuprof("run", "--no-cuda", "--active", "3", "--output", str(out), script(target), *args,
-                timeout=300)
+    r = gpuprof(
+        "run",
+        "--no-cuda",
+        "--active",
+        "3",
+        "--output",
+        str(out),
+        script(target),
+        *args,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return r, saved(out)
 
@@ -23,18 +32,33 @@ def run_active_3(tmp_path, target, *args):
 def calls(loaded, name, kind="c", file=""):
     """Calls of the ops of ``kind`` whose name ends with ``name`` (and file with ``file``)."""
     ops = loaded.ops()
-    return int(sum(o["calls"] for o in ops if o["kind"] == kind and str(o["name"]).endswith(name)
-                   and str(o["file"] or "").endswith(file)))
+    return int(
+        sum(
+            o["calls"]
+            for o in ops
+            if o["kind"] == kind
+            and str(o["name"]).endswith(name)
+            and str(o["file"] or "").endswith(file)
+        )
+    )
 
 
-@pytest.mark.parametrize("kind, name", [("sgd", "SGD"), ("adamw", "AdamW"),
-                                        ("adamw-foreach", "AdamW"), ("adamw-fused", "AdamW"),
-                                        ("lookahead", "Lookahead")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("sgd", "SGD"),
+        ("adamw", "AdamW"),
+        ("adamw-foreach", "AdamW"),
+        ("adamw-fused", "AdamW"),
+        ("lookahead", "Lookahead"),
+    ],
+)
 def test_every_optimizer_step_is_a_step(kind, name, tmp_path):
     r, loaded = run_active_3(tmp_path, "torch_loop.py", kind, "12")
     assert "trained: 12 iterations, 12 optimizer steps" in r.stdout
-    assert f"steps: 3 recorded, 12 found (step boundaries: torch optimizer steps: {name})" \
-        in r.stdout
+    assert (
+        f"steps: 3 recorded, 12 found (step boundaries: torch optimizer steps: {name})" in r.stdout
+    )
     assert len(loaded.steps()) == 3
     assert calls(loaded, "run_backward") == 3
 
@@ -56,11 +80,9 @@ def test_two_optimizers_stepping_each_iteration_make_one_step(tmp_path):
 
 def test_lightning_fit(tmp_path):
     pytest.importorskip("lightning", reason="Lightning is not installed (CI installs it)")
-    r, loaded = run_active_3(tmp_path, "lightning_fit.py", "--max-steps", "8", "--accumulate",
-                             "2")
+    r, loaded = run_active_3(tmp_path, "lightning_fit.py", "--max-steps", "8", "--accumulate", "2")
     assert "fit done: 8 optimizer steps" in r.stdout
-    assert "steps: 3 recorded, 8 found (step boundaries: torch optimizer steps: AdamW)" \
-        in r.stdout
+    assert "steps: 3 recorded, 8 found (step boundaries: torch optimizer steps: AdamW)" in r.stdout
     assert len(loaded.steps()) == 3
     assert calls(loaded, "run_backward") == 3 * 2
     assert calls(loaded, "training_step", "python", "lightning_fit.py") == 3 * 2
@@ -71,8 +93,7 @@ def test_hugging_face_trainer(tmp_path):
     pytest.importorskip("accelerate", reason="accelerate (needed by Trainer) is not installed")
     r, loaded = run_active_3(tmp_path, "hf_trainer.py", "8", "2")
     assert "train done: 8 optimizer steps" in r.stdout
-    assert "steps: 3 recorded, 8 found (step boundaries: torch optimizer steps: AdamW)" \
-        in r.stdout
+    assert "steps: 3 recorded, 8 found (step boundaries: torch optimizer steps: AdamW)" in r.stdout
     assert len(loaded.steps()) == 3
     assert calls(loaded, "run_backward") == 3 * 2
 
@@ -84,8 +105,9 @@ def test_a_script_that_never_steps_an_optimizer(tmp_path):
     prog.write_text("import torch\nm = torch.nn.Linear(4, 4)\nprint(m(torch.ones(2, 4)).sum())\n")
     r = gpuprof("run", "--no-cuda", str(prog))
     assert r.returncode == 0, r.stderr
-    assert "steps: 0 recorded, 0 found (step boundaries: torch optimizer steps: none ran)" \
-        in r.stdout
+    assert (
+        "steps: 0 recorded, 0 found (step boundaries: torch optimizer steps: none ran)" in r.stdout
+    )
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("gpuprof: no steps found (no torch optimizer step ran)")
     assert "--step-fn module:function" in last and "--delay S --duration S" in last
@@ -104,7 +126,8 @@ def test_a_second_optimizer_takes_over_when_the_first_stops(tmp_path):
         "    for _ in range(n):\n"
         "        m(torch.ones(2, 4)).sum().backward()\n"
         "        opt.step()\n"
-        "        opt.zero_grad()\n")
+        "        opt.zero_grad()\n"
+    )
     r = gpuprof("run", "--no-cuda", str(prog))
     assert r.returncode == 0, r.stderr
     assert "10 found (step boundaries: torch optimizer steps: SGD, AdamW)" in r.stdout

@@ -29,17 +29,32 @@ def test_lightning_fit_on_one_gpu_records_5_steps_with_cuda(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA device (CPU-only build?)")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "gpuprof", "run", "--active", "5", "--output",
-                        str(out), os.path.join(SCRIPTS, "lightning_fit.py"), "--accelerator",
-                        "gpu", "--max-steps", "8"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuprof",
+            "run",
+            "--active",
+            "5",
+            "--output",
+            str(out),
+            os.path.join(SCRIPTS, "lightning_fit.py"),
+            "--accelerator",
+            "gpu",
+            "--max-steps",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     print(r.stdout[-8000:])
     print(r.stderr[-4000:], file=sys.stderr)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fit done: 8 optimizer steps" in r.stdout
-    assert "steps: 5 recorded, 8 found (step boundaries: torch optimizer steps: AdamW)" \
-        in r.stdout
-    table = r.stdout[r.stdout.index("fit done"):r.stdout.index("steps: 5 recorded")]
+    assert "steps: 5 recorded, 8 found (step boundaries: torch optimizer steps: AdamW)" in r.stdout
+    table = r.stdout[r.stdout.index("fit done") : r.stdout.index("steps: 5 recorded")]
     assert "Self CUDA" in table and "CUDA total" in table and "Self CUDA time total" in table
 
     (saved,) = glob.glob(str(out / "*.gpuprof"))

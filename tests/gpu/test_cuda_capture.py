@@ -104,7 +104,8 @@ def test_item_is_a_sync_point_with_its_line():
             loss = model(x).square().mean()
             loss.backward()
             opt.step()
-            value = loss.item(); line = inspect.currentframe().f_lineno  # noqa: E702
+            line = inspect.currentframe().f_lineno + 1  # the next line's
+            value = loss.item()
             prof.step()
     del value
     diag = prof.diagnose()
@@ -147,11 +148,14 @@ def test_synchronizations_have_their_kind_stream_device_and_caller(cupti_sync_re
 
 def test_cupy_raw_kernel():
     cp = pytest.importorskip("cupy")
-    add = cp.RawKernel(r'''
+    add = cp.RawKernel(
+        r"""
     extern "C" __global__ void add_one(float *x, int n) {
         int i = blockDim.x * blockIdx.x + threadIdx.x;
         if (i < n) x[i] += 1.0f;
-    }''', "add_one")
+    }""",
+        "add_one",
+    )
     x = cp.zeros(1 << 20, dtype=cp.float32)
 
     def launch_many():
@@ -169,8 +173,10 @@ def test_cupy_raw_kernel():
     ev = prof.gpu_events()
     mine = ev[ev["name"] == "add_one"]
     launcher = "test_cupy_raw_kernel.<locals>.launch_many"
-    assert all(str(n).startswith(launcher) or "RawKernel" in str(n) or "__call__" in str(n)
-               for n in mine["op_name"]), set(mine["op_name"])
+    assert all(
+        str(n).startswith(launcher) or "RawKernel" in str(n) or "__call__" in str(n)
+        for n in mine["op_name"]
+    ), set(mine["op_name"])
     assert float(np.asarray(x[:4].get()).sum()) == 4 * 20
 
 
@@ -198,8 +204,13 @@ def test_cuda_graph_replay():
 
 
 def _run(code):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
 
 
 def test_fallback_after_torch_profiler_ran():

@@ -32,13 +32,24 @@ def _gpus(n=2):
 def _torchrun(out_dir, *extra, nproc=2) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [os.path.join(ROOT, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.setdefault("OMP_NUM_THREADS", "4")
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", EXAMPLE, "--out", str(out_dir), "--steps", str(STEPS),
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        EXAMPLE,
+        "--out",
+        str(out_dir),
+        "--steps",
+        str(STEPS),
+        *extra,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env, cwd=ROOT)
     print(r.stdout[-8000:])
     assert r.returncode == 0, r.stderr[-5000:]
@@ -47,12 +58,13 @@ def _torchrun(out_dir, *extra, nproc=2) -> str:
 
 def _rank_traces(out_dir, world=2):
     files = sorted(glob.glob(os.path.join(out_dir, "rank*.pt.trace.json")))
-    assert [os.path.basename(f).split(".")[0] for f in files] == \
-        [f"rank{r}" for r in range(world)], files
+    assert [os.path.basename(f).split(".")[0] for f in files] == [
+        f"rank{r}" for r in range(world)
+    ], files
     for rank, f in enumerate(files):
         with open(f) as fh:
             text = fh.read()
-        head = text[:text.index('"traceEvents"')]
+        head = text[: text.index('"traceEvents"')]
         # HTA's rank lookup needs whitespace after the colon
         assert re.search(r'"rank":\s+(\d+)', head).group(1) == str(rank)
         info = json.loads(text)["distributedInfo"]
@@ -98,11 +110,15 @@ def test_ddp_straggler_is_named(tmp_path):
     assert found and found[0].evidence["straggler_rank"] == 1, str(diag)
     assert found[0].evidence["wait_per_step_ns"] > 0.5 * delay_ns, str(diag)
     merged = json.load(open(tmp_path / "slow.json"))["traceEvents"]
-    names = {e["pid"]: e["args"]["name"] for e in merged
-             if e["ph"] == "M" and e["name"] == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in merged
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert names == {0: "rank 0", 1: "rank 1"}
-    assert {e["pid"] for e in merged if e.get("cat") == "kernel"
-            and e["name"].startswith("nccl")} == {0, 1}
+    assert {
+        e["pid"] for e in merged if e.get("cat") == "kernel" and e["name"].startswith("nccl")
+    } == {0, 1}
 
     normal = gpuprof.merge(None, _rank_traces(normal_dir))
     print(normal)
@@ -118,5 +134,6 @@ def test_ddp_straggler_is_named(tmp_path):
         pass
     if hta is not None:  # the per-rank folder is one HTA run
         temporal = hta.TraceAnalysis(trace_dir=str(slow_dir)).get_temporal_breakdown(
-            visualize=False)
+            visualize=False
+        )
         assert sorted(temporal["rank"].tolist()) == [0, 1]

@@ -29,6 +29,7 @@ CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 
 # -- occupancy against the driver -----------------------------------------------------------
 
+
 def _ptx(loads: int, static_smem: int) -> str:
     """A kernel that keeps `loads` floats live (volatile loads summed in reverse order:
     ptxas gives it about loads + 5 registers) and uses `static_smem` bytes of static
@@ -89,9 +90,14 @@ class _Driver:
     def max_active_blocks(self, fn, block: int, dynamic_smem: int) -> int:
         n = ctypes.c_int()
         self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
-            ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-        self.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", ctypes.byref(n), fn, block,
-                   dynamic_smem)
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_size_t,
+        ]
+        self.check(
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor", ctypes.byref(n), fn, block, dynamic_smem
+        )
         return n.value
 
     def close(self):
@@ -100,8 +106,7 @@ class _Driver:
         self.lib.cuDevicePrimaryCtxRelease_v2(self.dev)
 
 
-@pytest.mark.parametrize("loads, static_smem", [(1, 0), (60, 0), (120, 0), (1, 12288),
-                                                (60, 12288)])
+@pytest.mark.parametrize("loads, static_smem", [(1, 0), (60, 0), (120, 0), (1, 12288), (60, 12288)])
 def test_theoretical_occupancy_matches_the_driver(loads, static_smem):
     props = _gpuprof.device_props()
     assert props, "device_props() is empty on a GPU machine"
@@ -121,14 +126,17 @@ def test_theoretical_occupancy_matches_the_driver(loads, static_smem):
                 got = theoretical_occupancy(block, regs, smem + dyn, dev_props)
                 checked.append((block, dyn, want, got.blocks_per_sm, got.limiter))
                 assert got.blocks_per_sm == want, (regs, smem, block, dyn, want, got)
-        print(f"regs={regs} static smem={smem}: {len(checked)} launch shapes agree; e.g. "
-              f"{checked[len(checked) // 2]}")
+        print(
+            f"regs={regs} static smem={smem}: {len(checked)} launch shapes agree; e.g. "
+            f"{checked[len(checked) // 2]}"
+        )
         drv.check("cuModuleUnload", mod)
     finally:
         drv.close()
 
 
 # -- PyTorch workloads ----------------------------------------------------------------------
+
 
 def _torch():
     torch = pytest.importorskip("torch")
@@ -144,6 +152,7 @@ def _elementwise(torch):
 
     def step():
         torch.mul(x, 2.0, out=y)
+
     return step
 
 
@@ -155,6 +164,7 @@ def _gemm(torch):
 
     def step():
         torch.matmul(a, b, out=c)
+
     return step
 
 
@@ -175,8 +185,12 @@ def _counters_or_skip(rep):
     deep_dive's explanation. Anything else unavailable is a failure."""
     if rep.available:
         return
-    closed = ("INSUFFICIENT_PRIVILEGES", "NVreg_RestrictProfilingToAdminUsers", "virtual GPU",
-              "another profiler holds")
+    closed = (
+        "INSUFFICIENT_PRIVILEGES",
+        "NVreg_RestrictProfilingToAdminUsers",
+        "virtual GPU",
+        "another profiler holds",
+    )
     if any(c in rep.reason for c in closed):
         pytest.skip(f"GPU counters unavailable here: {rep.reason}")
     pytest.fail(f"deep_dive collected nothing: {rep.reason}")
@@ -195,8 +209,9 @@ def test_kernels_carry_theoretical_occupancy():
     # the figure is the theoretical occupancy of the row's own launch configuration
     props = _gpuprof.device_props()[int(comp["device"][0])]
     r = comp[0]
-    want = theoretical_occupancy(tuple(int(b) for b in r["block"]), int(r["registers"]),
-                                 int(r["shared_mem"]), props)
+    want = theoretical_occupancy(
+        tuple(int(b) for b in r["block"]), int(r["registers"]), int(r["shared_mem"]), props
+    )
     assert float(r["occupancy"]) == pytest.approx(want.occupancy)
 
 
@@ -242,7 +257,7 @@ def test_deep_dive_explains_a_replay_that_launches_other_kernels():
     assert "did not launch any of the top kernels" in rep.reason, rep.reason
 
 
-_NCU_SCRIPT = textwrap.dedent('''\
+_NCU_SCRIPT = textwrap.dedent("""\
     import sys
     import torch
     which = sys.argv[1]
@@ -258,7 +273,7 @@ _NCU_SCRIPT = textwrap.dedent('''\
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    ''')
+    """)
 
 
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu (Nsight Compute) is not on PATH")
@@ -271,8 +286,9 @@ def test_metrics_agree_with_nsight_compute(tmp_path, which):
     _counters_or_skip(mine)
     script = tmp_path / "work.py"
     script.write_text(_NCU_SCRIPT)
-    theirs = prof.deep_dive(top=1, command=[sys.executable, str(script), which],
-                            backend="ncu", timeout_s=600)
+    theirs = prof.deep_dive(
+        top=1, command=[sys.executable, str(script), which], backend="ncu", timeout_s=600
+    )
     print(mine, theirs, sep="\n")
     _counters_or_skip(theirs)
     a, b = _top(mine), _top(theirs)
@@ -281,8 +297,10 @@ def test_metrics_agree_with_nsight_compute(tmp_path, which):
     for f in ("sm_pct", "dram_pct", "achieved_occupancy_pct"):
         x, y = a.metrics[f], b.metrics[f]
         assert abs(x - y) <= max(0.10 * y, 5.0), (f, x, y)
-    x, y = a.metrics["duration_ns"] / a.launches_profiled, b.metrics["duration_ns"] / \
-        b.launches_profiled
+    x, y = (
+        a.metrics["duration_ns"] / a.launches_profiled,
+        b.metrics["duration_ns"] / b.launches_profiled,
+    )
     assert abs(x - y) <= 0.10 * y, ("duration_ns per launch", x, y)
 
 

@@ -14,8 +14,13 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 def _run(script, out):
     pytest.importorskip("torch")
-    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), "--save", out],
-                       capture_output=True, text=True, timeout=600, cwd=EXAMPLES)
+    r = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script), "--save", out],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=EXAMPLES,
+    )
     print(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
@@ -32,5 +37,7 @@ def test_slow_and_fast_training(tmp_path):
     print(c)
     gone = set(c.findings_gone)
     assert {"data_stall", "sync_point", "no_mixed_precision", "launch_bound"} <= gone, (
-        str(c), fast_out)
+        str(c),
+        fast_out,
+    )
     assert c.speedup > 1.0

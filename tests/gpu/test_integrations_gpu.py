@@ -20,9 +20,15 @@ from gpuprof.integrations import _session
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 SCRATCH = 64 * MiB  # each training step allocates this much more, then frees it
-GPU_METRICS = {"gpuprof/step_time_ms", "gpuprof/data_wait_pct", "gpuprof/gpu_busy_pct",
-               "gpuprof/sync_wait_pct", "gpuprof/comm_pct", "gpuprof/kernels",
-               "gpuprof/peak_memory_mib"}
+GPU_METRICS = {
+    "gpuprof/step_time_ms",
+    "gpuprof/data_wait_pct",
+    "gpuprof/gpu_busy_pct",
+    "gpuprof/sync_wait_pct",
+    "gpuprof/comm_pct",
+    "gpuprof/kernels",
+    "gpuprof/peak_memory_mib",
+}
 
 
 def _torch():
@@ -57,8 +63,9 @@ def test_lightning_fit_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
     class Regressor(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(),
-                                           torch.nn.Linear(512, 1))
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+            )
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -73,10 +80,17 @@ def test_lightning_fit_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
     # three windows: with a profile per window, CUPTI is attached three times
     profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=2, warmup=1, active=2))
     data = torch.utils.data.TensorDataset(torch.randn(1024, 32), torch.randn(1024, 1))
-    trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=16, profiler=profiler,
-                        logger=CSVLogger(str(tmp_path)), log_every_n_steps=1,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_steps=16,
+        profiler=profiler,
+        logger=CSVLogger(str(tmp_path)),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Regressor(), torch.utils.data.DataLoader(data, batch_size=32))
     steps = profiler.steps()
     assert list(steps["step"]) == [3, 4, 8, 9, 13, 14]
@@ -88,7 +102,8 @@ def test_lightning_fit_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
         assert GPU_METRICS <= set(k for k, v in r.items() if v)
         assert float(r["gpuprof/kernels"]) == s["kernels"]
         assert float(r["gpuprof/gpu_busy_pct"]) == pytest.approx(
-            100 * s["gpu_busy_ns"] / s["step_ns"])
+            100 * s["gpu_busy_ns"] / s["step_ns"]
+        )
         assert float(r["gpuprof/peak_memory_mib"]) >= SCRATCH / MiB
         assert float(r["gpuprof/comm_pct"]) == 0.0  # one GPU: no NCCL
     text = profiler.summary()
@@ -113,17 +128,30 @@ def test_hf_trainer_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
             torch.zeros(SCRATCH // 4, device="cuda").sum().item()
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=64, n_layer=2,
-                                     n_head=2, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=96,
+        n_positions=32,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config)
-    data = [{"input_ids": ids, "labels": ids.clone()}
-            for ids in torch.randint(0, 96, (256, 32))]
+    data = [{"input_ids": ids, "labels": ids.clone()} for ids in torch.randint(0, 96, (256, 32))]
     cb = GpuprofCallback(schedule=gpuprof.schedule(wait=1, warmup=1, active=2))
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=8,
-        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[Scratch(), cb])
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        max_steps=8,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=data, callbacks=[Scratch(), cb]
+    )
     trainer.train()
     steps = cb.steps()
     assert list(steps["step"]) == [2, 3, 6, 7]

@@ -51,8 +51,9 @@ def test_torch_allocations_make_three_steps_and_the_right_peak():
     before = torch.cuda.memory_allocated(0)
 
     # when: three 256 MiB tensors are allocated inside the window, then freed
-    with gpuprof.profile(activities=CUDA, profile_memory=True,
-                         memory_sample_interval_s=0.005) as prof:
+    with gpuprof.profile(
+        activities=CUDA, profile_memory=True, memory_sample_interval_s=0.005
+    ) as prof:
         keep = _allocate_three(torch)
         torch.cuda.synchronize()
         torch_peak = torch.cuda.max_memory_allocated(0)
@@ -60,8 +61,7 @@ def test_torch_allocations_make_three_steps_and_the_right_peak():
         time.sleep(0.03)
 
     # then: the torch adapter sampled the device, and/or CUPTI saw the three cudaMallocs
-    assert "torch" in {a.name for a in prof._memory_sampler.adapters}, \
-        prof._memory_sampler.errors
+    assert "torch" in {a.name for a in prof._memory_sampler.adapters}, prof._memory_sampler.errors
     sampled = prof.memory_curve("cuda:0", source="torch")
     cupti = prof.memory_curve("cuda:0", source="cupti")
     torch_steps = _increments(sampled, SIZE)
@@ -97,11 +97,13 @@ def test_allocator_reserved_and_allocated():
     torch.ones(1, device="cuda:0").sum().item()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(0)
-    with gpuprof.profile(activities=CUDA, profile_memory=True,
-                         memory_sample_interval_s=0.005) as prof:
+    with gpuprof.profile(
+        activities=CUDA, profile_memory=True, memory_sample_interval_s=0.005
+    ) as prof:
         # many small-ish blocks of different sizes, freed: the cache keeps them reserved
-        blocks = [torch.empty((i + 1) * 3 * MiB, dtype=torch.uint8, device="cuda:0")
-                  for i in range(20)]
+        blocks = [
+            torch.empty((i + 1) * 3 * MiB, dtype=torch.uint8, device="cuda:0") for i in range(20)
+        ]
         del blocks
         held = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda:0")
         torch.cuda.synchronize()
@@ -123,16 +125,16 @@ def test_cupy_allocation_appears_in_the_device_curve():
         pytest.skip(f"CuPy cannot use device 0: {e}")
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
-    with gpuprof.profile(activities=CUDA, profile_memory=True,
-                         memory_sample_interval_s=0.005) as prof:
+    with gpuprof.profile(
+        activities=CUDA, profile_memory=True, memory_sample_interval_s=0.005
+    ) as prof:
         base = pool.used_bytes()
         x = cp.empty(SIZE, dtype=cp.uint8)
         time.sleep(0.05)
         cp.cuda.runtime.deviceSynchronize()
         del x
         time.sleep(0.02)
-    assert "cupy" in {a.name for a in prof._memory_sampler.adapters}, \
-        prof._memory_sampler.errors
+    assert "cupy" in {a.name for a in prof._memory_sampler.adapters}, prof._memory_sampler.errors
     sampled = prof.memory_curve("cuda:0", source="cupy")
     assert sampled["allocated_bytes"].max() - base >= SIZE
     if prof.results.cuda["active"]:

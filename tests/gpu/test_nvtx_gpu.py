@@ -24,8 +24,9 @@ def _torch():
 
 
 def _setup(torch):
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)
+    ).cuda()
     x = torch.randn(64, 256, device="cuda")
     return model, x
 

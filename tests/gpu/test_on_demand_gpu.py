@@ -40,8 +40,13 @@ def _env(tmp_path):
 
 
 def _capture(env, *args):
-    r = subprocess.run([sys.executable, "-m", "gpuprof", "capture", *args],
-                       capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuprof", "capture", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     print(r.stdout[-6000:])
     print(r.stderr[-3000:], file=sys.stderr)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -76,22 +81,48 @@ def test_torch_loop_captured_twice_with_kernels_attributed(tmp_path):
     _torch()
     env = _env(tmp_path)
     stop = tmp_path / "stop"
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprof", "run", "--on-demand", SCRIPT,
-                             str(stop), "--device", "cuda"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuprof",
+            "run",
+            "--on-demand",
+            SCRIPT,
+            str(stop),
+            "--device",
+            "cuda",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         (pid,) = _armed_pids(proc, 1)
         lasts = []
         for name in ("one", "two"):
-            out = _capture(env, str(pid), "--steps", "5", "--wait", "--timeout", "300",
-                           "--output", str(tmp_path / name))
+            out = _capture(
+                env,
+                str(pid),
+                "--steps",
+                "5",
+                "--wait",
+                "--timeout",
+                "300",
+                "--output",
+                str(tmp_path / name),
+            )
             m = re.search(rf"pid {pid}: recorded 5 steps, steps (\d+)-(\d+)", out)
             assert m, out
             lasts.append((int(m.group(1)), int(m.group(2))))
             (saved,) = glob.glob(str(tmp_path / name / "*.gpuprof"))
             _check_gpu_capture(saved, 5)
-            (report,) = [f for f in glob.glob(str(tmp_path / name / "*.txt"))
-                         if not f.endswith(".stacks.txt")]
+            (report,) = [
+                f
+                for f in glob.glob(str(tmp_path / name / "*.txt"))
+                if not f.endswith(".stacks.txt")
+            ]
             assert "Self CUDA" in open(report).read()
         assert lasts[1][0] > lasts[0][1]
     finally:
@@ -108,14 +139,41 @@ def test_two_rank_torchrun_job_captured_at_the_same_step(tmp_path):
     env = _env(tmp_path)
     stop = tmp_path / "stop"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "gpuprof", "run", "--on-demand", SCRIPT, str(stop), "--device", "cuda"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "gpuprof",
+            "run",
+            "--on-demand",
+            SCRIPT,
+            str(stop),
+            "--device",
+            "cuda",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         pids = _armed_pids(proc, 2)
         out_dir = tmp_path / "ranks"
-        out = _capture(env, "--all-ranks", str(pids[0]), "--steps", "5", "--wait", "--timeout",
-                       "300", "--output", str(out_dir))
+        out = _capture(
+            env,
+            "--all-ranks",
+            str(pids[0]),
+            "--steps",
+            "5",
+            "--wait",
+            "--timeout",
+            "300",
+            "--output",
+            str(out_dir),
+        )
         firsts = re.findall(r"records the next 5 steps from step (\d+)", out)
         assert len(firsts) == 2 and firsts[0] == firsts[1], out
         recorded = re.findall(r"recorded 5 steps, steps (\d+)-(\d+)", out)
@@ -123,8 +181,9 @@ def test_two_rank_torchrun_job_captured_at_the_same_step(tmp_path):
         for saved in glob.glob(str(out_dir / "*.gpuprof")):
             prof = _check_gpu_capture(saved, 5)
             k = prof.kernels()
-            assert (k[k["category"] == "communication"]["calls"] >= 5).any(), \
+            assert (k[k["category"] == "communication"]["calls"] >= 5).any(), (
                 "no NCCL kernel in every step"
+            )
         traces = sorted(glob.glob(str(out_dir / "*.pt.trace.json.gz")))
         assert len(traces) == 2
         run = gpuprof.merge(str(tmp_path / "merged.json"), traces)

@@ -16,10 +16,19 @@ def _profile_convnet(amp: bool):
     nn = torch.nn
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.Conv2d(64, 128, 3, padding=1, stride=2), nn.BatchNorm2d(128), nn.ReLU(),
-        nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.BatchNorm2d(256), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10)).cuda()
+        nn.Conv2d(3, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.Conv2d(64, 128, 3, padding=1, stride=2),
+        nn.BatchNorm2d(128),
+        nn.ReLU(),
+        nn.Conv2d(128, 256, 3, padding=1, stride=2),
+        nn.BatchNorm2d(256),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, 10),
+    ).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(128, 3, 64, 64, device="cuda")
     y = torch.randint(0, 10, (128,), device="cuda")
@@ -44,8 +53,10 @@ def _profile_convnet(amp: bool):
 
 def _classes(prof):
     k = prof.kernels()
-    rows = [(diagnose_mod.matrix_kernel_class(str(r["name"])), int(r["total_ns"]), str(r["name"]))
-            for r in k]
+    rows = [
+        (diagnose_mod.matrix_kernel_class(str(r["name"])), int(r["total_ns"]), str(r["name"]))
+        for r in k
+    ]
     for (family, precision), ns, name in sorted(rows, key=lambda r: -r[1])[:15]:
         print(f"{ns / 1e3:10.1f} us  {family or '-':12s} {precision:8s} {name[:110]}")
     return rows

@@ -22,8 +22,9 @@ def _torch():
 
 
 def _profile(torch):
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 1)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+    ).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 256).pin_memory()
 
@@ -58,8 +59,10 @@ def test_trace_of_a_gpu_run_links_every_kernel_to_its_launch(tmp_path):
     kernels = _slices(trace, "kernel")
     assert len(kernels) >= 3 * 5
     assert len(kernels) == int((prof.gpu_events()["kind"] == "kernel").sum())
-    runtime = {e["args"]["correlation"]: e for e in _slices(trace, "cuda_runtime")
-               + _slices(trace, "cuda_driver")}
+    runtime = {
+        e["args"]["correlation"]: e
+        for e in _slices(trace, "cuda_runtime") + _slices(trace, "cuda_driver")
+    }
     flows = {}
     for e in trace["traceEvents"]:
         if e.get("cat") == "ac2g":
@@ -70,8 +73,11 @@ def test_trace_of_a_gpu_run_links_every_kernel_to_its_launch(tmp_path):
         assert api["ts"] <= k["ts"], (api, k)
         pair = flows[corr]
         assert (pair["s"]["tid"], pair["s"]["ts"]) == (api["tid"], api["ts"])
-        assert (pair["f"]["pid"], pair["f"]["tid"], pair["f"]["ts"]) == (k["pid"], k["tid"],
-                                                                         k["ts"])
+        assert (pair["f"]["pid"], pair["f"]["tid"], pair["f"]["ts"]) == (
+            k["pid"],
+            k["tid"],
+            k["ts"],
+        )
         assert "stream" in k["args"] and "device" in k["args"]
 
     # the record_function range, on the host and projected onto the GPU lanes of its work
@@ -82,13 +88,16 @@ def test_trace_of_a_gpu_run_links_every_kernel_to_its_launch(tmp_path):
     assert gpu and {e["args"]["External id"] for e in gpu} <= ids
     for g in gpu:
         assert "stream" not in g["args"]
-        inside = [k for k in kernels if k["args"].get("External id") == g["args"]["External id"]
-                  and (k["pid"], k["tid"]) == (g["pid"], g["tid"])]
+        inside = [
+            k
+            for k in kernels
+            if k["args"].get("External id") == g["args"]["External id"]
+            and (k["pid"], k["tid"]) == (g["pid"], g["tid"])
+        ]
         assert inside, g
         for k in inside:
             assert g["ts"] <= k["ts"] and k["ts"] + k["dur"] <= g["ts"] + g["dur"] + 1e-3
-    steps = [e for e in _slices(trace, "user_annotation")
-             if e["name"].startswith("ProfilerStep#")]
+    steps = [e for e in _slices(trace, "user_annotation") if e["name"].startswith("ProfilerStep#")]
     assert len(steps) >= 3
 
 
@@ -103,9 +112,11 @@ def test_saved_gpu_profile_exports_the_same_trace(tmp_path):
         again = json.load(f)
 
     def work(trace):
-        return sorted((e["name"], e["ts"], e["dur"], e["args"]["correlation"])
-                      for e in trace["traceEvents"]
-                      if e.get("ph") == "X" and e.get("cat") in GPU_WORK)
+        return sorted(
+            (e["name"], e["ts"], e["dur"], e["args"]["correlation"])
+            for e in trace["traceEvents"]
+            if e.get("ph") == "X" and e.get("cat") in GPU_WORK
+        )
 
     assert work(live) and work(live) == work(again)
 
@@ -117,8 +128,10 @@ def _launchers(trace):
     for api in _slices(trace, "cuda_runtime") + _slices(trace, "cuda_driver"):
         t0, t1 = api["ts"], api["ts"] + api["dur"]
         out[api["args"]["correlation"]] = sorted(
-            e["name"] for e in py if e["tid"] == api["tid"] and e["ts"] <= t0
-            and t1 <= e["ts"] + e["dur"])
+            e["name"]
+            for e in py
+            if e["tid"] == api["tid"] and e["ts"] <= t0 and t1 <= e["ts"] + e["dur"]
+        )
     return out
 
 
@@ -131,13 +144,16 @@ def test_thinned_trace_keeps_every_launch_and_its_python_calls(tmp_path):
     py_full, py_thin = _slices(full, "python_function"), _slices(thin, "python_function")
     assert thin["gpuprof_omitted_calls"] == len(py_full) - len(py_thin) > 0
     # the GPU work, the launches and their flows are all still there
-    for cat in GPU_WORK + ("cuda_runtime", "cuda_driver", "user_annotation",
-                           "gpu_user_annotation"):
+    for cat in GPU_WORK + ("cuda_runtime", "cuda_driver", "user_annotation", "gpu_user_annotation"):
         assert len(_slices(thin, cat)) == len(_slices(full, cat)), cat
-    assert sum(e.get("cat") == "ac2g" for e in thin["traceEvents"]) == \
-        sum(e.get("cat") == "ac2g" for e in full["traceEvents"])
+    assert sum(e.get("cat") == "ac2g" for e in thin["traceEvents"]) == sum(
+        e.get("cat") == "ac2g" for e in full["traceEvents"]
+    )
     # every launch sits in the same Python and C calls as in the full trace
     assert _launchers(thin) == _launchers(full)
     # and the calls left out are short ones that launched nothing
-    assert all(e["dur"] >= 50 for e in py_thin
-               if not any(e["name"] in names for names in _launchers(thin).values()))
+    assert all(
+        e["dur"] >= 50
+        for e in py_thin
+        if not any(e["name"] in names for names in _launchers(thin).values())
+    )

@@ -1,6 +1,6 @@
 """A loop whose step is a method of a class of the script (for --step-fn Class.method).
 
-    python class_loop.py [STEPS]
+python class_loop.py [STEPS]
 """
 
 import sys

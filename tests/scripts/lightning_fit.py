@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader, TensorDataset
 class Regressor(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
-                                       torch.nn.Linear(128, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -35,10 +36,16 @@ def main():
     a = p.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(1024, 32), torch.randn(1024, 1))
-    trainer = L.Trainer(accelerator=a.accelerator, devices=1, max_steps=a.max_steps,
-                        accumulate_grad_batches=a.accumulate, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator=a.accelerator,
+        devices=1,
+        max_steps=a.max_steps,
+        accumulate_grad_batches=a.accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Regressor(), DataLoader(data, batch_size=16))
     print(f"fit done: {trainer.global_step} optimizer steps")
 

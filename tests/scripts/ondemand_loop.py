@@ -28,5 +28,8 @@ def main(stop, max_steps, size):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 62,
-         int(sys.argv[3]) if len(sys.argv) > 3 else 5_000)
+    main(
+        sys.argv[1],
+        int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 62,
+        int(sys.argv[3]) if len(sys.argv) > 3 else 5_000,
+    )

@@ -37,7 +37,8 @@ def main():
     model = torch.nn.Sequential(*layers).to(device)
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if args.device == "cuda" else None)
+            model, device_ids=[device.index] if args.device == "cuda" else None
+        )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(64, 256, device=device)
     steps = 0

@@ -1,6 +1,6 @@
 """A GAN-style PyTorch loop with two optimizers, each stepping once per iteration.
 
-    python torch_gan.py [ITERATIONS]
+python torch_gan.py [ITERATIONS]
 """
 
 import sys

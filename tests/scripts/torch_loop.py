@@ -58,11 +58,15 @@ def main(kind="adamw", iterations=8, accumulate=1):
         if (i + 1) % accumulate == 0:
             optimizer.step()
             optimizer.zero_grad()
-    print(f"trained: {iterations} iterations, {iterations // accumulate} optimizer steps, "
-          f"loss {loss.item() * accumulate:.4f}")
+    print(
+        f"trained: {iterations} iterations, {iterations // accumulate} optimizer steps, "
+        f"loss {loss.item() * accumulate:.4f}"
+    )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "adamw",
-         int(sys.argv[2]) if len(sys.argv) > 2 else 8,
-         int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    main(
+        sys.argv[1] if len(sys.argv) > 1 else "adamw",
+        int(sys.argv[2]) if len(sys.argv) > 2 else 8,
+        int(sys.argv[3]) if len(sys.argv) > 3 else 1,
+    )

@@ -36,8 +36,9 @@ SCRIPT = textwrap.dedent("""
 
 def _run(hook):
     env = dict(__import__("os").environ, GPUPROF_HOOK=hook)
-    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 @pytest.mark.parametrize("hook", ["setprofile", "monitoring"])
@@ -65,6 +66,10 @@ def test_torch_imports_after_gpuprof():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "import gpuprof, torch; print(torch.ones(2).sum())"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "import gpuprof, torch; print(torch.ones(2).sum())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]

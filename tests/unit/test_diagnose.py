@@ -26,10 +26,10 @@ STEP = 100 * US
 N_STEPS = 4
 T0 = 1 * US  # the first step's start; the window starts at 0
 
-LAUNCH = 211        # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
-STREAM_SYNC = 131   # CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020
-MALLOC = 20         # CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020
-FREE = 22           # CUPTI_RUNTIME_TRACE_CBID_cudaFree_v3020
+LAUNCH = 211  # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
+STREAM_SYNC = 131  # CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020
+MALLOC = 20  # CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020
+FREE = 22  # CUPTI_RUNTIME_TRACE_CBID_cudaFree_v3020
 
 # API classes are compiled in with the CUPTI headers; a stub build has none, and then
 # sync and allocation calls cannot be told from other API calls.
@@ -105,9 +105,21 @@ class Timeline:
     def kernel(self, corr, start, end, name=ELEMENTWISE, stream=7, graph_id=0):
         if name not in self.names:
             self.names.append(name)
-        self.gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=start, end_ns=end,
-                             name_id=self.names.index(name), stream=stream, device=0,
-                             registers=32, grid_x=80, block_x=256, graph_id=graph_id))
+        self.gpu.append(
+            dict(
+                kind=C["GPU_KERNEL"],
+                correlation=corr,
+                start_ns=start,
+                end_ns=end,
+                name_id=self.names.index(name),
+                stream=stream,
+                device=0,
+                registers=32,
+                grid_x=80,
+                block_x=256,
+                graph_id=graph_id,
+            )
+        )
 
     def launch(self, t, start, end, name=ELEMENTWISE, stream=7, dur=US // 2):
         """cudaLaunchKernel at t on the host; the kernel runs [start, end) on the GPU."""
@@ -125,11 +137,15 @@ class Timeline:
     def results(self):
         end = max([e[0] for e in self.events] + [g["end_ns"] for g in self.gpu]) + US
         ops = [(C["OP_PYTHON"], f.__code__, 0) for f in OPS]
-        raw = _gpuprof._test_aggregate(ops, [(1, 101, self.events)], self.gpu, 0, end,
-                                       self.names, 1)
+        raw = _gpuprof._test_aggregate(
+            ops, [(1, 101, self.events)], self.gpu, 0, end, self.names, 1
+        )
         # device_properties given: occupancy never asks a live CUDA for them
-        return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None},
-                       meta={"device_properties": []})
+        return Results(
+            [raw],
+            cuda={"active": True, "mode": "callbacks", "error": None},
+            meta={"device_properties": []},
+        )
 
 
 def found(res, kind):
@@ -262,6 +278,7 @@ def test_data_fetch_names_the_op_a_framework_fetches_in():
 
 # ---- sync_point -------------------------------------------------------------------------
 
+
 def sync_profile(wait_us, sync_steps):
     """log_loss blocks in cudaStreamSynchronize for wait_us in the steps in sync_steps."""
     tl = Timeline()
@@ -288,8 +305,13 @@ def test_sync_point_names_the_python_line_that_blocked():
     # costs that bubble, shorter than its 56-us wait (the host had work left to overlap)
     cost = (N_STEPS - 1) * 42 * US + 39 * US
     assert f.severity == pytest.approx(cost / (N_STEPS * STEP))
-    assert f.evidence == {"wait_ns": N_STEPS * 56 * US, "cost_ns": cost, "calls": N_STEPS,
-                          "wait_per_step_ns": 56 * US, "api": api_name(STREAM_SYNC)}
+    assert f.evidence == {
+        "wait_ns": N_STEPS * 56 * US,
+        "cost_ns": cost,
+        "calls": N_STEPS,
+        "wait_per_step_ns": 56 * US,
+        "api": api_name(STREAM_SYNC),
+    }
     assert f.location == loc(log_loss)
     assert f"({N_STEPS} times)" in f.title
     assert ".item()" in f.fix  # a sync, not a host-to-device copy
@@ -373,9 +395,13 @@ def test_launch_bound_found_for_short_kernels_on_an_idle_gpu():
     assert f.severity == pytest.approx(1 - busy)
     # without API classes the launch cost is the checker's 5-us default
     launch_ns = LAUNCH_NS if HAVE_CLASSES else 5000
-    assert f.evidence == {"kernels_per_step": SHORT_KERNELS, "short_kernel_share": 1.0,
-                          "median_kernel_ns": 1 * US, "median_launch_ns": launch_ns,
-                          "gpu_busy_share": pytest.approx(busy)}
+    assert f.evidence == {
+        "kernels_per_step": SHORT_KERNELS,
+        "short_kernel_share": 1.0,
+        "median_kernel_ns": 1 * US,
+        "median_launch_ns": launch_ns,
+        "gpu_busy_share": pytest.approx(busy),
+    }
     assert f"{SHORT_KERNELS} kernels per step" in f.title
     assert "CUDA graphs" in f.fix
 
@@ -407,6 +433,7 @@ def test_no_launch_bound_for_short_kernels_replayed_from_a_cuda_graph():
 
 # ---- gpu_idle ---------------------------------------------------------------------------
 
+
 def idle_profile(kernel_us):
     """One kernel of kernel_us per step; the host then runs host_postprocess."""
     tl = Timeline()
@@ -427,8 +454,7 @@ def test_gpu_idle_names_what_the_host_runs_in_the_largest_gap():
     # idle per step: [t0, t0+3us) before the kernel and [t0+33us, t0+100us) after it
     idle = 3 * US + 67 * US
     assert f.severity == pytest.approx(0.5 * idle / STEP)
-    assert f.evidence == {"idle_ns": N_STEPS * idle, "gaps": 2 * N_STEPS,
-                          "largest_gap_ns": 67 * US}
+    assert f.evidence == {"idle_ns": N_STEPS * idle, "gaps": 2 * N_STEPS, "largest_gap_ns": 67 * US}
     assert f"67.000us during host_postprocess ({loc(host_postprocess)})" in f.title
     assert f.location == loc(host_postprocess)  # what runs in the largest gap
     assert f.fix
@@ -439,6 +465,7 @@ def test_no_gpu_idle_under_20_percent():
 
 
 # ---- no_mixed_precision -----------------------------------------------------------------
+
 
 def matmul_profile(gemm_name):
     """A 60-us matrix kernel and a 20-us elementwise kernel per step."""
@@ -453,26 +480,38 @@ def matmul_profile(gemm_name):
     return tl.steps(body).results()
 
 
-@pytest.mark.parametrize("gemm_name, family, precision", [
-    (FP32_GEMM, "gemm", "fp32"),
-    ("volta_sgemm_128x64_tn", "gemm", "fp32"),
-    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128", "gemm", "fp32"),
-    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>", "gemm", "fp32"),
-    ("cutlass_80_tensorop_s1688tf32gemm_256x128_16x3_nn_align4", "gemm", "tf32"),
-    ("nvjet_sm90_sss_128x64_64x8_2x1_v_bz_coopA_NTN", "gemm", "fp32"),
-    # cuDNN convolutions of a ResNet in FP32 / TF32: forward, data and weight gradients
-    ("sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32",
-     "convolution", "tf32"),
-    ("sm80_xmma_dgrad_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw", "convolution", "fp32"),
-    ("sm80_xmma_wgrad_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc", "convolution", "tf32"),
-    ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false>",
-     "convolution", "fp32"),
-    ("ampere_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "convolution", "fp32"),
-    ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(params)",
-     "convolution", "fp32"),
-    # attention: PyTorch's memory-efficient kernel in FP32
-    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", "attention", "fp32"),
-])
+@pytest.mark.parametrize(
+    "gemm_name, family, precision",
+    [
+        (FP32_GEMM, "gemm", "fp32"),
+        ("volta_sgemm_128x64_tn", "gemm", "fp32"),
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128", "gemm", "fp32"),
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>", "gemm", "fp32"),
+        ("cutlass_80_tensorop_s1688tf32gemm_256x128_16x3_nn_align4", "gemm", "tf32"),
+        ("nvjet_sm90_sss_128x64_64x8_2x1_v_bz_coopA_NTN", "gemm", "fp32"),
+        # cuDNN convolutions of a ResNet in FP32 / TF32: forward, data and weight gradients
+        (
+            "sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32",
+            "convolution",
+            "tf32",
+        ),
+        ("sm80_xmma_dgrad_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw", "convolution", "fp32"),
+        ("sm80_xmma_wgrad_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc", "convolution", "tf32"),
+        (
+            "void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3>",
+            "convolution",
+            "fp32",
+        ),
+        ("ampere_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "convolution", "fp32"),
+        (
+            "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(params)",
+            "convolution",
+            "fp32",
+        ),
+        # attention: PyTorch's memory-efficient kernel in FP32
+        ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", "attention", "fp32"),
+    ],
+)
 def test_no_mixed_precision_found_for_fp32_and_tf32_matrix_kernels(gemm_name, family, precision):
     assert diagnose_mod.matrix_kernel_class(gemm_name) == (family, precision)
     f = found(matmul_profile(gemm_name), "no_mixed_precision")
@@ -492,32 +531,40 @@ def test_no_mixed_precision_found_for_fp32_and_tf32_matrix_kernels(gemm_name, fa
     assert ("set_float32_matmul_precision" in f.fix) == (precision == "fp32")
 
 
-@pytest.mark.parametrize("gemm_name, family, precision", [
-    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn", "gemm", "bf16"),
-    ("ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn", "gemm", "fp16"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm", "bf16"),
-    ("volta_h884gemm_64x128_ldg8_nn", "gemm", "fp16"),
-    ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNN", "gemm", "fp16"),
-    # what bf16 autocast ran on the H200 in examples/fast_training.py (docs/diagnosis.md)
-    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "gemm", "bf16"),
-    ("sm90_xmma_gemm_e4m3e4m3_bf16f32_f32_tn_n_tilesize128x128x128", "gemm", "fp8"),
-    ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "convolution", "bf16"),
-    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
-     "false, cutlass::bfloat16_t>, false, true>(pytorch_flash::Flash_fwd_params)",
-     "attention", "bf16"),
-    ("fmha_cutlassB_f16_aligned_64x64_k64_sm80", "attention", "fp16"),
-    ("triton_tem_fused_mm_0", "gemm", "unknown"),  # a Triton matmul: its name says no type
-    ("_Z13vectorized_addv", None, "unknown"),  # not a matrix kernel
-    ("void cudnn::bn_fw_tr_1C11_singleread<float, 512, true, 1, 2, 0>(params)", None, "fp32"),
-    ("void at::native::elementwise_kernel<128, 2, float>(int, float)", None, "fp32"),
-])
-def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(gemm_name, family,
-                                                                         precision):
+@pytest.mark.parametrize(
+    "gemm_name, family, precision",
+    [
+        ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn", "gemm", "bf16"),
+        ("ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn", "gemm", "fp16"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm", "bf16"),
+        ("volta_h884gemm_64x128_ldg8_nn", "gemm", "fp16"),
+        ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNN", "gemm", "fp16"),
+        # what bf16 autocast ran on the H200 in examples/fast_training.py (docs/diagnosis.md)
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "gemm", "bf16"),
+        ("sm90_xmma_gemm_e4m3e4m3_bf16f32_f32_tn_n_tilesize128x128x128", "gemm", "fp8"),
+        ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "convolution", "bf16"),
+        (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
+            "false, cutlass::bfloat16_t>, false, true>(pytorch_flash::Flash_fwd_params)",
+            "attention",
+            "bf16",
+        ),
+        ("fmha_cutlassB_f16_aligned_64x64_k64_sm80", "attention", "fp16"),
+        ("triton_tem_fused_mm_0", "gemm", "unknown"),  # a Triton matmul: its name says no type
+        ("_Z13vectorized_addv", None, "unknown"),  # not a matrix kernel
+        ("void cudnn::bn_fw_tr_1C11_singleread<float, 512, true, 1, 2, 0>(params)", None, "fp32"),
+        ("void at::native::elementwise_kernel<128, 2, float>(int, float)", None, "fp32"),
+    ],
+)
+def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(
+    gemm_name, family, precision
+):
     assert diagnose_mod.matrix_kernel_class(gemm_name) == (family, precision)
     assert found(matmul_profile(gemm_name), "no_mixed_precision") is None
 
 
 # ---- communication_wait -----------------------------------------------------------------
+
 
 def comm_profile(nccl_us):
     """A compute kernel [5, 45) us into each step on stream 7 and an all-reduce at
@@ -553,6 +600,7 @@ def test_no_communication_wait_when_compute_overlaps_the_all_reduce():
 
 # ---- memory_churn -----------------------------------------------------------------------
 
+
 def alloc_profile(alloc_steps, alloc_us=5):
     """cudaMalloc and cudaFree of alloc_us each around a kernel in alloc_steps."""
     tl = Timeline()
@@ -587,6 +635,7 @@ def test_no_memory_churn_once_allocation_reaches_a_steady_state():
 
 # ---- the report -------------------------------------------------------------------------
 
+
 def ranked_profile():
     """A 30-us loader wait, a compute kernel, then a 25-us all-reduce nothing overlaps:
     data_stall 0.30 > communication_wait 0.25 > gpu_idle 0.175 (checked in another order)."""
@@ -608,8 +657,12 @@ def test_findings_are_ranked_by_severity():
     assert d.kinds() == ["data_stall", "communication_wait", "gpu_idle"]
     # idle per step: [0, 32) and [97, 100) us
     assert [f.severity for f in d] == pytest.approx([0.30, 0.25, 0.5 * 35 / 100])
-    assert d.summary == {"steps": N_STEPS, "step_ns_mean": STEP,
-                         "gpu_busy_share": pytest.approx(65 / 100), "gpu": True}
+    assert d.summary == {
+        "steps": N_STEPS,
+        "step_ns_mean": STEP,
+        "gpu_busy_share": pytest.approx(65 / 100),
+        "gpu": True,
+    }
 
 
 def test_to_dict_round_trips_through_json():
@@ -617,8 +670,7 @@ def test_to_dict_round_trips_through_json():
     data = d.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert [f["kind"] for f in data["findings"]] == d.kinds()
-    assert set(data["findings"][0]) == {"kind", "severity", "title", "evidence", "location",
-                                        "fix"}
+    assert set(data["findings"][0]) == {"kind", "severity", "title", "evidence", "location", "fix"}
     for f in data["findings"]:
         assert type(f["severity"]) is float
         assert all(type(v) in (int, float, str) for v in f["evidence"].values()), f
@@ -672,9 +724,12 @@ def breakdown(res):
 def test_step_breakdown_counts_the_loader_wait_the_gpu_does_not_cover():
     # each step waits 40 us in the loader; its kernel runs [42, 100) us
     assert breakdown(loader_profile(cover_us=0)) == {
-        "gpu_busy_ns": [58 * US] * N_STEPS, "comm_ns": [0] * N_STEPS,
-        "data_wait_ns": [40 * US] * N_STEPS, "sync_wait_ns": [0] * N_STEPS,
-        "idle_ns": [2 * US] * N_STEPS}
+        "gpu_busy_ns": [58 * US] * N_STEPS,
+        "comm_ns": [0] * N_STEPS,
+        "data_wait_ns": [40 * US] * N_STEPS,
+        "sync_wait_ns": [0] * N_STEPS,
+        "idle_ns": [2 * US] * N_STEPS,
+    }
     # the previous step's kernel keeps the GPU busy for the first 30 us of the wait
     parts = breakdown(loader_profile(cover_us=30))
     assert parts["data_wait_ns"] == [10 * US] * N_STEPS
@@ -695,8 +750,7 @@ def test_step_breakdown_counts_the_bubble_after_a_sync_as_sync_wait():
 
 
 @pytest.mark.parametrize("nccl_us, exposed_us", [((50, 90), 40), ((30, 60), 15)])
-def test_step_breakdown_counts_only_communication_that_compute_does_not_hide(nccl_us,
-                                                                               exposed_us):
+def test_step_breakdown_counts_only_communication_that_compute_does_not_hide(nccl_us, exposed_us):
     parts = breakdown(comm_profile(nccl_us))
     assert parts["comm_ns"] == [exposed_us * US] * N_STEPS
     assert parts["gpu_busy_ns"] == [40 * US] * N_STEPS  # the compute kernel [5, 45)

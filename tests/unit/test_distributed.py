@@ -52,6 +52,7 @@ def train_step():
 
 # ---- synthetic ranks -------------------------------------------------------------------------
 
+
 def rank_window(kernels_per_step, steps=4, epoch_shift_ns=0, first_step=0):
     """One rank's window: `steps` steps of STEP_US each; kernels_per_step(k) gives
     (name_id, start_us, end_us[, stream]) relative to the step's start."""
@@ -69,8 +70,17 @@ def rank_window(kernels_per_step, steps=4, epoch_shift_ns=0, first_step=0):
             launch = (t0 + 2 + 4 * j) * US  # the launch precedes the kernel
             ev.append((launch, C["EV_API_ENTER"], corr, LAUNCH_KEY))
             ev.append((launch + 2 * US, C["EV_API_EXIT"], corr))
-            gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=(t0 + a) * US,
-                            end_ns=(t0 + b) * US, name_id=name, stream=stream, device=0))
+            gpu.append(
+                dict(
+                    kind=C["GPU_KERNEL"],
+                    correlation=corr,
+                    start_ns=(t0 + a) * US,
+                    end_ns=(t0 + b) * US,
+                    name_id=name,
+                    stream=stream,
+                    device=0,
+                )
+            )
         ev.append(((t0 + STEP_US - 2) * US, C["EV_RETURN"], 0))
         ev.append(((t0 + STEP_US) * US, C["EV_STEP_END"], k))
     end = (100 + steps * STEP_US) * US
@@ -107,8 +117,7 @@ def write_ranks(tmp_path, patterns, shifts=None, name="trace_rank{r}.json", **kw
     paths = []
     for r, pattern in enumerate(patterns):
         raw = rank_window(pattern, epoch_shift_ns=(shifts or {}).get(r, 0), **kw)
-        paths.append(export_chrome_trace(results(raw, r, len(patterns)),
-                                         d / name.format(r=r)))
+        paths.append(export_chrome_trace(results(raw, r, len(patterns)), d / name.format(r=r)))
     return paths
 
 
@@ -119,6 +128,7 @@ def read(path):
 
 
 # ---- rank awareness --------------------------------------------------------------------------
+
 
 def test_single_process_is_rank_0_of_1():
     assert rank_info() == {"rank": 0, "local_rank": 0, "world_size": 1}
@@ -135,13 +145,16 @@ def test_rank_from_torchrun_variables(monkeypatch):
     assert rank_info()["local_rank"] == 5  # one node assumed
 
 
-@pytest.mark.parametrize("env, match", [
-    ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
-    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
-    ({"RANK": "x", "WORLD_SIZE": "2"}, r"RANK='x' is not an integer"),
-    ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is not inside a world of size 2"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 is negative"),
-])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, r"RANK='x' is not an integer"),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is not inside a world of size 2"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 is negative"),
+    ],
+)
 def test_bad_torchrun_variables_are_named(monkeypatch, env, match):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -164,9 +177,17 @@ def fake_torch(monkeypatch, rank=3, world=4, backend="nccl", broken=False):
     dist.get_world_size = lambda: world
     dist.get_backend = lambda: backend
     dist.get_pg_count = lambda: 2
-    dist.distributed_c10d = types.SimpleNamespace(_get_all_pg_configs=lambda: [
-        {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
-         "pg_size": world, "ranks": list(range(world))}])
+    dist.distributed_c10d = types.SimpleNamespace(
+        _get_all_pg_configs=lambda: [
+            {
+                "pg_name": "0",
+                "pg_desc": "default_pg",
+                "backend_config": "cuda:nccl",
+                "pg_size": world,
+                "ranks": list(range(world)),
+            }
+        ]
+    )
     torch = types.ModuleType("torch")
     torch.distributed = dist
     torch.cuda = types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)))
@@ -180,8 +201,7 @@ def test_distributed_info_from_an_initialised_process_group(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert rank_info() == {"rank": 3, "local_rank": 1, "world_size": 4}
     info = distributed_info()
-    assert list(info) == ["backend", "rank", "world_size", "pg_count", "pg_config",
-                          "nccl_version"]
+    assert list(info) == ["backend", "rank", "world_size", "pg_count", "pg_config", "nccl_version"]
     assert info["backend"] == "nccl" and info["rank"] == 3 and info["world_size"] == 4
     assert info["pg_count"] == 2 and info["nccl_version"] == "2.21.5"
     assert info["pg_config"][0]["ranks"] == [0, 1, 2, 3]
@@ -202,7 +222,7 @@ def test_trace_carries_distributed_info_as_hta_reads_it(monkeypatch, tmp_path):
     res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
     path = export_chrome_trace(res, tmp_path / "t.json")
     text = open(path).read()
-    head = text[:text.index('"traceEvents"')]
+    head = text[: text.index('"traceEvents"')]
     # HTA finds the rank with a pattern that needs whitespace after the colon
     assert re.search(r'"rank":\s+(\d+)', head).group(1) == "3"
     assert '"rank":3' not in text
@@ -212,6 +232,7 @@ def test_trace_carries_distributed_info_as_hta_reads_it(monkeypatch, tmp_path):
 
 
 # ---- output names ----------------------------------------------------------------------------
+
 
 def test_expand_name(monkeypatch):
     monkeypatch.setenv("RANK", "2")
@@ -236,11 +257,13 @@ def test_tensorboard_handler_expands_placeholders(monkeypatch, tmp_path):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     prof = types.SimpleNamespace()
-    res = Results([rank_window(slow_rank)], cuda={"active": True, "mode": "callbacks",
-                                                  "error": None})
+    res = Results(
+        [rank_window(slow_rank)], cuda={"active": True, "mode": "callbacks", "error": None}
+    )
     prof.export_chrome_trace = lambda p: export_chrome_trace(res, p)
-    handler = gpuprof.tensorboard_trace_handler(str(tmp_path / "run_{world_size}"),
-                                                worker_name="rank{rank}")
+    handler = gpuprof.tensorboard_trace_handler(
+        str(tmp_path / "run_{world_size}"), worker_name="rank{rank}"
+    )
     path = handler(prof)
     assert os.path.dirname(path) == str(tmp_path / "run_2")
     assert os.path.basename(path).startswith("rank1.")
@@ -248,6 +271,7 @@ def test_tensorboard_handler_expands_placeholders(monkeypatch, tmp_path):
 
 
 # ---- communication overlap -------------------------------------------------------------------
+
 
 def test_comm_overlap_per_step():
     # compute on stream 7 while an all-reduce runs on stream 20: 100 us of overlap
@@ -298,6 +322,7 @@ def test_comm_overlap_on_a_cpu_profile():
 
 # ---- merge -----------------------------------------------------------------------------------
 
+
 def test_merge_names_the_slow_rank(tmp_path):
     paths = write_ranks(tmp_path, [fast_rank, slow_rank])
     out = tmp_path / "merged.json"
@@ -330,16 +355,18 @@ def test_merge_names_the_slow_rank(tmp_path):
 
 
 def test_collectives_from_nccl_kernel_names(tmp_path):
-    assert collective_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)") == \
-        "AllReduce"
-    assert collective_name("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)") == \
-        "AllGather"
+    assert (
+        collective_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)") == "AllReduce"
+    )
+    assert collective_name("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)") == "AllGather"
     assert collective_name("ncclDevKernel_SendRecv(ncclDevKernelArgs)") == "SendRecv"
     assert collective_name("ncclSomethingNew") == "other"
     assert collective_name("gemm") == ""
     run = merge(None, write_ranks(tmp_path, [fast_rank, slow_rank]))
-    assert run.collectives.tolist() == [(0, "AllReduce", 4, 4 * 640 * US),
-                                        (1, "AllReduce", 4, 4 * 90 * US)]
+    assert run.collectives.tolist() == [
+        (0, "AllReduce", 4, 4 * 640 * US),
+        (1, "AllReduce", 4, 4 * 90 * US),
+    ]
     assert "NCCL kernels per rank" in run.table()
 
 
@@ -360,28 +387,47 @@ def test_merged_trace_has_one_process_per_rank(tmp_path):
     assert "distributedInfo" not in doc  # not one rank: HTA must not take it for rank 0
     assert [r["rank"] for r in doc["gpuprofMerged"]["ranks"]] == [0, 1]
     ev = doc["traceEvents"]
-    names = {e["pid"]: e["args"]["name"] for e in ev
-             if e["ph"] == "M" and e["name"] == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert names == {0: "rank 0", 1: "rank 1"}
     assert {e["pid"] for e in ev} == {0, 1}
     # every slice of every rank is there, on its rank's process
     for r, d in enumerate(inputs):
-        want = sorted((e["name"], e["cat"]) for e in d["traceEvents"] if e["ph"] == "X"
-                      and e["pid"] not in ("Spans", "Traces", ""))
+        want = sorted(
+            (e["name"], e["cat"])
+            for e in d["traceEvents"]
+            if e["ph"] == "X" and e["pid"] not in ("Spans", "Traces", "")
+        )
         got = sorted((e["name"], e["cat"]) for e in ev if e["ph"] == "X" and e["pid"] == r)
         assert got == want
     # NCCL kernels: rank 0's are long (waiting), rank 1's short
-    nccl = {r: [e["dur"] for e in ev if e["ph"] == "X" and e["pid"] == r
-                and e["name"].startswith("nccl")] for r in (0, 1)}
+    nccl = {
+        r: [
+            e["dur"]
+            for e in ev
+            if e["ph"] == "X" and e["pid"] == r and e["name"].startswith("nccl")
+        ]
+        for r in (0, 1)
+    }
     assert nccl == {0: [640.0] * 4, 1: [90.0] * 4}
     # GPU streams and host threads are separate lanes, named
-    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev
-             if e["ph"] == "M" and e["name"] == "thread_name"}
+    lanes = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in ev
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     kern_lanes = {(e["pid"], e["tid"]) for e in ev if e.get("cat") == "kernel"}
-    step_lanes = {(e["pid"], e["tid"]) for e in ev if e["name"].startswith("ProfilerStep#")
-                  and e.get("cat") == "user_annotation"}
-    gpu_step_lanes = {(e["pid"], e["tid"]) for e in ev if e["name"].startswith("ProfilerStep#")
-                      and e.get("cat") == "gpu_user_annotation"}
+    step_lanes = {
+        (e["pid"], e["tid"])
+        for e in ev
+        if e["name"].startswith("ProfilerStep#") and e.get("cat") == "user_annotation"
+    }
+    gpu_step_lanes = {
+        (e["pid"], e["tid"])
+        for e in ev
+        if e["name"].startswith("ProfilerStep#") and e.get("cat") == "gpu_user_annotation"
+    }
     assert kern_lanes.isdisjoint(step_lanes)
     assert gpu_step_lanes == set()  # steps stay on the host rows, as torch.profiler has them
     assert all(lanes[la] == "GPU 0 stream 7" for la in kern_lanes)
@@ -417,8 +463,13 @@ def test_merged_flows_stay_paired_and_unique(tmp_path):
         assert pair[0]["pid"] == pair[1]["pid"]  # within one rank
         # each end binds to a slice starting at its ts on its lane
         for e in pair:
-            assert any(x["ph"] == "X" and x["pid"] == e["pid"] and x["tid"] == e["tid"]
-                       and x["ts"] == e["ts"] for x in ev), e
+            assert any(
+                x["ph"] == "X"
+                and x["pid"] == e["pid"]
+                and x["tid"] == e["tid"]
+                and x["ts"] == e["ts"]
+                for x in ev
+            ), e
 
 
 def test_clock_skew_is_aligned_on_the_first_step(tmp_path):
@@ -429,8 +480,9 @@ def test_clock_skew_is_aligned_on_the_first_step(tmp_path):
     assert run.alignment == "step" and run.aligned_step == 0
     assert run.shifts_ns[0] == 0 and abs(run.shifts_ns[1] + hour) < 10 * US
     ev = read(out)["traceEvents"]
-    step0 = [e["ts"] for e in ev if e["name"] == "ProfilerStep#0"
-             and e.get("cat") == "user_annotation"]
+    step0 = [
+        e["ts"] for e in ev if e["name"] == "ProfilerStep#0" and e.get("cat") == "user_annotation"
+    ]
     assert len(step0) == 2 and step0[0] == step0[1]
     assert max(e["ts"] for e in ev if "ts" in e) < 10 * STEP_US  # no hour-long gap
     # the analysis is per rank and does not depend on the alignment
@@ -448,8 +500,7 @@ def test_align_step_on_synchronised_clocks_and_no_common_step(tmp_path):
     d = tmp_path / "apart"
     d.mkdir()
     a = export_chrome_trace(results(rank_window(fast_rank), 0, 2), d / "a.json")
-    b = export_chrome_trace(results(rank_window(slow_rank, first_step=10), 1, 2),
-                            d / "b.json")
+    b = export_chrome_trace(results(rank_window(slow_rank, first_step=10), 1, 2), d / "b.json")
     with pytest.raises(ValueError, match="share none"):
         merge(None, [a, b], align="step")
     run = merge(None, [a, b])
@@ -465,8 +516,9 @@ def test_windows_of_one_rank_are_combined(tmp_path):
         for w, first in enumerate((0, 4)):
             raw = rank_window(pattern, first_step=first)
             raw["epoch_offset_ns"] += w * 5 * STEP_US * US
-            paths.append(export_chrome_trace(results(raw, r, 2, pid=4000 + r),
-                                             d / f"r{r}w{w}.pt.trace.json"))
+            paths.append(
+                export_chrome_trace(results(raw, r, 2, pid=4000 + r), d / f"r{r}w{w}.pt.trace.json")
+            )
     run = merge(None, str(d))  # a folder
     assert run.files[0] == sorted(p for p in paths if "r0" in os.path.basename(p))
     assert run.common_steps == list(range(8))
@@ -488,9 +540,23 @@ def test_ranks_given_by_hand(tmp_path):
 
 def test_trace_without_rank_needs_ranks(tmp_path):
     p = tmp_path / "torch.json"
-    p.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 9, "tid": 9,
-         "ts": 0.0, "dur": 10.0}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": "ProfilerStep#0",
+                        "pid": 9,
+                        "tid": 9,
+                        "ts": 0.0,
+                        "dur": 10.0,
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(ValueError, match=r"no distributedInfo rank; pass ranks="):
         merge(None, [p])
     run = merge(None, [p], ranks=[0])
@@ -502,13 +568,43 @@ def test_steps_on_the_gpu_rows_are_not_host_steps(tmp_path):
     # a trace that also has ProfilerStep#<n> on a stream row (a gpu_user_annotation on the
     # device pid): not a second process claiming the rank
     p = tmp_path / "torch.json"
-    p.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 9, "tid": 9,
-         "ts": 0.0, "dur": 10.0},
-        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#0", "pid": 0, "tid": 7,
-         "ts": 4.999, "dur": 20.002},
-        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5.0, "dur": 20.0,
-         "args": {"stream": 7, "device": 0}}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "distributedInfo": {"rank": 0, "world_size": 1},
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": "ProfilerStep#0",
+                        "pid": 9,
+                        "tid": 9,
+                        "ts": 0.0,
+                        "dur": 10.0,
+                    },
+                    {
+                        "ph": "X",
+                        "cat": "gpu_user_annotation",
+                        "name": "ProfilerStep#0",
+                        "pid": 0,
+                        "tid": 7,
+                        "ts": 4.999,
+                        "dur": 20.002,
+                    },
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "k",
+                        "pid": 0,
+                        "tid": 7,
+                        "ts": 5.0,
+                        "dur": 20.0,
+                        "args": {"stream": 7, "device": 0},
+                    },
+                ],
+            }
+        )
+    )
     run = merge(None, [p])
     assert run.ranks == [0] and run.common_steps == [0] and run.gpu
 
@@ -556,12 +652,18 @@ def test_glob_and_gzip_inputs(tmp_path):
 
 # ---- the command line ------------------------------------------------------------------------
 
+
 def cli(*args):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(var, None)
-    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuprof", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_cli_merge_prints_the_table_and_the_straggler(tmp_path):
@@ -587,10 +689,12 @@ def test_cli_merge_errors_are_one_line(tmp_path):
 
 # ---- Holistic Trace Analysis reads the per-rank folder ---------------------------------------
 
+
 def test_hta_finds_every_rank(tmp_path):
     hta = pytest.importorskip(
         "hta.trace_analysis",
-        reason="Holistic Trace Analysis is not installed (pip install HolisticTraceAnalysis)")
+        reason="Holistic Trace Analysis is not installed (pip install HolisticTraceAnalysis)",
+    )
     write_ranks(tmp_path, [fast_rank, slow_rank], name="worker{r}_1.1.pt.trace.json")
     analyzer = hta.TraceAnalysis(trace_dir=str(tmp_path / "traces"))
     temporal = analyzer.get_temporal_breakdown(visualize=False)
@@ -608,5 +712,4 @@ def test_rank_placeholders_in_export_and_save_paths(tmp_path, monkeypatch):
         sum(range(10))
     prof.export_chrome_trace(str(tmp_path / "trace_rank{rank}_of_{world_size}.json"))
     prof.save(str(tmp_path / "prof_{rank}.gpuprof"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof_3.gpuprof",
-                                                          "trace_rank3_of_4.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof_3.gpuprof", "trace_rank3_of_4.json"]

@@ -26,11 +26,17 @@ US = 1000  # synthetic timestamps are in microseconds
 TB_NAME = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")
 HOST_CATS = {"python_function", "user_annotation", "cuda_runtime", "cuda_driver", "cpu_op"}
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"}
-META_KEYS = ["schemaVersion", "deviceProperties", "distributedInfo", "displayTimeUnit",
-             "baseTimeNanoseconds"]
+META_KEYS = [
+    "schemaVersion",
+    "deviceProperties",
+    "distributedInfo",
+    "displayTimeUnit",
+    "baseTimeNanoseconds",
+]
 
 
 # ---- workloads -------------------------------------------------------------------
+
 
 def leaf(n):
     return sum(range(n))
@@ -46,6 +52,7 @@ def work(n):
 
 def cpu_profile(steps=3):
     """A real CPU profile: steps, nested record_function ranges, a second thread."""
+
     def helper():
         with record_function("helper range"):
             work(50)
@@ -72,8 +79,13 @@ def api_key(cbid):
 
 
 LAUNCH, MEMCPY, MEMSET, MALLOC, DEVSYNC = 211, 41, 116, 20, 165
-API_NAMES = {LAUNCH: "cudaLaunchKernel", MEMCPY: "cudaMemcpyAsync", MEMSET: "cudaMemsetAsync",
-             MALLOC: "cudaMalloc", DEVSYNC: "cudaDeviceSynchronize"}
+API_NAMES = {
+    LAUNCH: "cudaLaunchKernel",
+    MEMCPY: "cudaMemcpyAsync",
+    MEMSET: "cudaMemsetAsync",
+    MALLOC: "cudaMalloc",
+    DEVSYNC: "cudaDeviceSynchronize",
+}
 TRAIN, LINEAR = 2, 3
 
 
@@ -111,15 +123,24 @@ def synthetic_gpu_results(real_api_names=False):
     ev = [(e[0] * US,) + e[1:] for e in ev]
 
     def rec(kind, corr, start, end, **kw):
-        d = dict(kind=C[kind], correlation=corr, start_ns=start * US, end_ns=end * US, stream=7,
-                 device=0)
+        d = dict(
+            kind=C[kind], correlation=corr, start_ns=start * US, end_ns=end * US, stream=7, device=0
+        )
         d.update(kw)
         return d
 
     gpu = [
         rec("GPU_KERNEL", 7, 200, 300, name_id=0, registers=32, grid_x=8, block_x=256),
-        rec("GPU_MEMCPY", 9, 310, 340, bytes=4096, subkind=C["COPY_HTOD"],
-            src_mem=C["MEM_PINNED"], dst_mem=C["MEM_DEVICE"]),
+        rec(
+            "GPU_MEMCPY",
+            9,
+            310,
+            340,
+            bytes=4096,
+            subkind=C["COPY_HTOD"],
+            src_mem=C["MEM_PINNED"],
+            dst_mem=C["MEM_DEVICE"],
+        ),
         rec("GPU_MEMSET", 14, 345, 350, bytes=1024, dst_mem=C["MEM_DEVICE"], stream=0),
         rec("GPU_SYNC", 8, 300, 400, subkind=C["SYNC_STREAM"]),
         rec("GPU_KERNEL", 10, 650, 690, name_id=1, grid_x=4, block_x=128),
@@ -129,8 +150,9 @@ def synthetic_gpu_results(real_api_names=False):
         rec("GPU_KERNEL", 99, 795, 798, name_id=1, stream=20),
     ]
     ops = [(C["OP_PYTHON"], train_step.__code__, 0), (C["OP_USER"], "linear", 0)]
-    raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], gpu, 0, 1000 * US,
-                                   ["_Z6kernelv", "_Z4gemmPfS_"], 1)
+    raw = _gpuprof._test_aggregate(
+        ops, [(1, 101, ev)], gpu, 0, 1000 * US, ["_Z6kernelv", "_Z4gemmPfS_"], 1
+    )
     if real_api_names:  # libcupti names them only on a machine with the driver
         for i, (kind, op) in enumerate(zip(raw["ops"]["kind"], raw["ops"]["op"], strict=True)):
             if kind == C["OP_CUDA_API"]:
@@ -139,6 +161,7 @@ def synthetic_gpu_results(real_api_names=False):
 
 
 # ---- reading a trace back -----------------------------------------------------------
+
 
 def read_trace(path):
     opener = gzip.open if str(path).endswith(".gz") else open
@@ -239,8 +262,11 @@ def check_schema(trace, keys, text):
             assert e["ph"] not in flows[e["id"]], "flow id used twice"
             flows[e["id"]][e["ph"]] = e
             bound = by_pos[(e["pid"], e["tid"], e["ts"])]
-            cats = ({"cuda_runtime", "cuda_driver"} if e["ph"] == "s"
-                    else {"kernel", "gpu_memcpy", "gpu_memset"})
+            cats = (
+                {"cuda_runtime", "cuda_driver"}
+                if e["ph"] == "s"
+                else {"kernel", "gpu_memcpy", "gpu_memset"}
+            )
             assert any(b["cat"] in cats and b["args"]["correlation"] == e["id"] for b in bound), e
             if e["ph"] == "f":
                 assert e["bp"] == "e"
@@ -256,8 +282,9 @@ def check_schema(trace, keys, text):
             assert e["args"]["External id"] != 0
     # a GPU range is named like the host range whose External id it carries, and lies on a
     # lane that has GPU ops
-    ranges = {e["args"]["External id"]: e["name"] for e in slices(trace)
-              if e["cat"] == "user_annotation"}
+    ranges = {
+        e["args"]["External id"]: e["name"] for e in slices(trace) if e["cat"] == "user_annotation"
+    }
     op_lanes = {(e["pid"], e["tid"]) for e in slices(trace) if e["cat"] in GPU_CATS}
     for e in slices(trace):
         if e["cat"] == "gpu_user_annotation":
@@ -276,8 +303,11 @@ def check_python_parents(py):
         while stack and ns(stack[-1]["ts"] + stack[-1]["dur"]) <= ns(e["ts"]):
             stack.pop()
         want = stack[-1]["args"]["Python id"] if stack else None
-        if e["dur"] == 0 and stack and ns(stack[-1]["ts"]) == ns(e["ts"]) == \
-                ns(stack[-1]["ts"] + stack[-1]["dur"]):
+        if (
+            e["dur"] == 0
+            and stack
+            and ns(stack[-1]["ts"]) == ns(e["ts"]) == ns(stack[-1]["ts"] + stack[-1]["dur"])
+        ):
             want = e["args"]["Python parent id"]  # zero-length twins: either order is right
         assert e["args"]["Python parent id"] == want, e
         stack.append(e)
@@ -285,6 +315,7 @@ def check_python_parents(py):
 
 
 # ---- CPU profile -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def cpu_prof():
@@ -299,8 +330,10 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
     check_schema(trace, keys, text)
     assert trace["traceName"] == str(path)
     assert trace["deviceProperties"] == []
-    assert trace["baseTimeNanoseconds"] == (cpu_prof.results.windows[-1]["window_start_ns"]
-                                            + cpu_prof.results.windows[-1]["epoch_offset_ns"])
+    assert trace["baseTimeNanoseconds"] == (
+        cpu_prof.results.windows[-1]["window_start_ns"]
+        + cpu_prof.results.windows[-1]["epoch_offset_ns"]
+    )
     xs = slices(trace)
     # 6. ProfilerStep#n for every recorded step, on the thread calling step()
     step_names = sorted(e["name"] for e in xs if e["name"].startswith("ProfilerStep#"))
@@ -313,8 +346,11 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
     os_tids = set(cpu_prof.results.threads()["os_tid"].tolist())
     tids = {e["tid"] for e in xs if e["cat"] != "Trace"}
     assert tids <= os_tids and len(tids) == 4  # main + one helper per step
-    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
-             if e["ph"] == "M" and e["name"] == "thread_name"}
+    names = {
+        e["tid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     main_tid = threading.get_native_id()
     assert names[main_tid] == f"thread {main_tid} (MainThread)"
     assert set(names) == os_tids
@@ -330,17 +366,25 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
     assert any(e["name"] == "<built-in function isinstance>" for e in py)
     by_id = check_python_parents(py)
     leafs = [e for e in py if e["name"].endswith(": leaf")]
-    assert all(by_id[e["args"]["Python parent id"]]["name"].endswith(": work")
-               for e in leafs if e["args"]["Python parent id"] in by_id
-               and not by_id[e["args"]["Python parent id"]]["name"].endswith(": cpu_profile"))
+    assert all(
+        by_id[e["args"]["Python parent id"]]["name"].endswith(": work")
+        for e in leafs
+        if e["args"]["Python parent id"] in by_id
+        and not by_id[e["args"]["Python parent id"]]["name"].endswith(": cpu_profile")
+    )
     calls = [e for e in py if e["name"] == "<built-in function isinstance>"]
     # work()'s isinstance calls point back into this file (library code may call
     # isinstance too, e.g. threading on 3.13)
     assert any(e["args"]["CallFrom"].startswith(this_file + ":") for e in calls)
     # lane metadata
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
-    assert {"process_name", "process_labels", "process_sort_index", "thread_name",
-            "thread_sort_index"} <= {e["name"] for e in meta}
+    assert {
+        "process_name",
+        "process_labels",
+        "process_sort_index",
+        "thread_name",
+        "thread_sort_index",
+    } <= {e["name"] for e in meta}
     assert any(e["name"] == "process_labels" and e["args"]["labels"] == "CPU" for e in meta)
 
 
@@ -351,12 +395,26 @@ def test_files_are_named_relative_to_their_import_root(tmp_path):
     site = f"{sep}venv{sep}lib{sep}site-packages{sep}"
     roots = [site, f"{sep}venv{sep}lib{sep}", f"{sep}work{sep}"]
     roots.sort(key=len, reverse=True)
-    files = [f"{site}torch{sep}nn{sep}module.py", f"{sep}venv{sep}lib{sep}typing.py",
-             f"{sep}work{sep}train.py", f"{sep}elsewhere{sep}x.py", "<string>", "rel.py",
-             f"{sep}workshop{sep}y.py", None]
-    assert display_files(files, roots) == [f"torch{sep}nn{sep}module.py", "typing.py",
-                                           "train.py", f"{sep}elsewhere{sep}x.py", "<string>",
-                                           "rel.py", f"{sep}workshop{sep}y.py", None]
+    files = [
+        f"{site}torch{sep}nn{sep}module.py",
+        f"{sep}venv{sep}lib{sep}typing.py",
+        f"{sep}work{sep}train.py",
+        f"{sep}elsewhere{sep}x.py",
+        "<string>",
+        "rel.py",
+        f"{sep}workshop{sep}y.py",
+        None,
+    ]
+    assert display_files(files, roots) == [
+        f"torch{sep}nn{sep}module.py",
+        "typing.py",
+        "train.py",
+        f"{sep}elsewhere{sep}x.py",
+        "<string>",
+        "rel.py",
+        f"{sep}workshop{sep}y.py",
+        None,
+    ]
     # the real roots: sys.path and site-packages, each once, longest first, never "/"
     real = import_roots()
     # (roots of one length come in any order: compare lengths, not a re-sorted set)
@@ -404,6 +462,7 @@ def test_no_window_is_an_error(tmp_path):
 
 
 # ---- leaving out the shortest calls (min_duration_us) ------------------------------------
+
 
 def python_slices(trace):
     return [e for e in slices(trace) if e["cat"] == "python_function"]
@@ -458,8 +517,18 @@ def test_min_duration_keeps_the_calls_that_launch_cuda_work(tmp_path):
         (500, C["EV_RETURN"], 0),
     ]
     ev = [(e[0] * US,) + e[1:] for e in ev]
-    gpu = [dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=a * US, end_ns=b * US, stream=7,
-                device=0, name_id=0) for c, a, b in ((7, 200, 300), (8, 300, 310))]
+    gpu = [
+        dict(
+            kind=C["GPU_KERNEL"],
+            correlation=c,
+            start_ns=a * US,
+            end_ns=b * US,
+            stream=7,
+            device=0,
+            name_id=0,
+        )
+        for c, a, b in ((7, 200, 300), (8, 300, 310))
+    ]
 
     def inner_fn():
         pass
@@ -467,8 +536,11 @@ def test_min_duration_keeps_the_calls_that_launch_cuda_work(tmp_path):
     def leaf_fn():
         pass
 
-    ops = [(C["OP_PYTHON"], train_step.__code__, 0), (C["OP_PYTHON"], inner_fn.__code__, 0),
-           (C["OP_PYTHON"], leaf_fn.__code__, 0)]
+    ops = [
+        (C["OP_PYTHON"], train_step.__code__, 0),
+        (C["OP_PYTHON"], inner_fn.__code__, 0),
+        (C["OP_PYTHON"], leaf_fn.__code__, 0),
+    ]
     raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], gpu, 0, 1000 * US, ["_Z6kernelv"], 1)
     results = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
     export_chrome_trace(results, tmp_path / "t.json", min_duration_us=1000)
@@ -483,9 +555,17 @@ def test_min_duration_keeps_the_calls_that_launch_cuda_work(tmp_path):
     assert len(flows) == 2 and all(set(f) == {"s", "f"} for f in flows.values())
 
 
-@pytest.mark.parametrize("bad, exc", [(-1, ValueError), (float("inf"), ValueError),
-                                      (float("nan"), ValueError), ("5", TypeError),
-                                      (True, TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        (-1, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        ("5", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
 def test_min_duration_bad_values_name_the_argument(cpu_prof, tmp_path, bad, exc):
     with pytest.raises(exc, match="export_chrome_trace\\(\\): min_duration_us"):
         cpu_prof.export_chrome_trace(tmp_path / "t.json", min_duration_us=bad)
@@ -495,6 +575,7 @@ def test_min_duration_bad_values_name_the_argument(cpu_prof, tmp_path, bad, exc)
 
 
 # ---- synthetic GPU window --------------------------------------------------------------------
+
 
 def test_gpu_trace_schema(tmp_path):
     res = synthetic_gpu_results()
@@ -506,27 +587,37 @@ def test_gpu_trace_schema(tmp_path):
     gpu = [e for e in xs if e["cat"] in GPU_CATS]
     host = [e for e in xs if e["cat"] in HOST_CATS]
     assert sorted(e["cat"] for e in gpu) == sorted(
-        ["kernel"] * 4 + ["gpu_memcpy", "gpu_memset", "cuda_sync"])
+        ["kernel"] * 4 + ["gpu_memcpy", "gpu_memset", "cuda_sync"]
+    )
     # ac2g: exactly the launches, copies and sets that produced GPU work
     assert sorted(flows) == [7, 9, 10, 12, 14]
     for corr, pair in flows.items():
         api = [e for e in host if e["args"].get("correlation") == corr][0]
         dev = [e for e in gpu if e["args"]["correlation"] == corr][0]
         assert (pair["s"]["pid"], pair["s"]["tid"], pair["s"]["ts"]) == (
-            api["pid"], api["tid"], api["ts"])
+            api["pid"],
+            api["tid"],
+            api["ts"],
+        )
         assert (pair["f"]["pid"], pair["f"]["tid"], pair["f"]["ts"]) == (
-            dev["pid"], dev["tid"], dev["ts"])
+            dev["pid"],
+            dev["tid"],
+            dev["ts"],
+        )
         assert api["tid"] == 101 and api["cat"] == "cuda_runtime"
-        assert api["args"]["cbid"] == {7: LAUNCH, 9: MEMCPY, 14: MEMSET, 10: LAUNCH,
-                                       12: LAUNCH}[corr]
+        assert (
+            api["args"]["cbid"] == {7: LAUNCH, 9: MEMCPY, 14: MEMSET, 10: LAUNCH, 12: LAUNCH}[corr]
+        )
     # External id: the range a launch happened in, on the API call and its GPU work
     linear = [e for e in host if e["name"] == "linear"][0]
     lin_id = linear["args"]["External id"]
     for corr in (7, 9, 14):
         assert [e for e in host if e["args"].get("correlation") == corr][0]["args"][
-            "External id"] == lin_id
+            "External id"
+        ] == lin_id
         assert [e for e in gpu if e["args"]["correlation"] == corr][0]["args"][
-            "External id"] == lin_id
+            "External id"
+        ] == lin_id
     step1 = [e for e in host if e["name"] == "ProfilerStep#1"][0]
     k10 = [e for e in gpu if e["args"]["correlation"] == 10][0]
     assert k10["args"]["External id"] == step1["args"]["External id"]
@@ -549,24 +640,39 @@ def test_gpu_trace_schema(tmp_path):
     assert k7["args"]["registers per thread"] == 32
     # steps
     assert sorted(e["name"] for e in host if e["name"].startswith("ProfilerStep")) == [
-        "ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+        "ProfilerStep#0",
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+    ]
     # memory: a counter per device and [memory] instants on the launching thread
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert [(e["name"], e["pid"], e["ts"], e["args"]["allocated"]) for e in counters] == [
-        ("GPU 0 memory", 0, 625.0, 1 << 20), ("GPU 0 memory", 0, 720.0, 0)]
+        ("GPU 0 memory", 0, 625.0, 1 << 20),
+        ("GPU 0 memory", 0, 720.0, 0),
+    ]
     mem = [e for e in trace["traceEvents"] if e.get("name") == "[memory]"]
     assert len(mem) == 1 and mem[0]["tid"] == 101 and mem[0]["s"] == "t"
-    assert mem[0]["args"] == {"Device Type": 1, "Device Id": 0, "Addr": 0x7000,
-                              "Bytes": 1 << 20, "Total Allocated": 1 << 20,
-                              "Total Reserved": 1 << 20}
+    assert mem[0]["args"] == {
+        "Device Type": 1,
+        "Device Id": 0,
+        "Addr": 0x7000,
+        "Bytes": 1 << 20,
+        "Total Allocated": 1 << 20,
+        "Total Reserved": 1 << 20,
+    }
     # device lane metadata
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
-    assert any(e["name"] == "process_labels" and e["pid"] == 0 and e["args"]["labels"] == "GPU 0"
-               for e in meta)
-    assert any(e["name"] == "process_sort_index" and e["pid"] == 0
-               and e["args"]["sort_index"] == 5000000 for e in meta)
-    lane_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta
-                  if e["name"] == "thread_name"}
+    assert any(
+        e["name"] == "process_labels" and e["pid"] == 0 and e["args"]["labels"] == "GPU 0"
+        for e in meta
+    )
+    assert any(
+        e["name"] == "process_sort_index" and e["pid"] == 0 and e["args"]["sort_index"] == 5000000
+        for e in meta
+    )
+    lane_names = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"
+    }
     assert lane_names[(0, 7)] == "stream 7" and lane_names[(0, 20)] == "stream 20"
     assert lane_names[(0, 1000007)] == "stream 7 sync"
     assert trace["traceEvents"][-1]["ts"] == 1000.0
@@ -574,14 +680,22 @@ def test_gpu_trace_schema(tmp_path):
 
 def test_kernel_occupancy_args_with_device_properties(tmp_path):
     res = synthetic_gpu_results()
-    res.meta["device_properties"] = [{"id": 0, "name": "Fake", "numSms": 4, "warpSize": 32,
-                                      "computeMajor": 9, "totalGlobalMem": 1 << 30}]
+    res.meta["device_properties"] = [
+        {
+            "id": 0,
+            "name": "Fake",
+            "numSms": 4,
+            "warpSize": 32,
+            "computeMajor": 9,
+            "totalGlobalMem": 1 << 30,
+        }
+    ]
     export_chrome_trace(res, tmp_path / "t.json")
     trace, _, _ = read_trace(tmp_path / "t.json")
     assert trace["deviceProperties"][0]["numSms"] == 4
     k7 = [e for e in slices(trace) if e["cat"] == "kernel" and e["args"]["correlation"] == 7][0]
-    assert k7["args"]["blocks per SM"] == 2.0       # 8 blocks / 4 SMs
-    assert k7["args"]["warps per SM"] == 16.0       # 8 blocks * 8 warps / 4 SMs
+    assert k7["args"]["blocks per SM"] == 2.0  # 8 blocks / 4 SMs
+    assert k7["args"]["warps per SM"] == 16.0  # 8 blocks * 8 warps / 4 SMs
 
 
 def test_unordered_and_overlapping_spans_are_nested(tmp_path):
@@ -604,8 +718,12 @@ def test_unordered_and_overlapping_spans_are_nested(tmp_path):
 # ---- GPU ranges (gpu_user_annotation, trace-format 6.7) -----------------------------------
 
 FORWARD, ATTN, MLP, IDLE = 2, 3, 4, 5
-RANGE_OPS = [(C["OP_USER"], "forward", 0), (C["OP_USER"], "attn", 0), (C["OP_USER"], "mlp", 0),
-             (C["OP_USER"], "idle", 0)]
+RANGE_OPS = [
+    (C["OP_USER"], "forward", 0),
+    (C["OP_USER"], "attn", 0),
+    (C["OP_USER"], "mlp", 0),
+    (C["OP_USER"], "idle", 0),
+]
 
 
 def nested_ranges_results():
@@ -617,17 +735,37 @@ def nested_ranges_results():
     def launch(t, corr, stream, start, end, kind="GPU_KERNEL", cbid=LAUNCH, **kw):
         ev.append((t, C["EV_API_ENTER"], corr, api_key(cbid)))
         ev.append((t + 2, C["EV_API_EXIT"], corr))
-        gpu.append(dict(kind=C[kind], correlation=corr, start_ns=start, end_ns=end,
-                        stream=stream, device=0, **kw))
+        gpu.append(
+            dict(
+                kind=C[kind],
+                correlation=corr,
+                start_ns=start,
+                end_ns=end,
+                stream=stream,
+                device=0,
+                **kw,
+            )
+        )
 
     ev.append((1000, C["EV_STEP_BEGIN"], 0))
     ev.append((1100, C["EV_RANGE_PUSH"], FORWARD))
     launch(1110, 1, 7, 2000, 2200, name_id=0)
     ev.append((1120, C["EV_RANGE_PUSH"], ATTN))
-    launch(1125, 2, 7, 2200, 2400, name_id=1)          # starts where kernel 1 ends
+    launch(1125, 2, 7, 2200, 2400, name_id=1)  # starts where kernel 1 ends
     launch(1130, 3, 20, 2300, 2600, name_id=0)
-    launch(1135, 4, 20, 2650, 2700, kind="GPU_MEMCPY", cbid=MEMCPY, bytes=64,
-           subkind=C["COPY_HTOD"], src_mem=C["MEM_PINNED"], dst_mem=C["MEM_DEVICE"])
+    launch(
+        1135,
+        4,
+        20,
+        2650,
+        2700,
+        kind="GPU_MEMCPY",
+        cbid=MEMCPY,
+        bytes=64,
+        subkind=C["COPY_HTOD"],
+        src_mem=C["MEM_PINNED"],
+        dst_mem=C["MEM_DEVICE"],
+    )
     ev.append((1140, C["EV_RANGE_POP"], ATTN))
     ev.append((1145, C["EV_RANGE_PUSH"], MLP))
     launch(1150, 5, 7, 3000, 3100, name_id=1)
@@ -636,15 +774,16 @@ def nested_ranges_results():
     launch(1166, 6, 7, 3100, 3150, kind="GPU_SYNC", cbid=DEVSYNC, subkind=C["SYNC_STREAM"])
     ev.append((1170, C["EV_RANGE_POP"], IDLE))
     ev.append((1180, C["EV_RANGE_POP"], FORWARD))
-    launch(1185, 7, 7, 3200, 3300, name_id=0)          # in the step, in no range
+    launch(1185, 7, 7, 3200, 3300, name_id=0)  # in the step, in no range
     ev.append((1300, C["EV_STEP_END"], 0))
     ev.append((1400, C["EV_STEP_BEGIN"], 1))
     ev.append((1500, C["EV_RANGE_PUSH"], FORWARD))
-    launch(1510, 8, 7, 3300, 3400, name_id=1)          # starts where kernel 7 ends
+    launch(1510, 8, 7, 3300, 3400, name_id=1)  # starts where kernel 7 ends
     ev.append((1520, C["EV_RANGE_POP"], FORWARD))
     ev.append((1600, C["EV_STEP_END"], 1))
-    raw = _gpuprof._test_aggregate(RANGE_OPS, [(1, 101, ev)], gpu, 0, 10_000,
-                                   ["_Z6kernelv", "_Z4gemmPfS_"], 1)
+    raw = _gpuprof._test_aggregate(
+        RANGE_OPS, [(1, 101, ev)], gpu, 0, 10_000, ["_Z6kernelv", "_Z4gemmPfS_"], 1
+    )
     return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
 
 
@@ -660,18 +799,32 @@ def test_gpu_user_annotations_project_nested_ranges(tmp_path):
     for e in slices(trace):
         if e["cat"] == "user_annotation":
             host.setdefault(e["name"], []).append(e["args"]["External id"])
-    ext = {"step0": host["ProfilerStep#0"][0], "step1": host["ProfilerStep#1"][0],
-           "fwd0": host["forward"][0], "fwd1": host["forward"][1], "attn": host["attn"][0],
-           "mlp": host["mlp"][0]}
+    ext = {
+        "step0": host["ProfilerStep#0"][0],
+        "step1": host["ProfilerStep#1"][0],
+        "fwd0": host["forward"][0],
+        "fwd1": host["forward"][1],
+        "attn": host["attn"][0],
+        "mlp": host["mlp"][0],
+    }
     assert len(set(ext.values())) == 6
-    got = {(e["name"], e["args"]["External id"], e["pid"], e["tid"], ns(e["ts"]),
-            ns(e["ts"] + e["dur"])) for e in gpu_ranges(trace)}
+    got = {
+        (
+            e["name"],
+            e["args"]["External id"],
+            e["pid"],
+            e["tid"],
+            ns(e["ts"]),
+            ns(e["ts"] + e["dur"]),
+        )
+        for e in gpu_ranges(trace)
+    }
     assert got == {
         # stream 7: 1 ns around the ops, except where a neighbour starts or ends right there
-        ("forward", ext["fwd0"], 0, 7, 1999, 3101),           # kernels 1, 2 and 5
-        ("attn", ext["attn"], 0, 7, 2200, 2401),              # kernel 1 ends at 2200
+        ("forward", ext["fwd0"], 0, 7, 1999, 3101),  # kernels 1, 2 and 5
+        ("attn", ext["attn"], 0, 7, 2200, 2401),  # kernel 1 ends at 2200
         ("mlp", ext["mlp"], 0, 7, 2999, 3101),
-        ("forward", ext["fwd1"], 0, 7, 3300, 3401),           # kernel 7 ends at 3300
+        ("forward", ext["fwd1"], 0, 7, 3300, 3401),  # kernel 7 ends at 3300
         # stream 20: the kernel and the copy of attn, in forward
         ("forward", ext["fwd0"], 0, 20, 2299, 2701),
         ("attn", ext["attn"], 0, 20, 2299, 2701),
@@ -688,10 +841,20 @@ def test_gpu_user_annotations_project_nested_ranges(tmp_path):
     assert all(list(e["args"]) == ["External id"] for e in gpu_ranges(trace))
     assert "idle" in host and not any(e["name"] == "idle" for e in gpu_ranges(trace))
     # the ops keep their bounds; outer ranges come first and contain the inner ones
-    ops = {e["args"]["correlation"]: (ns(e["ts"]), ns(e["ts"] + e["dur"]))
-           for e in slices(trace) if e["cat"] in ("kernel", "gpu_memcpy")}
-    assert ops == {1: (2000, 2200), 2: (2200, 2400), 3: (2300, 2600), 4: (2650, 2700),
-                   5: (3000, 3100), 7: (3200, 3300), 8: (3300, 3400)}
+    ops = {
+        e["args"]["correlation"]: (ns(e["ts"]), ns(e["ts"] + e["dur"]))
+        for e in slices(trace)
+        if e["cat"] in ("kernel", "gpu_memcpy")
+    }
+    assert ops == {
+        1: (2000, 2200),
+        2: (2200, 2400),
+        3: (2300, 2600),
+        4: (2650, 2700),
+        5: (3000, 3100),
+        7: (3200, 3300),
+        8: (3300, 3400),
+    }
     lane7 = [e["name"] for e in slices(trace) if (e["pid"], e["tid"]) == (0, 7)]
     assert lane7[:3] == ["forward", "kernel()", "attn"]
     assert lane7[-2:] == ["forward", "gemm(float*, float*)"]
@@ -699,15 +862,21 @@ def test_gpu_user_annotations_project_nested_ranges(tmp_path):
 
 def test_gpu_user_annotations_keep_external_ids_unique_with_id_base(tmp_path):
     res = nested_ranges_results()
-    meta = dict(header="", trace_name="t", pid=1, process_name="p",
-                names=list(res.windows[-1]["op_names"]),
-                kernel_names=["kernel()", "gemm()"], thread_names=["main"], id_base=1000)
+    meta = dict(
+        header="",
+        trace_name="t",
+        pid=1,
+        process_name="p",
+        names=list(res.windows[-1]["op_names"]),
+        kernel_names=["kernel()", "gemm()"],
+        thread_names=["main"],
+        id_base=1000,
+    )
     path = tmp_path / "t.json"
     _gpuprof._write_trace(str(path), res.windows[-1], meta)
     with open(path) as f:
         ev = json.load(f)["traceEvents"]
-    host = {e["args"]["External id"]: e["name"] for e in ev
-            if e.get("cat") == "user_annotation"}
+    host = {e["args"]["External id"]: e["name"] for e in ev if e.get("cat") == "user_annotation"}
     gpu = [e for e in ev if e.get("cat") == "gpu_user_annotation"]
     assert len(gpu) == 6 and min(host) > 1000
     assert all(host[e["args"]["External id"]] == e["name"] for e in gpu)
@@ -728,9 +897,15 @@ def random_launches(draw, n_threads):
                 ev.append((t + 10 * len(ev), C["EV_RANGE_POP"], label))
             else:
                 corr[0] += 1
-                launches.append((t + 10 * len(ev), corr[0], draw(st.sampled_from([7, 20])),
-                                 draw(st.sampled_from([0, 1, 2, 50])),
-                                 draw(st.sampled_from([0, 1, 2, 100]))))
+                launches.append(
+                    (
+                        t + 10 * len(ev),
+                        corr[0],
+                        draw(st.sampled_from([7, 20])),
+                        draw(st.sampled_from([0, 1, 2, 50])),
+                        draw(st.sampled_from([0, 1, 2, 100])),
+                    )
+                )
                 ev.append((t + 10 * len(ev), C["EV_API_ENTER"], corr[0], api_key(LAUNCH)))
                 ev.append((t + 10 * len(ev), C["EV_API_EXIT"], corr[0]))
 
@@ -744,22 +919,41 @@ def random_launches(draw, n_threads):
     for _, c, stream, gap, dur in sorted(launches):
         start = cursor[stream] + gap
         cursor[stream] = start + dur
-        gpu.append(dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=start,
-                        end_ns=start + dur, stream=stream, device=0, name_id=0))
+        gpu.append(
+            dict(
+                kind=C["GPU_KERNEL"],
+                correlation=c,
+                start_ns=start,
+                end_ns=start + dur,
+                stream=stream,
+                device=0,
+                name_id=0,
+            )
+        )
     return ev_by_thread, gpu
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data(), n_threads=st.sampled_from([1, 2]))
 def test_gpu_user_annotations_nest_on_every_lane(tmp_path, data, n_threads):
     ev_by_thread, gpu = random_launches(data.draw, n_threads)
-    raw = _gpuprof._test_aggregate(RANGE_OPS, [(th + 1, 101 + th, ev)
-                                               for th, ev in enumerate(ev_by_thread)],
-                                   gpu, 0, 1_000_000, ["_Z6kernelv"], 1)
+    raw = _gpuprof._test_aggregate(
+        RANGE_OPS,
+        [(th + 1, 101 + th, ev) for th, ev in enumerate(ev_by_thread)],
+        gpu,
+        0,
+        1_000_000,
+        ["_Z6kernelv"],
+        1,
+    )
     path = tmp_path / "t.json"
-    export_chrome_trace(Results([raw], cuda={"active": True, "mode": "callbacks",
-                                             "error": None}), path)
+    export_chrome_trace(
+        Results([raw], cuda={"active": True, "mode": "callbacks", "error": None}), path
+    )
     trace, keys, text = read_trace(path)
     check_schema(trace, keys, text)  # nesting on every lane included
     xs = slices(trace)
@@ -771,15 +965,21 @@ def test_gpu_user_annotations_nest_on_every_lane(tmp_path, data, n_threads):
     # each (range, lane) with ops launched inside the range gets one slice, from 1 ns before
     # the first op to 1 ns after the last, less where a neighbour needs the room
     # (steps stay on the host: only record_function ranges are projected)
-    host = {e["args"]["External id"]: e for e in xs if e["cat"] == "user_annotation"
-            and not e["name"].startswith("ProfilerStep#")}
+    host = {
+        e["args"]["External id"]: e
+        for e in xs
+        if e["cat"] == "user_annotation" and not e["name"].startswith("ProfilerStep#")
+    }
     runtime = {e["args"]["correlation"]: e for e in xs if e["cat"] == "cuda_runtime"}
     want = collections.defaultdict(list)
     for corr, k in kernels.items():
         api = runtime[corr]
         for ext, r in host.items():  # every range around the launch, on its thread
-            if r["tid"] == api["tid"] and ns(r["ts"]) <= ns(api["ts"]) and \
-                    ns(api["ts"] + api["dur"]) <= ns(r["ts"] + r["dur"]):
+            if (
+                r["tid"] == api["tid"]
+                and ns(r["ts"]) <= ns(api["ts"])
+                and ns(api["ts"] + api["dur"]) <= ns(r["ts"] + r["dur"])
+            ):
                 want[(ext, k["tid"])].append((ns(k["ts"]), ns(k["ts"] + k["dur"])))
     got = collections.defaultdict(list)
     for e in gpu_ranges(trace):
@@ -796,14 +996,21 @@ def test_gpu_user_annotations_nest_on_every_lane(tmp_path, data, n_threads):
 # ---- escaping (property) -------------------------------------------------------------------
 
 # any code point, lone surrogates and JSON's special characters included
-any_text = st.text(st.one_of(st.characters(),
-                             st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
-                             st.sampled_from('"\\/\x00\x01\x1f\n\t\x7f\u2028\ufeff')),
-                   max_size=24)
+any_text = st.text(
+    st.one_of(
+        st.characters(),
+        st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+        st.sampled_from('"\\/\x00\x01\x1f\n\t\x7f\u2028\ufeff'),
+    ),
+    max_size=24,
+)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(label=any_text, qualname=any_text, filename=any_text)
 def test_arbitrary_names_stay_valid_json(tmp_path, label, qualname, filename):
     def victim():
@@ -832,6 +1039,7 @@ def test_arbitrary_names_stay_valid_json(tmp_path, label, qualname, filename):
 
 
 # ---- bad input ----------------------------------------------------------------------------------
+
 
 def test_bad_paths_name_the_path(cpu_prof, tmp_path):
     with pytest.raises(IsADirectoryError, match=re.escape(repr(str(tmp_path)))):
@@ -873,8 +1081,9 @@ def test_write_errors_from_c_name_the_path(cpu_prof, tmp_path):
     from gpuprof.exporters.chrome import trace_meta
 
     with pytest.raises(FileNotFoundError) as info:
-        _gpuprof._write_trace(str(tmp_path / "gone" / "t.json"), window,
-                              trace_meta(res, window, "t"))
+        _gpuprof._write_trace(
+            str(tmp_path / "gone" / "t.json"), window, trace_meta(res, window, "t")
+        )
     assert "gone" in str(info.value)
 
 
@@ -898,12 +1107,14 @@ def test_writer_exceptions_propagate(cpu_prof):
 
 # ---- TensorBoard handler ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("use_gzip", [False, True])
 def test_tensorboard_handler(tmp_path, use_gzip):
     logdir = tmp_path / "log" / "run1"
     handler = gpuprof.tensorboard_trace_handler(logdir, use_gzip=use_gzip)
-    with gpuprof.profile(schedule=gpuprof.schedule(wait=0, warmup=1, active=2, repeat=2),
-                         on_trace_ready=handler) as prof:
+    with gpuprof.profile(
+        schedule=gpuprof.schedule(wait=0, warmup=1, active=2, repeat=2), on_trace_ready=handler
+    ) as prof:
         for _ in range(8):
             work(20)
             prof.step()
@@ -922,9 +1133,10 @@ def test_tensorboard_handler(tmp_path, use_gzip):
 def test_tensorboard_plugin_reads_the_handler_output(tmp_path):
     """The TensorBoard profiler plugin (torch-tb-profiler) lists the handler's file as a
     worker and builds its views from it: three steps, each with its own GPU time."""
-    data = pytest.importorskip("torch_tb_profiler.profiler.data",
-                               reason="the TensorBoard profiler plugin is not installed "
-                                      "(pip install torch-tb-profiler)")
+    data = pytest.importorskip(
+        "torch_tb_profiler.profiler.data",
+        reason="the TensorBoard profiler plugin is not installed (pip install torch-tb-profiler)",
+    )
     from torch_tb_profiler import consts
     from torch_tb_profiler.profiler.event_parser import ProfileRole
     from torch_tb_profiler.profiler.run_generator import RunGenerator
@@ -943,11 +1155,15 @@ def test_tensorboard_plugin_reads_the_handler_output(tmp_path):
     assert cost(ProfileRole.Kernel) == [100.0, 40.0, 13.0]
     assert cost(ProfileRole.Memcpy) == [30.0, 0, 0] and cost(ProfileRole.Memset) == [5.0, 0, 0]
     stats = run.kernel_stat
-    assert dict(zip(stats.index, stats["count"], strict=True)) == {"kernel()": 2,
-                                                                    "gemm(float*, float*)": 2}
+    assert dict(zip(stats.index, stats["count"], strict=True)) == {
+        "kernel()": 2,
+        "gemm(float*, float*)": 2,
+    }
     assert run.used_devices == [0]
-    views = {v.display_name for v in RunGenerator("node_7", match.group(2), run)
-             .generate_run_profile().views}
+    views = {
+        v.display_name
+        for v in RunGenerator("node_7", match.group(2), run).generate_run_profile().views
+    }
     assert {"Overview", "Kernel", "Trace"} <= views
 
 
@@ -972,6 +1188,7 @@ class _FakeProf:
 
 
 # ---- stacks ------------------------------------------------------------------------------------
+
 
 def parse_stacks(path):
     out = []
@@ -1008,16 +1225,19 @@ def test_stacks_cuda(tmp_path):
     export_stacks(res, path, metric="self_cuda_time_total")
     lines = parse_stacks(path)
     tree = res.call_tree()
-    assert sum(v for _, v in lines) == pytest.approx(tree["cuda_self_ns"].sum() / 1000,
-                                                     abs=0.5 * len(tree))
+    assert sum(v for _, v in lines) == pytest.approx(
+        tree["cuda_self_ns"].sum() / 1000, abs=0.5 * len(tree)
+    )
     by_leaf = {f[-1]: v for f, v in lines}
-    assert by_leaf["linear"] == 100 + 30 + 5       # kernel, copy, set launched in the range
+    assert by_leaf["linear"] == 100 + 30 + 5  # kernel, copy, set launched in the range
     assert [f for f, _ in lines if f[-1] == "linear"][0][0] == "ProfilerStep*"
     assert collapsed_stacks(res, "self_device_time_total") == collapsed_stacks(
-        res, "self_cuda_time_total")
+        res, "self_cuda_time_total"
+    )
 
 
 # ---- save / load --------------------------------------------------------------------------------
+
 
 def assert_tables_equal(a, b):
     assert a.dtype == b.dtype and len(a) == len(b)
@@ -1068,8 +1288,9 @@ def test_save_load_round_trip(cpu_prof, tmp_path, which):
 
 
 def test_save_keeps_every_window(tmp_path):
-    with gpuprof.profile(schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=3),
-                         acc_events=True) as prof:
+    with gpuprof.profile(
+        schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=3), acc_events=True
+    ) as prof:
         for _ in range(7):
             work(5)
             prof.step()
@@ -1104,10 +1325,12 @@ def test_saved_strings_survive_surrogates(tmp_path):
 
 # ---- Holistic Trace Analysis ------------------------------------------------------------------
 
+
 def test_hta_reads_the_trace(tmp_path):
     hta = pytest.importorskip(
         "hta.trace_analysis",
-        reason="Holistic Trace Analysis is not installed (pip install HolisticTraceAnalysis)")
+        reason="Holistic Trace Analysis is not installed (pip install HolisticTraceAnalysis)",
+    )
     res = synthetic_gpu_results(real_api_names=True)
     trace_dir = tmp_path / "hta"
     trace_dir.mkdir()
@@ -1119,7 +1342,11 @@ def test_hta_reads_the_trace(tmp_path):
     by_type, by_kernel = analyzer.get_gpu_kernel_breakdown(visualize=False)
     assert set(by_type["kernel_type"]) == {"COMPUTATION", "MEMORY"}
     # HTA leaves out the last step: kernels of steps 0 and 1
-    assert {"kernel()", "gemm(float*, float*)", "Memcpy HtoD (Pinned -> Device)",
-            "Memset (Device)"} == set(by_kernel["name"])
+    assert {
+        "kernel()",
+        "gemm(float*, float*)",
+        "Memcpy HtoD (Pinned -> Device)",
+        "Memset (Device)",
+    } == set(by_kernel["name"])
     launches = analyzer.get_cuda_kernel_launch_stats(visualize=False)[0]
     assert set(launches["correlation"]) >= {7, 10}  # runtime call joined to its kernel

@@ -50,6 +50,7 @@ def check_consistent(prof):
 
 # -- schedules ------------------------------------------------------------------------
 
+
 def reference_action(wait, warmup, active, repeat, skip_first, skip_first_wait, step):
     """torch.profiler.schedule, restated: the action of one step."""
     if step < skip_first:
@@ -90,12 +91,12 @@ def reference_windows(params, last_step):
 
 
 schedule_params = st.tuples(
-    st.integers(0, 4),   # wait
-    st.integers(0, 4),   # warmup
-    st.integers(1, 5),   # active
-    st.integers(0, 4),   # repeat
-    st.integers(0, 6),   # skip_first
-    st.integers(0, 1),   # skip_first_wait
+    st.integers(0, 4),  # wait
+    st.integers(0, 4),  # warmup
+    st.integers(1, 5),  # active
+    st.integers(0, 4),  # repeat
+    st.integers(0, 6),  # skip_first
+    st.integers(0, 1),  # skip_first_wait
 )
 
 
@@ -119,9 +120,14 @@ def test_recorded_windows_match_the_reference(params, n_steps):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # warmup=0 warns at schedule()
-        sched = gpuprof.schedule(wait=params[0], warmup=params[1], active=params[2],
-                                 repeat=params[3], skip_first=params[4],
-                                 skip_first_wait=params[5])
+        sched = gpuprof.schedule(
+            wait=params[0],
+            warmup=params[1],
+            active=params[2],
+            repeat=params[3],
+            skip_first=params[4],
+            skip_first_wait=params[5],
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a cut-short last cycle warns at stop()
         with gpuprof.profile(activities=CPU, schedule=sched, on_trace_ready=ready) as prof:
@@ -137,9 +143,11 @@ def test_recorded_windows_match_the_reference(params, n_steps):
 
 # -- tables: sort keys and widths --------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1)
 def recorded():
     """One profile with Python, C, user-range, step and thread rows (built once)."""
+
     def worker():
         with record_function("worker range"):
             middle(30)
@@ -161,19 +169,28 @@ def data_lines(text):
     lines = text.split("\n")
     rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
     assert len(rules) == 3, text
-    return lines[rules[1] + 1: rules[2]], lines[rules[0]]
+    return lines[rules[1] + 1 : rules[2]], lines[rules[0]]
 
 
 @FUZZ
-@given(sort_by=st.one_of(st.none(), st.sampled_from(sorted(SORT_KEYS))),
-       row_limit=st.one_of(st.none(), st.integers(-1, 40)),
-       name_w=st.integers(4, 120), src_w=st.integers(4, 120),
-       stack_n=st.integers(0, 4), top_level=st.booleans())
+@given(
+    sort_by=st.one_of(st.none(), st.sampled_from(sorted(SORT_KEYS))),
+    row_limit=st.one_of(st.none(), st.integers(-1, 40)),
+    name_w=st.integers(4, 120),
+    src_w=st.integers(4, 120),
+    stack_n=st.integers(0, 4),
+    top_level=st.booleans(),
+)
 def test_valid_table_arguments_never_fail(sort_by, row_limit, name_w, src_w, stack_n, top_level):
     prof = recorded()
     ka = prof.key_averages(group_by_stack_n=stack_n)
-    text = ka.table(sort_by=sort_by, row_limit=row_limit, max_name_column_width=name_w,
-                    max_src_column_width=src_w, top_level_events_only=top_level)
+    text = ka.table(
+        sort_by=sort_by,
+        row_limit=row_limit,
+        max_name_column_width=name_w,
+        max_src_column_width=src_w,
+        top_level_events_only=top_level,
+    )
     rows, rule = data_lines(text)
     n = len(ka)
     limit = n if row_limit is None or row_limit < 0 else min(row_limit, n)
@@ -198,8 +215,9 @@ def test_stack_continuation_lines_fit_the_table():
     # found by test_valid_table_arguments_never_fail (stack_n=2, src_w=25)
     prof = recorded()
     # leaf's innermost caller (middle) has a shorter name than the one above it
-    text = prof.key_averages(group_by_stack_n=2).table(sort_by="count", row_limit=1,
-                                                       max_src_column_width=200)
+    text = prof.key_averages(group_by_stack_n=2).table(
+        sort_by="count", row_limit=1, max_src_column_width=200
+    )
     rows, rule = data_lines(text)
     assert all(len(line) <= len(rule) for line in rows)
 
@@ -214,13 +232,20 @@ def test_unknown_sort_keys_raise_listing_the_valid_ones(sort_by):
     assert all(k in msg for k in SORT_KEYS)
 
 
-bad_width = st.one_of(st.integers(max_value=3), st.booleans(), st.floats(allow_nan=True),
-                      st.text(max_size=3), st.just(None))
+bad_width = st.one_of(
+    st.integers(max_value=3),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.text(max_size=3),
+    st.just(None),
+)
 
 
 @FUZZ
-@given(arg=st.sampled_from(["row_limit", "max_name_column_width", "max_src_column_width"]),
-       value=bad_width)
+@given(
+    arg=st.sampled_from(["row_limit", "max_name_column_width", "max_src_column_width"]),
+    value=bad_width,
+)
 def test_bad_widths_raise_naming_the_argument(arg, value):
     if arg == "row_limit" and (value is None or (type(value) is int and value >= -1)):
         return  # valid row limits
@@ -230,15 +255,18 @@ def test_bad_widths_raise_naming_the_argument(arg, value):
 
 # -- names: arbitrary Unicode and control characters -------------------------------------
 
-any_name = st.text(st.one_of(st.characters(),  # every category, control characters included
-                             st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
-                             st.sampled_from("\n\r\t\x00\x1b\x7f\x85\u2028\u2029\ufeff\u0301")),
-                   max_size=40)
+any_name = st.text(
+    st.one_of(
+        st.characters(),  # every category, control characters included
+        st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+        st.sampled_from("\n\r\t\x00\x1b\x7f\x85\u2028\u2029\ufeff\u0301"),
+    ),
+    max_size=40,
+)
 
 
 @FUZZ
-@given(labels=st.lists(any_name, min_size=1, max_size=6, unique=True),
-       width=st.integers(4, 80))
+@given(labels=st.lists(any_name, min_size=1, max_size=6, unique=True), width=st.integers(4, 80))
 def test_arbitrary_labels_through_the_table(labels, width):
     with gpuprof.profile(activities=CPU) as prof:
         for label in labels:
@@ -278,8 +306,10 @@ def test_arbitrary_labels_through_the_chrome_trace(labels):
         assert label.encode("utf-8", "surrogatepass").decode("utf-8", "replace") in names
 
 
-@pytest.mark.parametrize("label", ["carriage\rreturn", "esc\x1b[2Jclear", "line\u2028sep",
-                                   "lone\ud800surrogate", "nul\x00byte"])
+@pytest.mark.parametrize(
+    "label",
+    ["carriage\rreturn", "esc\x1b[2Jclear", "line\u2028sep", "lone\ud800surrogate", "nul\x00byte"],
+)
 def test_control_characters_do_not_reach_the_printed_table(label):
     with gpuprof.profile(activities=CPU) as prof:
         with record_function(label):
@@ -296,10 +326,10 @@ LABELS = ["a", "b", "c", "a"]  # "a" twice: same-label nesting
 
 step_ops = st.one_of(
     st.tuples(st.just("enter"), st.sampled_from(LABELS)),
-    st.tuples(st.just("exit"), st.integers(0, 40)),        # any opened one, again or out of order
+    st.tuples(st.just("exit"), st.integers(0, 40)),  # any opened one, again or out of order
     st.tuples(st.just("call"), st.just(0)),
     st.tuples(st.just("raise"), st.sampled_from(LABELS)),  # decorated function raising
-    st.tuples(st.just("pop_token"), st.integers(0, 2 ** 64 - 1)),  # forged tokens
+    st.tuples(st.just("pop_token"), st.integers(0, 2**64 - 1)),  # forged tokens
     st.tuples(st.just("step"), st.just(0)),
 )
 
@@ -324,6 +354,7 @@ def test_random_record_function_interleavings(program):
             leaf(0)
             n_leaf += 1
         elif op == "raise":
+
             @record_function(arg)
             def boom():
                 raise ValueError(arg)
@@ -359,7 +390,7 @@ def test_forged_and_stale_tokens_are_ignored():
     with pytest.raises(TypeError):
         _gpuprof.range_pop("a")
     _gpuprof.range_pop(0)  # the "not recording" token
-    _gpuprof.range_pop(2 ** 64 - 1)
+    _gpuprof.range_pop(2**64 - 1)
 
 
 def test_a_range_left_open_across_sessions_does_not_close_another():

@@ -1,13 +1,12 @@
 """GPU attribution through the real C aggregation, fed synthetic records (no GPU needed)."""
 
-
 import gpuprof
 from gpuprof import _gpuprof
 from gpuprof._results import Results
 
 C = _gpuprof._test_constants()
 gpuprof.cuda_status()  # loads libcupti when present: API names and classes come from it
-LAUNCH = 211   # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
+LAUNCH = 211  # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
 DEVSYNC = 165  # CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020
 HAVE_CLASSES = _gpuprof._test_api_key(C["API_RUNTIME"], DEVSYNC)["class"] != 0
 
@@ -46,8 +45,18 @@ def main_thread_events():
 
 
 def kernel(corr, start, end, name_id=0, **kw):
-    rec = dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=start, end_ns=end,
-               name_id=name_id, stream=7, device=0, registers=32, grid_x=8, block_x=256)
+    rec = dict(
+        kind=C["GPU_KERNEL"],
+        correlation=corr,
+        start_ns=start,
+        end_ns=end,
+        name_id=name_id,
+        stream=7,
+        device=0,
+        registers=32,
+        grid_x=8,
+        block_x=256,
+    )
     rec.update(kw)
     return rec
 
@@ -82,7 +91,7 @@ def test_kernel_table_and_gpu_events():
     res = run(main_thread_events(), gpu)
     k = res.kernels()
     assert len(k) == 1
-    assert k[0]["name"] == "kernel()"          # demangled
+    assert k[0]["name"] == "kernel()"  # demangled
     assert k[0]["calls"] == 2 and k[0]["total_ns"] == 140
     assert k[0]["min_ns"] == 40 and k[0]["max_ns"] == 100
     assert k[0]["category"] == "compute"
@@ -94,17 +103,30 @@ def test_kernel_table_and_gpu_events():
 
 
 def test_nccl_kernels_are_communication():
-    res = run(main_thread_events(), [kernel(7, 200, 300, name_id=1)],
-              names=["_Z6kernelv", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"])
+    res = run(
+        main_thread_events(),
+        [kernel(7, 200, 300, name_id=1)],
+        names=["_Z6kernelv", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"],
+    )
     assert res.kernels()[0]["category"] == "communication"
     assert res.steps()[0]["comm_ns"] == 100
 
 
 def test_step_breakdown():
-    gpu = [kernel(7, 200, 300),
-           dict(kind=C["GPU_MEMCPY"], correlation=0, start_ns=320, end_ns=340, bytes=4096,
-                subkind=C["COPY_HTOD"], src_mem=C["MEM_PINNED"], dst_mem=C["MEM_DEVICE"],
-                stream=7)]
+    gpu = [
+        kernel(7, 200, 300),
+        dict(
+            kind=C["GPU_MEMCPY"],
+            correlation=0,
+            start_ns=320,
+            end_ns=340,
+            bytes=4096,
+            subkind=C["COPY_HTOD"],
+            src_mem=C["MEM_PINNED"],
+            dst_mem=C["MEM_DEVICE"],
+            stream=7,
+        ),
+    ]
     res = run(main_thread_events(), gpu)
     s = res.steps()
     assert len(s) == 1
@@ -131,8 +153,15 @@ def test_off_python_launch_is_charged_to_the_blocked_thread():
 
 
 def test_activity_only_api_records_join_by_thread_and_time():
-    api = dict(kind=C["GPU_API"], correlation=11, start_ns=150, end_ns=155, thread_id=101,
-               name_id=key(LAUNCH), subkind=C["API_RUNTIME"])
+    api = dict(
+        kind=C["GPU_API"],
+        correlation=11,
+        start_ns=150,
+        end_ns=155,
+        thread_id=101,
+        name_id=key(LAUNCH),
+        subkind=C["API_RUNTIME"],
+    )
     res = run(main_thread_events(), [api, kernel(11, 600, 650)])
     ops = res.ops()
     train = ops[ops["name"] == "train_step"][0]
@@ -172,8 +201,7 @@ def test_dropped_events_keep_tables_consistent():
         events.append((10 + 2 * i, C["EV_CALL"], TRAIN))
         events.append((11 + 2 * i, C["EV_RETURN"], 0))
     ops = [(C["OP_PYTHON"], train_step.__code__, 0)]
-    raw = _gpuprof._test_aggregate(ops, [(1, 1, events)], [], 0, 10 ** 6, [], 1,
-                                   C["CHUNK_EVENTS"])
+    raw = _gpuprof._test_aggregate(ops, [(1, 1, events)], [], 0, 10**6, [], 1, C["CHUNK_EVENTS"])
     res = Results([raw])
     assert res.dropped_events == n - C["CHUNK_EVENTS"]
     row = res.ops()[0]
@@ -185,8 +213,15 @@ def test_dropped_events_keep_tables_consistent():
 
 def test_activity_only_api_records_from_unknown_threads_go_to_the_blocked_thread():
     # an autograd-style device thread: never ran Python, so gpuprof has no buffer for it
-    api = dict(kind=C["GPU_API"], correlation=12, start_ns=210, end_ns=215, thread_id=999,
-               name_id=key(LAUNCH), subkind=C["API_RUNTIME"])
+    api = dict(
+        kind=C["GPU_API"],
+        correlation=12,
+        start_ns=210,
+        end_ns=215,
+        thread_id=999,
+        name_id=key(LAUNCH),
+        subkind=C["API_RUNTIME"],
+    )
     res = run(main_thread_events(), [api, kernel(12, 220, 260)])
     ev = res.gpu_events()
     assert ev["op_name"][0].startswith("train_step")

@@ -67,8 +67,7 @@ def test_recursion_counts_total_once(no_gc):
     assert row["calls"] == 465  # calls of fib(12)
     tree = prof.call_tree()
     display = f"fib ({__file__.rsplit('/', 1)[-1]}:{fib.__code__.co_firstlineno})"
-    top = tree[(tree["name"] == display)
-               & (tree["calls"] == 1)]
+    top = tree[(tree["name"] == display) & (tree["calls"] == 1)]
     outer = top[np.argmax(top["total_ns"])]
     # The outermost fib's total is the op's total: inner calls are not added again.
     assert row["cpu_total_ns"] == outer["total_ns"]
@@ -187,13 +186,18 @@ def test_started_and_stopped_at_depth(no_gc):
         leaf(2)
         prof.stop()
 
-    inner_start()   # returns from a frame entered before the window
+    inner_start()  # returns from a frame entered before the window
     middle(3)
-    inner_stop()    # a frame still open when the window closes
+    inner_stop()  # a frame still open when the window closes
     assert _row(prof, "middle")["calls"] == 1
     assert _row(prof, "leaf")["calls"] == 5
-    assert _row(prof, inner_stop.__code__.co_name if sys.version_info < (3, 11)
-                else inner_stop.__qualname__)["calls"] == 1
+    assert (
+        _row(
+            prof,
+            inner_stop.__code__.co_name if sys.version_info < (3, 11) else inner_stop.__qualname__,
+        )["calls"]
+        == 1
+    )
     ops = prof.ops()
     assert (ops["cpu_self_ns"] >= 0).all()
     assert (ops["cpu_total_ns"] >= 0).all()
@@ -236,7 +240,8 @@ def test_c_call_sites_resolve_to_the_callers_line():
 
     data = []
     with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
-        data.append(1); line = inspect.currentframe().f_lineno  # noqa: E702
+        line = inspect.currentframe().f_lineno + 1  # the next line's
+        data.append(1)
     ops = prof.ops()
     row = int(np.flatnonzero(ops["name"] == "list.append")[0])
     spans = prof.results.spans()

@@ -29,6 +29,7 @@ PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuprof.__file__)))
 
 # -- workload and helpers ------------------------------------------------------
 
+
 def leaf(x):
     return x + 1
 
@@ -52,8 +53,9 @@ def check_consistent(prof_or_results):
     assert (ops["calls"] >= 0).all()
     assert (ops["cpu_self_ns"] >= 0).all(), ops[ops["cpu_self_ns"] < 0]
     assert (ops["cpu_total_ns"] >= 0).all(), ops[ops["cpu_total_ns"] < 0]
-    assert (ops["cpu_total_ns"] >= ops["cpu_self_ns"]).all(), \
-        ops[ops["cpu_total_ns"] < ops["cpu_self_ns"]]
+    assert (ops["cpu_total_ns"] >= ops["cpu_self_ns"]).all(), ops[
+        ops["cpu_total_ns"] < ops["cpu_self_ns"]
+    ]
     assert (ops["cpu_min_ns"] <= ops["cpu_max_ns"]).all()
     threads = res.threads()
     # Every nanosecond a thread spent inside a profiled call is some op's self time.
@@ -101,8 +103,14 @@ def run_python(code, timeout=60, **kw):
     """Run `code` in a fresh interpreter that imports this checkout's gpuprof."""
     env = dict(os.environ)
     env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, env=env, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kw,
+    )
 
 
 # -- interpreter exit while a profile is active ---------------------------------
@@ -197,6 +205,7 @@ def test_keyboard_interrupt_at_top_level_while_profiling():
 
 
 # -- threads -----------------------------------------------------------------------
+
 
 def test_eight_threads_while_profiling_starts_and_stops_repeatedly():
     # given 8 threads calling functions nonstop
@@ -319,6 +328,7 @@ def test_started_in_one_thread_stopped_in_another():
 
 # -- fork ------------------------------------------------------------------------------
 
+
 def _child_checks(w):
     """In a forked child: no hook, and a fresh profile of its own works."""
     ok = sys.getprofile() is None
@@ -390,8 +400,9 @@ def test_fork_inside_a_thread_while_another_thread_records(fork_ok):
 def test_fork_from_the_main_thread_under_a_schedule(fork_ok):
     sched = gpuprof.schedule(wait=0, warmup=1, active=2)
     windows = []
-    with gpuprof.profile(activities=CPU, schedule=sched,
-                         on_trace_ready=lambda p: windows.append(calls(p, "middle"))) as prof:
+    with gpuprof.profile(
+        activities=CPU, schedule=sched, on_trace_ready=lambda p: windows.append(calls(p, "middle"))
+    ) as prof:
         for step in range(9):
             middle(3)
             if step % 3 == 1:
@@ -403,6 +414,7 @@ def test_fork_from_the_main_thread_under_a_schedule(fork_ok):
 
 
 # -- deep stacks, exceptions, interrupts ----------------------------------------------
+
 
 def descend(n):
     if n == 0:
@@ -439,9 +451,12 @@ def test_recursion_error_unwinds_cleanly(no_gc):
     check_consistent(prof)
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="CPython 3.10 overflows the C stack at "
-                    "this depth under any profile function (a no-op sys.setprofile or cProfile "
-                    "crash the same way); 3.11+ does not recurse in C for Python calls")
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="CPython 3.10 overflows the C stack at "
+    "this depth under any profile function (a no-op sys.setprofile or cProfile "
+    "crash the same way); 3.11+ does not recurse in C for Python calls",
+)
 def test_very_deep_recursion_with_a_raised_limit(no_gc):
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(30_000)
@@ -480,8 +495,10 @@ def sort_with_raising_key(depth):
     return sorted(range(6), key=key)
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
-                    reason="KeyboardInterrupt from SIGINT is delivered to the main thread")
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="KeyboardInterrupt from SIGINT is delivered to the main thread",
+)
 def test_exceptions_and_interrupts_at_many_depths(no_gc):
     n_raise = n_int = n_sort = 0
     with gpuprof.profile(activities=CPU) as prof:
@@ -506,8 +523,9 @@ def test_exceptions_and_interrupts_at_many_depths(no_gc):
 
 
 def test_interrupt_inside_a_record_function_and_a_step():
-    with gpuprof.profile(activities=CPU,
-                         schedule=gpuprof.schedule(wait=0, warmup=1, active=3)) as prof:
+    with gpuprof.profile(
+        activities=CPU, schedule=gpuprof.schedule(wait=0, warmup=1, active=3)
+    ) as prof:
         for _step in range(8):
             try:
                 with gpuprof.record_function("outer"):
@@ -525,6 +543,7 @@ def test_interrupt_inside_a_record_function_and_a_step():
 
 
 # -- generators and async tasks abandoned midway ---------------------------------------
+
 
 def counter(n):
     for i in range(n):
@@ -678,6 +697,7 @@ def test_async_tasks_abandoned_mid_iteration(no_gc):
 
 # -- other profilers -----------------------------------------------------------------
 
+
 def test_a_setprofile_function_set_before_makes_start_raise():
     def someone_elses_profiler(frame, event, arg):
         return None
@@ -785,6 +805,7 @@ def test_user_code_replacing_the_hook_midway_does_not_break_stop():
 
 # -- a full event buffer ------------------------------------------------------------
 
+
 def test_buffer_limit_drops_counts_and_stays_consistent(no_gc):
     # given a budget of 100,000 events and a workload of ~4 million
     with gpuprof.profile(activities=CPU, max_events=100_000) as prof:
@@ -816,8 +837,9 @@ def test_buffer_limit_with_threads_and_a_schedule(no_gc):
         check_consistent(p)
         windows.append((p.dropped_events, calls(p, "leaf")))
 
-    with gpuprof.profile(activities=CPU, max_events=50_000, schedule=sched,
-                         on_trace_ready=ready) as prof:
+    with gpuprof.profile(
+        activities=CPU, max_events=50_000, schedule=sched, on_trace_ready=ready
+    ) as prof:
         for step in range(6):
             if step == 1:  # heavy step: four threads plus main overflow the budget
                 ts = [threading.Thread(target=middle, args=(40_000,)) for _ in range(4)]

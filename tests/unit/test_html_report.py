@@ -30,8 +30,7 @@ def page_data(path):
     """The JSON document inside a written page."""
     with open(path, encoding="utf-8", errors="surrogatepass") as f:
         text = f.read()
-    m = re.search(r'<script type="application/json" id="gpuprof-data">(.*?)</script>', text,
-                  re.S)
+    m = re.search(r'<script type="application/json" id="gpuprof-data">(.*?)</script>', text, re.S)
     assert m, "no data element"
     return json.loads(m.group(1)), text
 
@@ -50,6 +49,7 @@ def report(training, tmp_path_factory):
 
 # ---- one file, no network --------------------------------------------------------------------
 
+
 def test_the_page_carries_its_scripts_and_data_and_may_fetch_nothing(report):
     data, text = report
     assert text.startswith("<!DOCTYPE html>")
@@ -59,8 +59,10 @@ def test_the_page_carries_its_scripts_and_data_and_may_fetch_nothing(report):
     assert "default-src 'none'" in csp and "connect-src" not in csp
     # the only address in the file is Perfetto's, opened by its button (and the SVG
     # namespace's name, which is never fetched)
-    assert set(re.findall(r"https?://[\w./-]+", text)) == {"https://ui.perfetto.dev",
-                                                          "http://www.w3.org/2000/svg"}
+    assert set(re.findall(r"https?://[\w./-]+", text)) == {
+        "https://ui.perfetto.dev",
+        "http://www.w3.org/2000/svg",
+    }
     assert text.count("<script") == 2  # the data and the page's own script
 
 
@@ -72,15 +74,17 @@ def test_names_from_the_profile_cannot_end_the_data_element(report):
 
 # ---- the same figures as the text reports ---------------------------------------------------
 
+
 def test_diagnosis_is_prof_diagnose(training, report):
     data, _ = report
     want = diagnose(training).to_dict()
     got = data["diagnosis"]
     assert got["summary"] == want["summary"]
-    assert [{k: v for k, v in f.items() if k != "evidence_text"} for f in got["findings"]] == \
-        json.loads(json.dumps(want["findings"]))
+    assert [
+        {k: v for k, v in f.items() if k != "evidence_text"} for f in got["findings"]
+    ] == json.loads(json.dumps(want["findings"]))
     kinds = [f["kind"] for f in got["findings"]]
-    assert kinds[:3] == ["data_stall", "gpu_idle", "sync_point"]
+    assert kinds[:4] == ["data_stall", "no_mixed_precision", "gpu_idle", "sync_point"]
     stall = got["findings"][0]
     assert stall["location"] == where(gpuprof_loader_next())
     assert ["wait_per_step_ns", "300.000us"] in stall["evidence_text"]
@@ -97,15 +101,17 @@ def test_op_table_has_the_rows_and_cells_of_key_averages_table(training, report)
     data, _ = report
     ops = data["ops"]
     ka = gpuprof.KeyAverages(training, show_memory=True)
-    text_rows = rows_of(ka.table(sort_by="self_cuda_time_total", row_limit=-1,
-                                 max_name_column_width=1000))
+    text_rows = rows_of(
+        ka.table(sort_by="self_cuda_time_total", row_limit=-1, max_name_column_width=1000)
+    )
     cols = [c["title"] for c in ops["columns"]]
     assert cols[ops["sort"]] == "Self CUDA"
     # the page's rows, in its default order (Self CUDA, most first; ties in row order)
     order = sorted(range(len(ops["rows"])), key=lambda i: (-ops["keys"][i][ops["sort"]], i))
     assert len(order) == len(text_rows) == len(ka)
-    assert [ops["rows"][i] for i in order if HOSTILE not in ops["rows"][i][0]] == \
-        [r for r in text_rows if not r[0].startswith("</script>")]
+    assert [ops["rows"][i] for i in order if HOSTILE not in ops["rows"][i][0]] == [
+        r for r in text_rows if not r[0].startswith("</script>")
+    ]
     assert ops["rows"][order[0]][0] == f"forward ({where(forward)})"
     # every numeric column sorts by the number it shows
     calls = cols.index("# of Calls")
@@ -126,8 +132,15 @@ def test_step_bars_are_step_breakdown_and_mark_the_window(training, report):
     data, _ = report
     b = step_breakdown(training)
     got = data["steps"]["breakdown"]
-    for field in ("step", "step_ns", "gpu_busy_ns", "comm_ns", "data_wait_ns", "sync_wait_ns",
-                  "idle_ns"):
+    for field in (
+        "step",
+        "step_ns",
+        "gpu_busy_ns",
+        "comm_ns",
+        "data_wait_ns",
+        "sync_wait_ns",
+        "idle_ns",
+    ):
         assert got[field] == b[field].tolist(), field
     assert got["data_wait_ns"] == [300 * US] * 6
     (w,) = data["steps"]["windows"]
@@ -164,9 +177,13 @@ def test_flame_graph_leaves_out_paths_too_small_to_see_and_keeps_their_callers()
     res = launch_bound_results(steps=3, layers=4)
     tree = res.call_tree()
     cut = FLAME_MIN_SHARE * tree["total_ns"][tree["parent"] < 0].sum()
-    small = (tree["total_ns"] < cut) & ((tree["cuda_total_ns"] == 0) |
-                                        (tree["cuda_total_ns"] < FLAME_MIN_SHARE *
-                                         tree["cuda_total_ns"][tree["parent"] < 0].sum()))
+    small = (tree["total_ns"] < cut) & (
+        (tree["cuda_total_ns"] == 0)
+        | (
+            tree["cuda_total_ns"]
+            < FLAME_MIN_SHARE * tree["cuda_total_ns"][tree["parent"] < 0].sum()
+        )
+    )
     # given: a window of 750 us has call paths under 75 ns: make one
     raw = dict(res.windows[0])
     nodes = raw["nodes"].copy()
@@ -199,8 +216,11 @@ def test_memory_shows_the_peak_and_the_line_that_reached_it(training, report):
 
 
 def test_a_cpu_profile_reports_host_memory_and_says_there_is_no_gpu(tmp_path):
-    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], profile_memory=True,
-                         memory_sample_interval_s=0.001) as prof:
+    with gpuprof.profile(
+        activities=[gpuprof.ProfilerActivity.CPU],
+        profile_memory=True,
+        memory_sample_interval_s=0.001,
+    ) as prof:
         for _ in range(4):
             data = [float(i) for i in range(200_000)]
             sum(data)
@@ -224,8 +244,8 @@ def test_memory_not_recorded_is_said(tmp_path):
 
 
 def test_a_loaded_profile_gives_the_same_report(training, tmp_path):
+    from gpuprof._loaded import LoadedProfile
     from gpuprof.exporters.html import report_data
-    from gpuprof.exporters.saved import LoadedProfile
 
     saved = gpuprof.load(gpuprof.exporters.save(training, tmp_path / "run.gpuprof"))
     assert isinstance(saved, LoadedProfile)
@@ -257,13 +277,13 @@ def test_per_process_section_with_subprocesses(tmp_path):
     assert sorted(r[0] for r in p["workers_ops"]["rows"]) == sorted(workers.display)
     assert any(r[0].startswith("square_slowly") for r in p["workers_ops"]["rows"])
     # without subprocesses=True there is no such section
-    assert page_data(export_html(training_results(), tmp_path / "one.html"))[0][
-        "processes"] is None
+    assert page_data(export_html(training_results(), tmp_path / "one.html"))[0]["processes"] is None
 
 
 def test_per_rank_section_in_a_distributed_job(tmp_path):
-    res = training_results(meta={"distributed_info": {"rank": 1, "world_size": 2,
-                                                      "backend": "nccl"}})
+    res = training_results(
+        meta={"distributed_info": {"rank": 1, "world_size": 2, "backend": "nccl"}}
+    )
     data, _ = page_data(export_html(res, tmp_path / "r.html"))
     r = data["ranks"]
     assert (r["rank"], r["world_size"], r["info"]["backend"]) == (1, 2, "nccl")
@@ -278,11 +298,15 @@ def test_trace_is_linked_relative_to_the_page(training, tmp_path):
     trace = gpuprof.exporters.export_chrome_trace(training, tmp_path / "t.pt.trace.json.gz")
     os.makedirs(tmp_path / "sub")
     data, _ = page_data(export_html(training, tmp_path / "sub" / "r.html", trace=trace))
-    assert data["trace"] == {"href": "../t.pt.trace.json.gz", "name": "t.pt.trace.json.gz",
-                             "exists": True}
+    assert data["trace"] == {
+        "href": "../t.pt.trace.json.gz",
+        "name": "t.pt.trace.json.gz",
+        "exists": True,
+    }
 
 
 # ---- size --------------------------------------------------------------------------------------
+
 
 def test_a_200_step_launch_bound_window_stays_small(tmp_path):
     res = launch_bound_results(steps=200, layers=48)
@@ -292,6 +316,7 @@ def test_a_200_step_launch_bound_window_stays_small(tmp_path):
 
 
 # ---- bad input ----------------------------------------------------------------------------------
+
 
 def test_bad_arguments_are_refused_naming_them(training, tmp_path):
     with pytest.raises(OSError, match="export_html.*is a directory|export_html.*folder"):
@@ -309,10 +334,12 @@ def test_bad_arguments_are_refused_naming_them(training, tmp_path):
 
 # ---- comparison page ----------------------------------------------------------------------------
 
+
 def test_compare_page_shows_the_comparison(tmp_path):
     before = gpuprof.exporters.save(training_results(), tmp_path / "before.gpuprof")
-    after = gpuprof.exporters.save(training_results(gemm_us=100, loader_us=30),
-                                   tmp_path / "after.gpuprof")
+    after = gpuprof.exporters.save(
+        training_results(gemm_us=100, loader_us=30), tmp_path / "after.gpuprof"
+    )
     c = gpuprof.compare(before, after)
     assert c.speedup > 1.3
     data, text = page_data(c.export_html(tmp_path / "cmp.html"))
@@ -322,16 +349,21 @@ def test_compare_page_shows_the_comparison(tmp_path):
     assert [r[0] for r in data["kernels"]["rows"]] == [d.name for d in c.kernels]
     gemm = data["kernels"]["rows"][0]
     assert gemm[:4] == ["ampere_sgemm_128x64_nn", "400.000us", "100.000us", "-300.000us"]
-    assert data["findings"] == {"gone": c.findings_gone, "new": c.findings_new,
-                                "kept": c.findings_kept}
+    assert data["findings"] == {
+        "gone": c.findings_gone,
+        "new": c.findings_new,
+        "kept": c.findings_kept,
+    }
     assert data["breakdown"][0]["data_wait_ns"] == 300 * US
-    assert data["diagnoses"][1] == json.loads(json.dumps(diagnose(gpuprof.load(after).results)
-                                                         .to_dict()))
+    assert data["diagnoses"][1] == json.loads(
+        json.dumps(diagnose(gpuprof.load(after).results).to_dict())
+    )
     with pytest.raises(TypeError, match="compare"):
         gpuprof.exporters.export_compare_html(object(), tmp_path / "x.html")
 
 
 # ---- packaging --------------------------------------------------------------------------------
+
 
 def test_the_page_assets_ship_with_the_package():
     from pathlib import PurePosixPath

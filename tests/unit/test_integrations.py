@@ -67,11 +67,13 @@ def read_csv(path):
 def trace_steps(path):
     with gzip.open(path, "rt") as f:
         doc = json.load(f)
-    return sorted(e["name"] for e in doc["traceEvents"]
-                  if str(e.get("name", "")).startswith("ProfilerStep#"))
+    return sorted(
+        e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
 
 
 # ---- Lightning ---------------------------------------------------------------------------
+
 
 def lightning_or_skip():
     return pytest.importorskip("lightning", reason="Lightning is not installed (make frameworks)")
@@ -81,8 +83,9 @@ def make_module(L, fail_at=None):
     class Regressor(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                           torch.nn.Linear(32, 1))
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+            )
 
         def training_step(self, batch, batch_idx):
             if fail_at is not None and self.global_step == fail_at:
@@ -98,22 +101,39 @@ def make_module(L, fail_at=None):
     return Regressor()
 
 
-def fit(L, tmp_path, profiler, *, max_steps=12, sleep=0.0, batch_size=2, logger=True,
-        accumulate=1, fail_at=None):
+def fit(
+    L,
+    tmp_path,
+    profiler,
+    *,
+    max_steps=12,
+    sleep=0.0,
+    batch_size=2,
+    logger=True,
+    accumulate=1,
+    fail_at=None,
+):
     from lightning.pytorch.loggers import CSVLogger
 
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, profiler=profiler,
-                        logger=CSVLogger(str(tmp_path / "logs")) if logger else False,
-                        default_root_dir=str(tmp_path), log_every_n_steps=1,
-                        accumulate_grad_batches=accumulate, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        profiler=profiler,
+        logger=CSVLogger(str(tmp_path / "logs")) if logger else False,
+        default_root_dir=str(tmp_path),
+        log_every_n_steps=1,
+        accumulate_grad_batches=accumulate,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     data = torch.utils.data.DataLoader(SlowSamples(sleep=sleep), batch_size=batch_size)
     trainer.fit(make_module(L, fail_at), data)
     return trainer
 
 
-def test_lightning_fit_records_batches_and_logs_their_metrics_to_the_csv_logger(tmp_path,
-                                                                                mode):
+def test_lightning_fit_records_batches_and_logs_their_metrics_to_the_csv_logger(tmp_path, mode):
     L = lightning_or_skip()
     from gpuprof.integrations.lightning import GpuprofProfiler
 
@@ -139,14 +159,16 @@ def test_lightning_fit_records_batches_and_logs_their_metrics_to_the_csv_logger(
     for r, s in zip(ours, steps):
         assert float(r["gpuprof/step_time_ms"]) == pytest.approx(s["step_ns"] / 1e6)
         assert float(r["gpuprof/data_wait_pct"]) == pytest.approx(
-            100 * s["data_wait_ns"] / s["step_ns"])
+            100 * s["data_wait_ns"] / s["step_ns"]
+        )
     # GPU figures are left out without GPU capture, not written as zeros
     assert CPU_METRICS <= set(rows[0]) and "gpuprof/gpu_busy_pct" not in rows[0]
     # files: PyTorchProfiler's layout in the log dir, the last window's two steps
     traces = glob.glob(os.path.join(trainer.log_dir, "fit.*.pt.trace.json.gz"))
     assert len(traces) == 1 and profiler.files[0] == traces[0]
-    assert trace_steps(traces[0]) == sorted(f"ProfilerStep#{k}" for k in (
-        (8, 9) if mode == "continuous" else (1, 2)))  # a profile per window counts from 0
+    assert trace_steps(traces[0]) == sorted(
+        f"ProfilerStep#{k}" for k in ((8, 9) if mode == "continuous" else (1, 2))
+    )  # a profile per window counts from 0
     loaded = gpuprof.load(os.path.join(trainer.log_dir, "fit.gpuprof"))
     assert len(loaded.steps()) == 2
     # the summary: the op table, the step metrics and the diagnosis
@@ -154,8 +176,10 @@ def test_lightning_fit_records_batches_and_logs_their_metrics_to_the_csv_logger(
     assert text.startswith("FIT Profiler Report (gpuprof)")
     assert "Self CPU" in text and "Step metrics" in text and "Data wait" in text
     assert "over 4 recorded steps, steps 3-9" in text
-    assert "Input pipeline stall: the training loop waits in " \
-           "[_TrainingEpochLoop].train_dataloader_next" in text
+    assert (
+        "Input pipeline stall: the training loop waits in "
+        "[_TrainingEpochLoop].train_dataloader_next" in text
+    )
     assert "hottest_inside=time.sleep" in text
     assert profiler.prof.key_averages().table().startswith("-")  # the last window's view
 
@@ -164,8 +188,9 @@ def test_lightning_data_wait_is_small_when_batches_are_in_memory(tmp_path):
     L = lightning_or_skip()
     from gpuprof.integrations.lightning import GpuprofProfiler
 
-    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=1, warmup=1, active=5, repeat=1),
-                               output=False)
+    profiler = GpuprofProfiler(
+        schedule=gpuprof.schedule(wait=1, warmup=1, active=5, repeat=1), output=False
+    )
     fit(L, tmp_path, profiler, max_steps=8, batch_size=64, logger=False)
     steps = profiler.steps()
     assert list(steps["step"]) == [2, 3, 4, 5, 6]
@@ -175,8 +200,7 @@ def test_lightning_data_wait_is_small_when_batches_are_in_memory(tmp_path):
     assert profiler.files == []
 
 
-def test_lightning_gradient_accumulation_steps_are_batches_logged_at_lightnings_step(
-        tmp_path):
+def test_lightning_gradient_accumulation_steps_are_batches_logged_at_lightnings_step(tmp_path):
     L = lightning_or_skip()
     from gpuprof.integrations.lightning import GpuprofProfiler
 
@@ -193,8 +217,12 @@ def test_lightning_output_and_filename_name_the_files(tmp_path):
     from gpuprof.integrations.lightning import GpuprofProfiler
 
     out = tmp_path / "prof"
-    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=1, warmup=1, active=1, repeat=1),
-                               output=out, filename="perf", log_metrics=False)
+    profiler = GpuprofProfiler(
+        schedule=gpuprof.schedule(wait=1, warmup=1, active=1, repeat=1),
+        output=out,
+        filename="perf",
+        log_metrics=False,
+    )
     trainer = fit(L, tmp_path, profiler, max_steps=4)
     names = sorted(os.listdir(out))
     assert len(names) == 3, names
@@ -235,8 +263,10 @@ def test_lightning_calls_only_the_end_of_training_hook_of_the_profilers_callback
     # no per-batch hook of its own (each would cost every batch a profiled hook call):
     # only the end of training, and Callback's setup and teardown, once per fit
     assert sorted(a for a in profiler.seen if "GpuprofProfiler" in a) == [
-        "[Callback]GpuprofProfiler.on_train_end", "[Callback]GpuprofProfiler.setup",
-        "[Callback]GpuprofProfiler.teardown"]
+        "[Callback]GpuprofProfiler.on_train_end",
+        "[Callback]GpuprofProfiler.setup",
+        "[Callback]GpuprofProfiler.teardown",
+    ]
     assert list(profiler.steps()["step"]) == [2]
 
 
@@ -272,11 +302,18 @@ def test_lightning_validate_and_test_are_not_profiled(tmp_path):
             x, y = batch
             self.log("test_loss", torch.nn.functional.mse_loss(self.net(x), y))
 
-    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=1),
-                               output=False)
-    trainer = L.Trainer(accelerator="cpu", max_steps=3, profiler=profiler, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    profiler = GpuprofProfiler(
+        schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=1), output=False
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        profiler=profiler,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     data = torch.utils.data.DataLoader(SlowSamples(), batch_size=4)
     model = WithTest()
     trainer.fit(model, data)
@@ -292,24 +329,28 @@ def test_the_pytorch_lightning_package_name(tmp_path):
     pl = pytest.importorskip("pytorch_lightning", reason="pytorch_lightning is not installed")
     from gpuprof.integrations.pytorch_lightning import GpuprofProfiler
 
-    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=0, warmup=1, active=2, repeat=1),
-                               output=False)
+    profiler = GpuprofProfiler(
+        schedule=gpuprof.schedule(wait=0, warmup=1, active=2, repeat=1), output=False
+    )
     assert isinstance(profiler, pl.profilers.Profiler)
     fit(pl, tmp_path, profiler, max_steps=4, logger=False)
     assert list(profiler.steps()["step"]) == [1, 2]
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(output=3), TypeError, "output must be a folder"),
-    (dict(log_metrics="yes"), TypeError, "log_metrics must be a bool"),
-    (dict(row_limit=-2), ValueError, "row_limit must be an int >= -1"),
-    (dict(acc_events=True), ValueError, "acc_events=True is not supported"),
-    (dict(output="a", dirpath="b"), ValueError, "give output= or dirpath="),
-    (dict(filename="a/b"), ValueError, "filename must be a file name"),
-    (dict(schedule=3), TypeError, "schedule must be"),
-    (dict(max_events=0), ValueError, "max_events must be a positive int"),
-    (dict(sort_by="cpu"), ValueError, "sort_by must be None or a key_averages"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(output=3), TypeError, "output must be a folder"),
+        (dict(log_metrics="yes"), TypeError, "log_metrics must be a bool"),
+        (dict(row_limit=-2), ValueError, "row_limit must be an int >= -1"),
+        (dict(acc_events=True), ValueError, "acc_events=True is not supported"),
+        (dict(output="a", dirpath="b"), ValueError, "give output= or dirpath="),
+        (dict(filename="a/b"), ValueError, "filename must be a file name"),
+        (dict(schedule=3), TypeError, "schedule must be"),
+        (dict(max_events=0), ValueError, "max_events must be a positive int"),
+        (dict(sort_by="cpu"), ValueError, "sort_by must be None or a key_averages"),
+    ],
+)
 def test_lightning_bad_arguments_are_named(kwargs, error, match):
     lightning_or_skip()
     from gpuprof.integrations.lightning import GpuprofProfiler
@@ -329,6 +370,7 @@ def test_lightning_output_that_is_a_file_is_refused(tmp_path):
 
 
 # ---- Hugging Face Trainer --------------------------------------------------------------
+
 
 def hf_or_skip():
     pytest.importorskip("transformers", reason="transformers is not installed (make frameworks)")
@@ -355,16 +397,25 @@ class Tokens(torch.utils.data.Dataset):
 
 def hf_train(transformers, tmp_path, callbacks, *, max_steps=10, sleep=0.0, accumulate=1):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=8, n_embd=16, n_layer=1,
-                                     n_head=2, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     model = transformers.GPT2LMHeadModel(config)  # built from a config: nothing downloaded
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=2, max_steps=max_steps,
-        gradient_accumulation_steps=accumulate, use_cpu=True, report_to=[],
-        save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(sleep),
-                                   callbacks=callbacks)
+        output_dir=str(tmp_path / "hf"),
+        per_device_train_batch_size=2,
+        max_steps=max_steps,
+        gradient_accumulation_steps=accumulate,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens(sleep), callbacks=callbacks
+    )
     trainer.train()
     return trainer
 
@@ -375,6 +426,7 @@ def test_hf_trainer_records_optimizer_steps_and_logs_through_trainer_log(tmp_pat
 
     class Reporter(transformers.TrainerCallback):
         """What a report_to integration sees: every on_log."""
+
         logs = []
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -413,8 +465,11 @@ def test_hf_gradient_accumulation_a_step_is_an_optimizer_step(tmp_path):
     transformers = hf_or_skip()
     from gpuprof.integrations.transformers import GpuprofCallback
 
-    cb = GpuprofCallback(schedule=gpuprof.schedule(wait=1, warmup=1, active=2, repeat=1),
-                         output=False, log_metrics=False)
+    cb = GpuprofCallback(
+        schedule=gpuprof.schedule(wait=1, warmup=1, active=2, repeat=1),
+        output=False,
+        log_metrics=False,
+    )
     trainer = hf_train(transformers, tmp_path, [cb], max_steps=4, accumulate=3)
     assert list(cb.steps()["step"]) == [2, 3]
     # each recorded step ran 3 forward/backward passes
@@ -436,6 +491,7 @@ def test_hf_bad_arguments_are_named():
 
 # ---- accelerate --------------------------------------------------------------------------
 
+
 def test_accelerate_loop_logs_to_the_accelerators_trackers(tmp_path, mode):
     pytest.importorskip("accelerate", reason="accelerate is not installed (make frameworks)")
     from accelerate import Accelerator
@@ -444,6 +500,7 @@ def test_accelerate_loop_logs_to_the_accelerators_trackers(tmp_path, mode):
 
     class Recorder(GeneralTracker):
         """A tracker, as W&B's or TensorBoard's: keeps what accelerator.log sends."""
+
         name = "recorder"
         requires_logging_directory = False
 
@@ -498,6 +555,7 @@ def test_accelerate_needs_an_accelerator():
 
 # ---- what every integration shares ----------------------------------------------------------
 
+
 def test_logged_metrics_are_shares_of_the_step_and_leave_out_what_was_not_measured():
     from gpuprof.integrations import logged_metrics
 
@@ -505,13 +563,20 @@ def test_logged_metrics_are_shares_of_the_step_and_leave_out_what_was_not_measur
     row["step_ns"], row["data_wait_ns"], row["gpu_busy_ns"] = 4_000_000, 1_000_000, 3_000_000
     row["sync_wait_ns"], row["comm_ns"], row["kernels"] = 400_000, 200_000, 57
     row["peak_memory_bytes"] = -1
-    assert logged_metrics(row, gpu=False) == {"gpuprof/step_time_ms": 4.0,
-                                              "gpuprof/data_wait_pct": 25.0}
+    assert logged_metrics(row, gpu=False) == {
+        "gpuprof/step_time_ms": 4.0,
+        "gpuprof/data_wait_pct": 25.0,
+    }
     row["peak_memory_bytes"] = 3 * 2**20
     assert logged_metrics(row, gpu=True) == {
-        "gpuprof/step_time_ms": 4.0, "gpuprof/data_wait_pct": 25.0,
-        "gpuprof/gpu_busy_pct": 75.0, "gpuprof/sync_wait_pct": 10.0, "gpuprof/comm_pct": 5.0,
-        "gpuprof/kernels": 57.0, "gpuprof/peak_memory_mib": 3.0}
+        "gpuprof/step_time_ms": 4.0,
+        "gpuprof/data_wait_pct": 25.0,
+        "gpuprof/gpu_busy_pct": 75.0,
+        "gpuprof/sync_wait_pct": 10.0,
+        "gpuprof/comm_pct": 5.0,
+        "gpuprof/kernels": 57.0,
+        "gpuprof/peak_memory_mib": 3.0,
+    }
     assert set(logged_metrics(row, gpu=True)) == set(METRIC_NAMES)
 
 
@@ -525,6 +590,7 @@ def test_the_summary_table_gives_median_and_max_of_each_metric():
     rows["gpu_busy_ns"] = [1_000_000, 1_000_000, 3_000_000]  # 50%, 25%, 100%
     rows["kernels"] = [10, 30, 20]
     rows["peak_memory_bytes"] = [-1, 100 * 2**20, 300 * 2**20]  # the first not measured
+
     def cells(table):
         """{metric: [median, max]} of the table's text."""
         rows = [re.split(r"\s{2,}", line) for line in str(table).splitlines()[4:-2]]
@@ -532,8 +598,11 @@ def test_the_summary_table_gives_median_and_max_of_each_metric():
 
     cpu = metrics_table(rows, gpu=False)
     # peak memory is shown wherever it was measured (it is PyTorch's, not GPU capture's)
-    assert cells(cpu) == {"Step time": ["3.000ms", "4.000ms"], "Data wait": ["10.0%", "50.0%"],
-                          "Peak memory": ["200.0 MiB", "300.0 MiB"]}  # the measured steps
+    assert cells(cpu) == {
+        "Step time": ["3.000ms", "4.000ms"],
+        "Data wait": ["10.0%", "50.0%"],
+        "Peak memory": ["200.0 MiB", "300.0 MiB"],
+    }  # the measured steps
     assert str(cpu).endswith("over 3 recorded steps, steps 99-299\n")
     gpu = cells(metrics_table(rows, gpu=True))
     assert gpu["GPU busy"] == ["50.0%", "100.0%"] and gpu["Kernels"] == ["20", "30"]
@@ -543,8 +612,10 @@ def test_the_summary_table_gives_median_and_max_of_each_metric():
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "integrations.md")
 
 
-@pytest.mark.parametrize("example, needs", [
-    (0, ("lightning",)), (1, ("transformers", "accelerate")), (2, ("accelerate",))])
+@pytest.mark.parametrize(
+    "example, needs",
+    [(0, ("lightning",)), (1, ("transformers", "accelerate")), (2, ("accelerate",))],
+)
 def test_the_examples_of_docs_integrations_md_run(example, needs, tmp_path):
     """Each framework's copy-paste example, as the page shows it, in a fresh process."""
     for package in needs:
@@ -555,8 +626,14 @@ def test_the_examples_of_docs_integrations_md_run(example, needs, tmp_path):
     # one thread per process: on a small shared machine, PyTorch's thread pool spinning on
     # tiny matrices takes most of the time
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-c", blocks[example]], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", blocks[example]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # each printed the step metrics of its recorded steps: one in 100, from step 99
     if example == 1:  # log_history entries, logged at global steps 100 and 200
@@ -569,22 +646,29 @@ def test_the_examples_of_docs_integrations_md_run(example, needs, tmp_path):
 
 
 def test_importing_gpuprof_integrations_imports_no_framework():
-    code = ("import sys, gpuprof, gpuprof.integrations; "
-            "print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning', "
-            "'transformers', 'accelerate') if m in sys.modules))")
+    code = (
+        "import sys, gpuprof, gpuprof.integrations; "
+        "print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning', "
+        "'transformers', 'accelerate') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("module, blocked, pip", [
-    ("lightning", ("lightning", "pytorch_lightning"), "pip install 'lightning>=2.0'"),
-    ("transformers", ("transformers",), "pip install 'transformers>=4.46'"),
-    ("accelerate", ("accelerate",), "pip install 'accelerate>=0.20'"),
-])
+@pytest.mark.parametrize(
+    "module, blocked, pip",
+    [
+        ("lightning", ("lightning", "pytorch_lightning"), "pip install 'lightning>=2.0'"),
+        ("transformers", ("transformers",), "pip install 'transformers>=4.46'"),
+        ("accelerate", ("accelerate",), "pip install 'accelerate>=0.20'"),
+    ],
+)
 def test_a_missing_framework_is_named_with_its_install_command(module, blocked, pip):
-    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); "
-            f"import gpuprof.integrations.{module}")
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); "
+        f"import gpuprof.integrations.{module}"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]

@@ -36,7 +36,7 @@ def fib(n):
 def data_lines(text):
     lines = text.split("\n")
     rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
-    return lines[rules[1] + 1: rules[2]], lines[rules[2] + 1:]
+    return lines[rules[1] + 1 : rules[2]], lines[rules[2] + 1 :]
 
 
 def shown_names(text):
@@ -72,6 +72,7 @@ def profiled_under_a_deep_stack():
 
 # -- context frames ---------------------------------------------------------------------
 
+
 def test_frames_running_before_the_window_are_not_results():
     prof, running = profiled_under_a_deep_stack()
     text = prof.key_averages().table(sort_by="cpu_time_total", row_limit=10)
@@ -80,8 +81,7 @@ def test_frames_running_before_the_window_are_not_results():
     assert names[0] == "model_inference"
     assert not any(n.startswith(("deep (", "body (", "profiled_under")) for n in names)
     _, footer = data_lines(text)
-    assert any(f.startswith(f"Not shown: {running} frames already running")
-               for f in footer), footer
+    assert any(f.startswith(f"Not shown: {running} frames already running") for f in footer), footer
     # they are still in the call tree (and so in the trace), and shown on request
     tree_names = {str(n).split(" (")[0] for n in prof.call_tree()["name"]}
     assert {"deep", "profiled_under_a_deep_stack"} <= tree_names
@@ -109,11 +109,15 @@ def test_a_resumed_generator_is_not_context():
     with gpuprof.profile(activities=CPU) as prof:
         list(g)  # started before the window: resumed inside it, 0 new calls
     names = shown_names(prof.key_averages().table(row_limit=-1))
-    assert any(n.startswith("test_a_resumed_generator_is_not_context.<locals>.gen") or
-               n.startswith("gen (") for n in names), names
+    assert any(
+        n.startswith("test_a_resumed_generator_is_not_context.<locals>.gen")
+        or n.startswith("gen (")
+        for n in names
+    ), names
 
 
 # -- row objects ------------------------------------------------------------------------
+
 
 def test_iterating_gives_torch_attribute_names():
     with gpuprof.profile(activities=CPU) as prof:
@@ -130,11 +134,23 @@ def test_iterating_gives_torch_attribute_names():
     assert m.cpu_time_total == pytest.approx(op["cpu_total_ns"] / 1e3)
     assert m.self_cpu_time_total == pytest.approx(op["cpu_self_ns"] / 1e3)
     assert m.cpu_time == pytest.approx(m.cpu_time_total / 4)
-    for attr in ("device_time_total", "cuda_time_total", "self_device_time_total",
-                 "self_cuda_time_total", "device_time", "cuda_time"):
+    for attr in (
+        "device_time_total",
+        "cuda_time_total",
+        "self_device_time_total",
+        "self_cuda_time_total",
+        "device_time",
+        "cuda_time",
+    ):
         assert getattr(m, attr) == 0.0
-    for attr in ("cpu_memory_usage", "self_cpu_memory_usage", "device_memory_usage",
-                 "self_device_memory_usage", "cuda_memory_usage", "self_cuda_memory_usage"):
+    for attr in (
+        "cpu_memory_usage",
+        "self_cpu_memory_usage",
+        "device_memory_usage",
+        "self_device_memory_usage",
+        "cuda_memory_usage",
+        "self_cuda_memory_usage",
+    ):
         assert getattr(m, attr) == 0
     assert m.input_shapes == [] and m.stack == []
     assert ka[0].key == ka.display[0] and ka[-1].key == ka.display[-1]
@@ -164,6 +180,7 @@ def test_grouped_rows_carry_their_stack():
 
 # -- grouping by stack ------------------------------------------------------------------
 
+
 def test_group_by_stack_counts_recursion_once():
     with gpuprof.profile(activities=CPU) as prof:
         fib(14)
@@ -180,6 +197,7 @@ def test_group_by_stack_counts_recursion_once():
 
 
 # -- table arguments --------------------------------------------------------------------
+
 
 def test_time_unit_and_width_arguments():
     with gpuprof.profile(activities=CPU) as prof:
@@ -217,8 +235,11 @@ def test_sorting_by_cuda_time_without_cuda_falls_back_and_says_so():
     ka = prof.key_averages()
     text = ka.table(sort_by="self_cuda_time_total")
     assert text == ka.table(sort_by="self_cpu_time_total").replace(
-        "CUDA capture", "Sorted by self CPU time: sort_by='self_cuda_time_total' has no figures "
-        "(no CUDA time was recorded)\nCUDA capture", 1)
+        "CUDA capture",
+        "Sorted by self CPU time: sort_by='self_cuda_time_total' has no figures "
+        "(no CUDA time was recorded)\nCUDA capture",
+        1,
+    )
     assert "Sorted by self CPU time" in ka.table(sort_by="cpu_memory_usage")
     assert "Sorted by" not in ka.table(sort_by="count")
 
@@ -233,6 +254,7 @@ def test_group_by_input_shape_is_refused_with_the_reason():
 
 
 # -- memory columns ---------------------------------------------------------------------
+
 
 def test_memory_columns_have_totals_and_sort_by_them():
     res = _memory_window()  # alloc_three -> three 'empty' calls of 256 MiB each
@@ -264,6 +286,7 @@ def test_no_memory_columns_without_profile_memory():
 
 # -- prof.events() ----------------------------------------------------------------------
 
+
 def test_events_are_the_calls_of_the_window():
     with gpuprof.profile(activities=CPU) as prof:
         for _ in range(2):
@@ -280,7 +303,8 @@ def test_events_are_the_calls_of_the_window():
     # (microseconds from ns timestamps near 1e9 us: differences agree to about 1e-6 us)
     assert m.cpu_time_total == pytest.approx(m.time_range.elapsed_us(), abs=1e-3)
     assert m.self_cpu_time_total == pytest.approx(
-        m.cpu_time_total - sum(c.cpu_time_total for c in m.cpu_children), abs=1e-3)
+        m.cpu_time_total - sum(c.cpu_time_total for c in m.cpu_children), abs=1e-3
+    )
     assert m.count == 1 and m.device_time_total == 0.0
     assert ev[0].is_context  # this test's own frame
 
@@ -290,7 +314,7 @@ def test_events_device_time_joins_gpu_work_to_its_launch():
 
     res = _synthetic()  # f launches one 30 ns kernel through cudaLaunchKernel
 
-    class Loaded(gpuprof.exporters.saved.LoadedProfile):
+    class Loaded(gpuprof._loaded.LoadedProfile):
         pass
 
     ev = Loaded(res).events()
@@ -303,9 +327,11 @@ def test_events_device_time_joins_gpu_work_to_its_launch():
 
 # -- export_memory_timeline ---------------------------------------------------------------
 
+
 def test_export_memory_timeline(tmp_path):
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.001) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.001
+    ) as prof:
         blocks = [bytearray(1 << 20) for _ in range(20)]
         leaf(100)
     del blocks

@@ -62,8 +62,9 @@ def test_host_curve_rises_with_a_200mb_allocation():
 
 
 def test_interval_is_configurable():
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.1)
     n = len(prof.memory_curve("cpu"))
     assert 10 <= n <= 70
@@ -112,20 +113,26 @@ def test_sampler_frames_and_calls_are_hidden(monkeypatch, no_gc):
     # stand-in frameworks so the adapters' calls run too
     _fake_torch(monkeypatch, {0: _torch_stats(1 * MiB, 2 * MiB, 1 * MiB)})
     _fake_cupy(monkeypatch, used=3 * MiB, total=4 * MiB)
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.001) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.001
+    ) as prof:
         deadline = time.monotonic() + 0.15
         while time.monotonic() < deadline:
             _busy(1000)
     assert len(prof.memory_curve("cpu")) > 5  # the sampler ran while the loop held the GIL
     assert {a.name for a in prof._memory_sampler.adapters} == {"torch", "cupy"}
     ops = prof.ops()
-    leaked = [(n, f) for n, f in zip(ops["name"], ops["file"], strict=True)
-              if str(f).startswith(PKG_DIR)]
+    leaked = [
+        (n, f) for n, f in zip(ops["name"], ops["file"], strict=True) if str(f).startswith(PKG_DIR)
+    ]
     assert not leaked
     names = set(ops["name"][ops["calls"] > 0])  # frames open at start are there with 0 calls
-    assert names <= {"test_sampler_frames_and_calls_are_hidden", "_busy", "time.monotonic",
-                     "ProfilerStep*"}, names
+    assert names <= {
+        "test_sampler_frames_and_calls_are_hidden",
+        "_busy",
+        "time.monotonic",
+        "ProfilerStep*",
+    }, names
     # the sampler thread never ran under the hook
     assert len(prof.results.threads()) == 1
 
@@ -167,16 +174,36 @@ def _synthetic(extra_gpu=(), free_bytes=256 * MiB):
     gpu = []
     for k in range(3):
         t = 200 + 100 * k
-        ev += [(t, C["EV_CCALL"], EMPTY, _site(alloc_three.__code__, first + 1 + k)),
-               (t + 10, C["EV_API_ENTER"], 10 + k, key), (t + 20, C["EV_API_EXIT"], 10 + k),
-               (t + 30, C["EV_CRETURN"], 0)]
-        gpu.append(dict(kind=C["GPU_MALLOC"], correlation=10 + k, start_ns=t + 15, end_ns=t + 15,
-                        bytes=256 * MiB, address=0x10000 * (k + 1), device=0,
-                        dst_mem=C["MEM_DEVICE"]))
+        ev += [
+            (t, C["EV_CCALL"], EMPTY, _site(alloc_three.__code__, first + 1 + k)),
+            (t + 10, C["EV_API_ENTER"], 10 + k, key),
+            (t + 20, C["EV_API_EXIT"], 10 + k),
+            (t + 30, C["EV_CRETURN"], 0),
+        ]
+        gpu.append(
+            dict(
+                kind=C["GPU_MALLOC"],
+                correlation=10 + k,
+                start_ns=t + 15,
+                end_ns=t + 15,
+                bytes=256 * MiB,
+                address=0x10000 * (k + 1),
+                device=0,
+                dst_mem=C["MEM_DEVICE"],
+            )
+        )
     ev += [(900, C["EV_RETURN"], 0), (950, C["EV_STEP_END"], 0)]
     for k in range(3):
-        gpu.append(dict(kind=C["GPU_FREE"], start_ns=600 + 10 * k, end_ns=600 + 10 * k,
-                        bytes=free_bytes if k < 2 else 0, address=0x10000 * (k + 1), device=0))
+        gpu.append(
+            dict(
+                kind=C["GPU_FREE"],
+                start_ns=600 + 10 * k,
+                end_ns=600 + 10 * k,
+                bytes=free_bytes if k < 2 else 0,
+                address=0x10000 * (k + 1),
+                device=0,
+            )
+        )
     gpu += list(extra_gpu)
     raw = _gpuprof._test_aggregate(ops, [(1, 101, ev)], gpu, 0, 1000, [], 1)
     return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
@@ -194,8 +221,9 @@ def test_device_curve_steps_exactly():
 
 
 def test_device_curves_are_per_device():
-    other = dict(kind=C["GPU_MALLOC"], start_ns=700, end_ns=700, bytes=64 * MiB, address=0x99,
-                 device=1)
+    other = dict(
+        kind=C["GPU_MALLOC"], start_ns=700, end_ns=700, bytes=64 * MiB, address=0x99, device=1
+    )
     res = _synthetic([other])
     c0 = memory.memory_curve(res, "cuda:0", source="cupti")
     c1 = memory.memory_curve(res, "cuda:1", source="cupti")
@@ -236,8 +264,9 @@ def test_summary_peak_op_and_line():
 def test_peak_op_found_by_time_without_correlation():
     # a record with no correlation is placed by time on the launching thread; here the
     # thread is unknown (-1), so only the op row could name it: nothing to name
-    extra = dict(kind=C["GPU_MALLOC"], start_ns=800, end_ns=800, bytes=2048 * MiB, address=0x77,
-                 device=0)
+    extra = dict(
+        kind=C["GPU_MALLOC"], start_ns=800, end_ns=800, bytes=2048 * MiB, address=0x77, device=0
+    )
     d = memory.memory_summary(_synthetic([extra])).devices["cuda:0"].driver
     assert d["peak_bytes"] == 2048 * MiB and d["peak_ns"] == 800
     assert d["peak_op"] == "" and d["peak_location"] == ""
@@ -245,8 +274,10 @@ def test_peak_op_found_by_time_without_correlation():
 
 # -- allocator adapters with stand-in frameworks --------------------------------------------------
 def _torch_stats(allocated, reserved, peak):
-    return {"allocated_bytes": {"all": {"current": allocated, "peak": peak}},
-            "reserved_bytes": {"all": {"current": reserved, "peak": reserved}}}
+    return {
+        "allocated_bytes": {"all": {"current": allocated, "peak": peak}},
+        "reserved_bytes": {"all": {"current": reserved, "peak": reserved}},
+    }
 
 
 def _set(stats, allocated, reserved, peak):
@@ -275,9 +306,11 @@ def _fake_cupy(monkeypatch, used, total):
     cupy = types.ModuleType("cupy")
     cupy._default_memory_pool = types.SimpleNamespace(  # C callables, like CuPy's cpdef methods
         used_bytes=functools.partial(state.__getitem__, "used"),
-        total_bytes=functools.partial(state.__getitem__, "total"))
-    cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(
-        getDevice=itertools.repeat(0).__next__, setDevice=None))
+        total_bytes=functools.partial(state.__getitem__, "total"),
+    )
+    cupy.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=itertools.repeat(0).__next__, setDevice=None)
+    )
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     return state
 
@@ -285,8 +318,9 @@ def _fake_cupy(monkeypatch, used, total):
 def test_torch_adapter_curve_peak_and_gap(monkeypatch):
     stats = _torch_stats(1 * MiB, 2 * MiB, 1 * MiB)
     _fake_torch(monkeypatch, {0: stats, 1: _torch_stats(0, 0, 0)})
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.03)
         _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)  # 150 MiB was reached between samples
         time.sleep(0.03)
@@ -314,8 +348,9 @@ def test_torch_adapter_curve_peak_and_gap(monkeypatch):
 def test_no_gap_note_when_reserved_is_close(monkeypatch):
     stats = _torch_stats(100 * MiB, 120 * MiB, 100 * MiB)
     _fake_torch(monkeypatch, {0: stats})
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
     d = prof.memory_summary().devices["cuda:0"]
     assert d.peak_bytes == 100 * MiB and not d.notes
@@ -324,8 +359,9 @@ def test_no_gap_note_when_reserved_is_close(monkeypatch):
 def test_torch_reads_the_current_device_from_the_start(monkeypatch):
     stats = _torch_stats(0, 0, 0)
     _fake_torch(monkeypatch, {0: _torch_stats(0, 0, 0), 1: stats}, current=1)
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
         _set(stats, 256 * MiB, 256 * MiB, 256 * MiB)
         time.sleep(0.02)
@@ -337,8 +373,9 @@ def test_torch_reads_the_current_device_from_the_start(monkeypatch):
 def test_torch_adapter_waits_for_cuda_init(monkeypatch):
     torch = _fake_torch(monkeypatch, {0: _torch_stats(5 * MiB, 6 * MiB, 5 * MiB)})
     torch.cuda._initialized = False
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
         torch.cuda._initialized = True
         time.sleep(0.02)
@@ -348,8 +385,9 @@ def test_torch_adapter_waits_for_cuda_init(monkeypatch):
 
 def test_cupy_adapter(monkeypatch):
     state = _fake_cupy(monkeypatch, used=0, total=0)
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
         state.update(used=256 * MiB, total=256 * MiB)
         time.sleep(0.02)
@@ -361,8 +399,9 @@ def test_cupy_adapter(monkeypatch):
 def test_failing_adapter_is_dropped_with_a_note(monkeypatch):
     torch = _fake_torch(monkeypatch, {0: _torch_stats(1, 1, 1)})
     torch._C._cuda_memoryStats = {}.__getitem__  # KeyError on every read
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
     s = prof.memory_summary()
     assert any("torch allocator adapter disabled" in n for n in s.notes)
@@ -373,8 +412,9 @@ def test_torch_rescans_idle_devices(monkeypatch):
     stats = _torch_stats(0, 0, 0)
     _fake_torch(monkeypatch, {0: stats})
     monkeypatch.setattr(TorchAdapter, "RESCAN", 3)
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
         _set(stats, 8 * MiB, 8 * MiB, 8 * MiB)
         time.sleep(0.04)
@@ -473,8 +513,9 @@ def test_default_device_curve_sums_every_allocator(monkeypatch):
     stats = _torch_stats(10 * MiB, 20 * MiB, 10 * MiB)
     _fake_torch(monkeypatch, {0: stats})
     cupy = _fake_cupy(monkeypatch, used=0, total=0)
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.03)
         cupy.update(used=96 * MiB, total=96 * MiB)  # a 96 MiB CuPy array
         time.sleep(0.03)

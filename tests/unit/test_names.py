@@ -28,8 +28,14 @@ def test_builtins_static_and_class_methods_are_named_after_their_class():
         int.from_bytes(b"\x01", "little")
         bytes.maketrans(b"a", b"b")  # staticmethod
     names = c_names(prof)
-    for want in ("len", "list.append", "dict.fromkeys", "collections.OrderedDict.fromkeys",
-                 "int.from_bytes", "bytes.maketrans"):
+    for want in (
+        "len",
+        "list.append",
+        "dict.fromkeys",
+        "collections.OrderedDict.fromkeys",
+        "int.from_bytes",
+        "bytes.maketrans",
+    ):
         assert names.get(want) == 1, (want, names)
     assert not [n for n in names if n.startswith("type.")]
 
@@ -83,8 +89,14 @@ def test_torch_functions_are_named_as_written(torch):
         p.add_(1)
         torch.nn.functional.linear(x, x)
     names = c_names(prof)
-    for want in ("torch.relu", "torch.addmm", "torch.stack", "torch._foreach_add_",
-                 "torch.empty", "torch.conv2d"):
+    for want in (
+        "torch.relu",
+        "torch.addmm",
+        "torch.stack",
+        "torch._foreach_add_",
+        "torch.empty",
+        "torch.conv2d",
+    ):
         assert names.get(want) == 1, (want, names)
     assert names.get("torch.Tensor.relu") == 2, names  # a method, bound or not
     assert names.get("torch.nn.Parameter.add_") == 1, names

@@ -17,33 +17,51 @@ from gpuprof import ProfilerActivity
 NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "notebooks", "profile_torch_model.ipynb")
 
 # what a notebook kernel runs that is not the user's work
-KERNEL_WORDS = ("ipykernel", "IPython", "interactiveshell", "run_cell", "run_code",
-                "asyncio", "base_events", "selectors", "epoll", "zmq", "tornado",
-                "<cell line", "dispatch_shell", "execute_request")
+KERNEL_WORDS = (
+    "ipykernel",
+    "IPython",
+    "interactiveshell",
+    "run_cell",
+    "run_code",
+    "asyncio",
+    "base_events",
+    "selectors",
+    "epoll",
+    "zmq",
+    "tornado",
+    "<cell line",
+    "dispatch_shell",
+    "execute_request",
+)
 
 
 def _table_names(text: str) -> list[str]:
     lines = text.split("\n")
     rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
-    return [line.split("  ")[0] for line in lines[rules[1] + 1: rules[2]]]
+    return [line.split("  ")[0] for line in lines[rules[1] + 1 : rules[2]]]
 
 
 def test_notebook_profiles_a_torch_model_with_user_rows_on_top():
     pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
-    nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed "
-                                   "(pip install nbclient ipykernel)")
-    nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed "
-                                   "(pip install nbclient ipykernel)")
+    nbformat = pytest.importorskip(
+        "nbformat", reason="nbformat is not installed (pip install nbclient ipykernel)"
+    )
+    nbclient = pytest.importorskip(
+        "nbclient", reason="nbclient is not installed (pip install nbclient ipykernel)"
+    )
     pytest.importorskip("ipykernel", reason="ipykernel is not installed (pip install ipykernel)")
     if os.environ.get("GPUPROF_UNDER_SANITIZER"):
-        pytest.skip("the Jupyter kernel is a process of third-party C extensions (pyzmq, "
-                    "tornado) whose own sanitizer reports would fail make asan")
+        pytest.skip(
+            "the Jupyter kernel is a process of third-party C extensions (pyzmq, "
+            "tornado) whose own sanitizer reports would fail make asan"
+        )
     # given the notebook, run in a fresh kernel of this interpreter
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
     # then the printed table starts with the user's rows
-    printed = "".join(o.get("text", "") for o in nb.cells[3].outputs
-                      if o.get("output_type") == "stream")
+    printed = "".join(
+        o.get("text", "") for o in nb.cells[3].outputs if o.get("output_type") == "stream"
+    )
     names = _table_names(printed)
     assert names[:2] == ["ProfilerStep*", "model_inference"], printed
     assert any(n.startswith("Linear.forward") for n in names), printed
@@ -55,8 +73,7 @@ def test_notebook_profiles_a_torch_model_with_user_rows_on_top():
     # model's own work first, the same rows, no kernel frame
     shown = [o for o in nb.cells[4].outputs if o.get("output_type") == "execute_result"]
     page = shown[0]["data"]["text/html"]
-    cells = [html.unescape(c) for c in re.findall(r"<td style='text-align:left'>(.*?)</td>",
-                                                  page)]
+    cells = [html.unescape(c) for c in re.findall(r"<td style='text-align:left'>(.*?)</td>", page)]
     assert cells[0] in ("torch._C._nn.linear", "torch.relu", "torch.addmm"), cells
     assert {"ProfilerStep*", "model_inference"} <= set(cells), cells
     assert not [c for c in cells if any(w in c for w in KERNEL_WORDS)], cells

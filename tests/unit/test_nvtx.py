@@ -27,8 +27,12 @@ MSG_ASCII, MSG_UNICODE, MSG_REGISTERED = 1, 2, 3
 
 
 def _nvtx3_include():
-    roots = [os.environ.get("GPUPROF_CUPTI_INCLUDE"), os.environ.get("CUDA_HOME"),
-             os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    roots = [
+        os.environ.get("GPUPROF_CUPTI_INCLUDE"),
+        os.environ.get("CUDA_HOME"),
+        os.environ.get("CUDA_PATH"),
+        "/usr/local/cuda",
+    ]
     cands = []
     for r in filter(None, roots):
         cands += [r, os.path.join(r, "include")]
@@ -46,8 +50,18 @@ def _cc(out_dir, name, extra=()):
     if cc is None:
         pytest.skip("no C compiler to build the NVTX test helpers")
     out = os.path.join(out_dir, f"lib{name}.so")
-    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", out, os.path.join(HELPERS, f"{name}.c"),
-           *extra, "-ldl", "-lpthread"]
+    cmd = [
+        cc,
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-o",
+        out,
+        os.path.join(HELPERS, f"{name}.c"),
+        *extra,
+        "-ldl",
+        "-lpthread",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out
@@ -70,8 +84,7 @@ def tool_path(tmp_path_factory):
 def nv(client_path):
     """The NVTX client, attached to gpuprof (gpuprof was imported before its first call)."""
     lib = ctypes.CDLL(client_path)
-    for name in ("c_push_a", "c_push_w", "c_pop", "c_push_ex", "c_dpush", "c_dpop",
-                 "c_threads"):
+    for name in ("c_push_a", "c_push_w", "c_pop", "c_push_ex", "c_dpush", "c_dpop", "c_threads"):
         getattr(lib, name).restype = ctypes.c_int
     for name in ("c_start_a", "c_start_w", "c_dstart"):
         getattr(lib, name).restype = ctypes.c_uint64
@@ -99,8 +112,11 @@ def _rows(prof, name):
 def _node_of(prof, name, file=None):
     ops = prof.ops()
     tree = prof.call_tree()
-    rows = [i for i in range(len(ops)) if ops["name"][i] == name
-            and (file is None or ops["file"][i] == file)]
+    rows = [
+        i
+        for i in range(len(ops))
+        if ops["name"][i] == name and (file is None or ops["file"][i] == file)
+    ]
     return [j for j in range(len(tree)) if tree["op"][j] in rows]
 
 
@@ -242,12 +258,12 @@ def test_domains_categories_registered_strings(nv):
 def test_interleaved_domains_close_the_right_range(nv):
     d = nv.c_domain(b"other")
     with gpuprof.profile(activities=CPU) as prof:
-        nv.c_push_a(b"A")                  # default domain
+        nv.c_push_a(b"A")  # default domain
         nv.c_dpush(d, 0, MSG_ASCII, ctypes.cast(ctypes.c_char_p(b"B"), ctypes.c_void_p))
         nv.c_spin(50_000)
-        nv.c_pop()                         # closes A, not B
+        nv.c_pop()  # closes A, not B
         nv.c_spin(200_000)
-        nv.c_dpop(d)                       # closes B
+        nv.c_dpop(d)  # closes B
     a, b = _rows(prof, "A"), _rows(prof, "B")
     assert b["cpu_total_ns"][0] > a["cpu_total_ns"][0]
 
@@ -359,8 +375,12 @@ def work(i):
 
 def test_capture_by_nvtx_range_name(nv):
     results = []
-    prof = gpuprof.profile(activities=CPU, capture="nvtx:capture-me", acc_events=True,
-                           on_trace_ready=lambda p: results.append(len(p.ops())))
+    prof = gpuprof.profile(
+        activities=CPU,
+        capture="nvtx:capture-me",
+        acc_events=True,
+        on_trace_ready=lambda p: results.append(len(p.ops())),
+    )
     with prof:
         for i in range(6):
             if i in (2, 4):
@@ -424,10 +444,16 @@ def test_capture_never_opened_records_nothing(nv):
     assert prof._core.windows == 0
 
 
-@pytest.mark.parametrize("bad, exc", [
-    (5, TypeError), ("nvtx:", ValueError), ("cuda", ValueError), ("nvtx:@dom", ValueError),
-    ("nvtx:" + "x" * 300, ValueError),
-])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        (5, TypeError),
+        ("nvtx:", ValueError),
+        ("cuda", ValueError),
+        ("nvtx:@dom", ValueError),
+        ("nvtx:" + "x" * 300, ValueError),
+    ],
+)
 def test_capture_argument_checked(bad, exc):
     with pytest.raises(exc, match="capture"):
         gpuprof.profile(activities=CPU, capture=bad)
@@ -435,8 +461,9 @@ def test_capture_argument_checked(bad, exc):
 
 def test_capture_with_schedule_refused():
     with pytest.raises(ValueError, match="capture= and schedule="):
-        gpuprof.profile(activities=CPU, capture="nvtx:x",
-                        schedule=gpuprof.schedule(wait=0, warmup=1, active=1))
+        gpuprof.profile(
+            activities=CPU, capture="nvtx:x", schedule=gpuprof.schedule(wait=0, warmup=1, active=1)
+        )
 
 
 def test_capture_profiler_api_needs_cuda():
@@ -454,15 +481,21 @@ def _run(code, env_extra, timeout=120):
     env.pop("NVTX_INJECTION64_PATH", None)
     env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_extra)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                       text=True, env=env, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
 def test_nvtx_used_before_import_is_named():
     pytest.importorskip("nvtx")
-    out = _run("""
+    out = _run(
+        """
         import nvtx
         nvtx.push_range("too early"); nvtx.pop_range()   # NVTX initializes, finds no tool
         import gpuprof
@@ -473,13 +506,16 @@ def test_nvtx_used_before_import_is_named():
             nvtx.push_range("unseen"); nvtx.pop_range()
         assert "unseen" not in set(prof.ops()["name"])
         print("ok")
-    """, {})
+    """,
+        {},
+    )
     assert out.strip() == "ok"
 
 
 def test_nvtx_imported_but_unused_before_gpuprof_still_attaches():
     pytest.importorskip("nvtx")
-    out = _run("""
+    out = _run(
+        """
         import nvtx
         import gpuprof
         assert gpuprof.cuda_status()["nvtx"]["missed"] == []
@@ -487,23 +523,29 @@ def test_nvtx_imported_but_unused_before_gpuprof_still_attaches():
             nvtx.push_range("seen"); nvtx.pop_range()
         assert "seen" in set(prof.ops()["name"])
         print("ok")
-    """, {})
+    """,
+        {},
+    )
     assert out.strip() == "ok"
 
 
 def test_opt_out_leaves_nvtx_alone():
-    out = _run("""
+    out = _run(
+        """
         import os, gpuprof
         assert "NVTX_INJECTION64_PATH" not in os.environ
         st = gpuprof.cuda_status()["nvtx"]
         assert st["injection"] == "off" and "GPUPROF_NVTX=0" in st["reason"], st
         print("ok")
-    """, {"GPUPROF_NVTX": "0"})
+    """,
+        {"GPUPROF_NVTX": "0"},
+    )
     assert out.strip() == "ok"
 
 
 def test_ranges_go_out_to_another_tool(tool_path):
-    out = _run(f"""
+    out = _run(
+        f"""
         import ctypes, gpuprof
         st = gpuprof.cuda_status()["nvtx"]
         assert st["injection"] == {tool_path!r} and st["emit"], st
@@ -521,19 +563,30 @@ def test_ranges_go_out_to_another_tool(tool_path):
         # the labels are still recorded by gpuprof itself, once each
         ops = prof.ops()
         assert list(ops[ops["name"] == "fwd"]["calls"]) == [2], ops
-    """, {"NVTX_INJECTION64_PATH": tool_path})
+    """,
+        {"NVTX_INJECTION64_PATH": tool_path},
+    )
     assert out.splitlines() == [
-        "push outside", "pop -",
-        "push ProfilerStep#0", "push fwd", "pop -", "pop -",
-        "push ProfilerStep#1", "push fwd", "pop -", "pop -",
-        "push ProfilerStep#2", "pop -",
+        "push outside",
+        "pop -",
+        "push ProfilerStep#0",
+        "push fwd",
+        "pop -",
+        "pop -",
+        "push ProfilerStep#1",
+        "push fwd",
+        "pop -",
+        "pop -",
+        "push ProfilerStep#2",
+        "pop -",
     ]
 
 
 def test_cli_run_capture_range(tmp_path):
     pytest.importorskip("nvtx")
     script = tmp_path / "loop.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import nvtx
 
         def inside(i):
@@ -545,16 +598,35 @@ def test_cli_run_capture_range(tmp_path):
             inside(i)
             if i == 3:
                 nvtx.pop_range()
-    """))
+    """)
+    )
     env = dict(os.environ)
     env.pop("NVTX_INJECTION64_PATH", None)
     env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "gpuprof", "run", "--no-cuda", "--capture-range",
-                        "nvtx:region", str(script)], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuprof",
+            "run",
+            "--no-cuda",
+            "--capture-range",
+            "nvtx:region",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     row = [ln for ln in r.stderr.splitlines() if ln.startswith("inside (")]
     assert row and row[0].split()[-1] == "2", r.stderr  # calls: steps 2 and 3 only
-    bad = subprocess.run([sys.executable, "-m", "gpuprof", "run", "--capture-range", "nvtx:",
-                          str(script)], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpuprof", "run", "--capture-range", "nvtx:", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode != 0 and "--capture-range" in bad.stderr

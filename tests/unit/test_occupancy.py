@@ -17,8 +17,11 @@ import sys
 
 import numpy as np
 import pytest
+from gpuprof import _deepdive as dd
 from gpuprof import _gpuprof
-from gpuprof import deepdive as dd
+from gpuprof._deepdive import _cupti as ddc
+from gpuprof._deepdive import _ncu as ddn
+from gpuprof.deepdive import deep_dive
 from gpuprof.occupancy import (
     ARCH_LIMITS,
     annotate_kernels,
@@ -29,11 +32,23 @@ from gpuprof.occupancy import (
 )
 
 # The properties an H100 SXM reports through device_props() (CUDA attribute names).
-H100 = {"id": 0, "name": "NVIDIA H100", "computeMajor": 9, "computeMinor": 0,
-        "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536,
-        "regsPerMultiprocessor": 65536, "warpSize": 32, "sharedMemPerBlock": 49152,
-        "sharedMemPerBlockOptin": 232448, "sharedMemPerMultiprocessor": 233472,
-        "maxBlocksPerMultiprocessor": 32, "numSms": 132, "totalGlobalMem": 80 << 30}
+H100 = {
+    "id": 0,
+    "name": "NVIDIA H100",
+    "computeMajor": 9,
+    "computeMinor": 0,
+    "maxThreadsPerBlock": 1024,
+    "maxThreadsPerMultiprocessor": 2048,
+    "regsPerBlock": 65536,
+    "regsPerMultiprocessor": 65536,
+    "warpSize": 32,
+    "sharedMemPerBlock": 49152,
+    "sharedMemPerBlockOptin": 232448,
+    "sharedMemPerMultiprocessor": 233472,
+    "maxBlocksPerMultiprocessor": 32,
+    "numSms": 132,
+    "totalGlobalMem": 80 << 30,
+}
 
 
 def occ(block, regs, smem, dev="sm_90"):
@@ -47,8 +62,9 @@ def test_sm90_table_matches_the_documented_limits():
     assert d.reserved_shared_mem_per_block == 1024 and d.shared_mem_alloc_unit == 128
     assert d.reg_alloc_unit == 256
     # the live properties of an H100 and the table agree
-    assert device_limits(H100) == device_limits({**{k: 0 for k in H100}, "computeMajor": 9,
-                                                 "computeMinor": 0, "numSms": 132})
+    assert device_limits(H100) == device_limits(
+        {**{k: 0 for k in H100}, "computeMajor": 9, "computeMinor": 0, "numSms": 132}
+    )
 
 
 def test_full_occupancy_is_limited_by_warps():
@@ -104,8 +120,12 @@ def test_shared_memory_limit():
     # shared:    floor(233472 / 50176) = 4 blocks
     # registers: 64 warps / 4 = 16 blocks; warps: 16; cap 32 -> 4 blocks -> 16 warps -> 25%
     o = occ(128, 32, 48 * 1024)
-    assert (o.shared_mem_per_block, o.blocks_per_sm, o.occupancy, o.limiter) == \
-        (50176, 4, 0.25, "shared_mem")
+    assert (o.shared_mem_per_block, o.blocks_per_sm, o.occupancy, o.limiter) == (
+        50176,
+        4,
+        0.25,
+        "shared_mem",
+    )
 
 
 def test_shared_memory_rounds_up_to_128_bytes_with_the_1kb_reserve():
@@ -113,8 +133,12 @@ def test_shared_memory_rounds_up_to_128_bytes_with_the_1kb_reserve():
     # 100000 + 1024 = 101024 -> ceil(101024 / 128) = 790 -> S = 101120
     # shared: floor(233472 / 101120) = 2 blocks -> 16 warps -> 25%
     o = occ(256, 32, 100000)
-    assert (o.shared_mem_per_block, o.blocks_per_sm, o.occupancy, o.limiter) == \
-        (101120, 2, 0.25, "shared_mem")
+    assert (o.shared_mem_per_block, o.blocks_per_sm, o.occupancy, o.limiter) == (
+        101120,
+        2,
+        0.25,
+        "shared_mem",
+    )
 
 
 def test_shared_memory_past_the_opt_in_limit_cannot_launch():
@@ -207,8 +231,9 @@ def test_bad_arguments_name_the_argument():
 def test_estimated_achieved_occupancy_is_capped_by_the_grid():
     # 8 blocks of 256 threads on 132 SMs: 8/132 blocks per SM (theoretical 8)
     # -> 8/132 * 256 / 2048 = 0.757...%
-    assert estimated_achieved_occupancy((8, 1, 1), 256, 32, 0, H100) == \
-        pytest.approx(8 / 132 * 256 / 2048)
+    assert estimated_achieved_occupancy((8, 1, 1), 256, 32, 0, H100) == pytest.approx(
+        8 / 132 * 256 / 2048
+    )
     # a large grid reaches the theoretical limit: min(8, 10000/132) * 256 / 2048 = 100%
     assert estimated_achieved_occupancy(10000, 256, 32, 0, H100) == 1.0
     with pytest.raises(ValueError, match="num_sms"):
@@ -246,11 +271,34 @@ C = _gpuprof._test_constants()
 def _results(meta):
     from gpuprof._results import Results
 
-    gpu = [dict(kind=C["GPU_KERNEL"], correlation=7, start_ns=200, end_ns=300, name_id=0,
-                stream=7, device=0, registers=64, grid_x=8, block_x=256),
-           dict(kind=C["GPU_KERNEL"], correlation=8, start_ns=300, end_ns=400, name_id=1,
-                stream=7, device=0, registers=32, grid_x=8, block_x=128, static_smem=16384,
-                dynamic_smem=32768)]
+    gpu = [
+        dict(
+            kind=C["GPU_KERNEL"],
+            correlation=7,
+            start_ns=200,
+            end_ns=300,
+            name_id=0,
+            stream=7,
+            device=0,
+            registers=64,
+            grid_x=8,
+            block_x=256,
+        ),
+        dict(
+            kind=C["GPU_KERNEL"],
+            correlation=8,
+            start_ns=300,
+            end_ns=400,
+            name_id=1,
+            stream=7,
+            device=0,
+            registers=32,
+            grid_x=8,
+            block_x=128,
+            static_smem=16384,
+            dynamic_smem=32768,
+        ),
+    ]
     raw = _gpuprof._test_aggregate([], [], gpu, 0, 1000, ["_Z4gemmv", "_Z4convv"], 1)
     return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None}, meta=meta)
 
@@ -260,8 +308,11 @@ def test_kernels_array_carries_occupancy_through_the_c_aggregation():
     k = res.kernels()
     by = {n: r for n, r in zip(k["name"], k, strict=True)}
     gemm, conv = by["gemm()"], by["conv()"]
-    assert (float(gemm["occupancy"]), gemm["occupancy_limiter"], gemm["blocks_per_sm"]) == \
-        (0.5, "registers", 4)
+    assert (float(gemm["occupancy"]), gemm["occupancy_limiter"], gemm["blocks_per_sm"]) == (
+        0.5,
+        "registers",
+        4,
+    )
     # shared_mem = static + dynamic = 48 KB -> 4 blocks -> 25%
     assert conv["shared_mem"] == 48 * 1024
     assert (float(conv["occupancy"]), conv["occupancy_limiter"]) == (0.25, "shared_mem")
@@ -290,28 +341,31 @@ def test_kernel_table_shows_occupancy(capsys):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sm, dram, kw, bound", [
-    # DRAM at 88% of peak, SM at 25%: a streaming copy
-    (25.0, 88.0, {}, "memory-bound"),
-    # SM at 85%, DRAM 20%: arithmetic-heavy
-    (85.0, 20.0, {}, "compute-bound"),
-    # a tensor-core GEMM: the SM figure alone is modest, the tensor pipes are busy
-    (45.0, 30.0, {"tensor_pct": 92.0}, "compute-bound"),
-    # both busy: the busier one decides (70 > 65)
-    (65.0, 70.0, {}, "memory-bound"),
-    (70.0, 65.0, {}, "compute-bound"),
-    # a tie at/above 60% goes to compute
-    (60.0, 60.0, {}, "compute-bound"),
-    # just under the 60% threshold on both: nothing is saturated
-    (59.9, 59.9, {}, "latency-bound"),
-    # DRAM idle but L2/L1 at 75%: bandwidth-bound on chip
-    (30.0, 20.0, {"memory_pct": 75.0}, "memory-bound"),
-    # nothing busy
-    (12.0, 8.0, {"memory_pct": 15.0, "achieved_occupancy_pct": 9.0}, "latency-bound"),
-    # not measured
-    (None, 50.0, {}, "unknown"),
-    (float("nan"), 50.0, {}, "unknown"),
-])
+@pytest.mark.parametrize(
+    "sm, dram, kw, bound",
+    [
+        # DRAM at 88% of peak, SM at 25%: a streaming copy
+        (25.0, 88.0, {}, "memory-bound"),
+        # SM at 85%, DRAM 20%: arithmetic-heavy
+        (85.0, 20.0, {}, "compute-bound"),
+        # a tensor-core GEMM: the SM figure alone is modest, the tensor pipes are busy
+        (45.0, 30.0, {"tensor_pct": 92.0}, "compute-bound"),
+        # both busy: the busier one decides (70 > 65)
+        (65.0, 70.0, {}, "memory-bound"),
+        (70.0, 65.0, {}, "compute-bound"),
+        # a tie at/above 60% goes to compute
+        (60.0, 60.0, {}, "compute-bound"),
+        # just under the 60% threshold on both: nothing is saturated
+        (59.9, 59.9, {}, "latency-bound"),
+        # DRAM idle but L2/L1 at 75%: bandwidth-bound on chip
+        (30.0, 20.0, {"memory_pct": 75.0}, "memory-bound"),
+        # nothing busy
+        (12.0, 8.0, {"memory_pct": 15.0, "achieved_occupancy_pct": 9.0}, "latency-bound"),
+        # not measured
+        (None, 50.0, {}, "unknown"),
+        (float("nan"), 50.0, {}, "unknown"),
+    ],
+)
 def test_classify_from_throughput_percentages(sm, dram, kw, bound):
     got, why = dd.classify(sm, dram, **kw)
     assert got == bound
@@ -343,14 +397,13 @@ def test_aggregate_launches_weights_percentages_by_duration_and_sums_counts():
 
 def test_derived_flops_and_bandwidth():
     # 1 ms; 1e9 FMA + 2e8 add + 1e8 mul FP32 = 2.3e9 FLOP -> 2.3e12 FLOP/s
-    m = {"duration_ns": 1e6, "fp32_fma": 1e9, "fp32_add": 2e8, "fp32_mul": 1e8,
-         "dram_bytes": 1e9}
+    m = {"duration_ns": 1e6, "fp32_fma": 1e9, "fp32_add": 2e8, "fp32_mul": 1e8, "dram_bytes": 1e9}
     d = dd.derived(m)
     assert d["fp32_flops_per_s"] == pytest.approx(2.3e12)
-    assert d["dram_bytes_per_s"] == pytest.approx(1e12)          # 1 GB in 1 ms
+    assert d["dram_bytes_per_s"] == pytest.approx(1e12)  # 1 GB in 1 ms
     assert d["flop_per_dram_byte"] == pytest.approx(2.3)
     assert "fp64_flops_per_s" not in d
-    assert dd.derived({"fp32_fma": 1.0}) == {}                    # no duration: nothing
+    assert dd.derived({"fp32_fma": 1.0}) == {}  # no duration: nothing
 
 
 def _csv(*rows):
@@ -362,13 +415,40 @@ SOL_SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 SOL_DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 HEAD = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream"]
 NCU_WIDE = "==PROF== Connected to process 4242 (/usr/bin/python3)\n" + _csv(
-    HEAD + ["Block Size", "Grid Size", SOL_DRAM, "gpu__time_duration.sum", SOL_SM,
-            "dram__bytes.sum"],
+    HEAD
+    + ["Block Size", "Grid Size", SOL_DRAM, "gpu__time_duration.sum", SOL_SM, "dram__bytes.sum"],
     [""] * 9 + ["%", "usecond", "%", "Mbyte"],
-    ["0", "4242", "python3", "127.0.0.1", "void copy_kernel<float>(float *, const float *, int)",
-     "1", "7", "(256, 1, 1)", "(4096, 1, 1)", "88.5", "1,250.5", "21.25", "2,000"],
-    ["1", "4242", "python3", "127.0.0.1", "gemm_bf16_kernel", "1", "7", "(128, 1, 1)",
-     "(528, 1, 1)", "12.0", "300", "n/a", "40"])
+    [
+        "0",
+        "4242",
+        "python3",
+        "127.0.0.1",
+        "void copy_kernel<float>(float *, const float *, int)",
+        "1",
+        "7",
+        "(256, 1, 1)",
+        "(4096, 1, 1)",
+        "88.5",
+        "1,250.5",
+        "21.25",
+        "2,000",
+    ],
+    [
+        "1",
+        "4242",
+        "python3",
+        "127.0.0.1",
+        "gemm_bf16_kernel",
+        "1",
+        "7",
+        "(128, 1, 1)",
+        "(528, 1, 1)",
+        "12.0",
+        "300",
+        "n/a",
+        "40",
+    ],
+)
 
 
 def test_parse_ncu_raw_csv_with_units_and_separators():
@@ -378,18 +458,19 @@ def test_parse_ncu_raw_csv_with_units_and_separators():
     assert a["kernel"] == "void copy_kernel<float>(float *, const float *, int)"
     m = a["metrics"]
     assert m[SOL_DRAM] == 88.5
-    assert m["gpu__time_duration.sum"] == pytest.approx(1250.5e3)    # usecond -> ns
-    assert m["dram__bytes.sum"] == pytest.approx(2e9)                 # Mbyte (SI) -> bytes
+    assert m["gpu__time_duration.sum"] == pytest.approx(1250.5e3)  # usecond -> ns
+    assert m["dram__bytes.sum"] == pytest.approx(2e9)  # Mbyte (SI) -> bytes
     assert b["metrics"][SOL_SM] is None
     with pytest.raises(ValueError, match="no ncu CSV header"):
         dd.parse_ncu_csv("==ERROR== no kernels were profiled\n")
 
 
 def test_parse_ncu_long_csv():
-    text = _csv(HEAD + ["Section Name", "Metric Name", "Metric Unit", "Metric Value"],
-                ["0", "1", "p", "h", "k1", "1", "7", "Raw", "gpu__time_duration.sum", "msecond",
-                 "2.5"],
-                ["0", "1", "p", "h", "k1", "1", "7", "Raw", SOL_SM, "%", "91.0"])
+    text = _csv(
+        HEAD + ["Section Name", "Metric Name", "Metric Unit", "Metric Value"],
+        ["0", "1", "p", "h", "k1", "1", "7", "Raw", "gpu__time_duration.sum", "msecond", "2.5"],
+        ["0", "1", "p", "h", "k1", "1", "7", "Raw", SOL_SM, "%", "91.0"],
+    )
     (row,) = dd.parse_ncu_csv(text)
     assert row["kernel"] == "k1"
     assert row["metrics"]["gpu__time_duration.sum"] == pytest.approx(2.5e6)
@@ -397,15 +478,24 @@ def test_parse_ncu_long_csv():
 
 
 def test_kernel_base_names_match_across_demanglers():
-    assert dd.base_name("void at::native::vectorized_elementwise_kernel<4, "
-                        "at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
-                        "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)") == \
-        "vectorized_elementwise_kernel"
-    assert dd.base_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == \
-        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
-    assert dd.base_name("copy(float*)") == "copy"
-    k = [dd.KernelDeepDive("copy_kernel<float>(float*, float const*, int)", 0, 10, 1, 1.0,
-                           float("nan"), "")]
+    assert (
+        ddn.base_name(
+            "void at::native::vectorized_elementwise_kernel<4, "
+            "at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
+            "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)"
+        )
+        == "vectorized_elementwise_kernel"
+    )
+    assert (
+        ddn.base_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")
+        == "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+    )
+    assert ddn.base_name("copy(float*)") == "copy"
+    k = [
+        dd.KernelDeepDive(
+            "copy_kernel<float>(float*, float const*, int)", 0, 10, 1, 1.0, float("nan"), ""
+        )
+    ]
     got = dd.match_ncu_rows(k, dd.parse_ncu_csv(NCU_WIDE))
     assert [r["id"] for r in got[k[0].name]] == [0]
 
@@ -417,10 +507,21 @@ def _synthetic_results(meta=None):
 def test_top_kernels_are_ordered_by_gpu_time():
     from gpuprof._results import Results
 
-    gpu = [dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=s, end_ns=e, name_id=n, stream=7,
-                device=0, registers=32, grid_x=8, block_x=256)
-           for c, s, e, n in ((1, 0, 100, 0), (2, 100, 400, 1), (3, 400, 450, 0),
-                              (4, 450, 460, 2))]
+    gpu = [
+        dict(
+            kind=C["GPU_KERNEL"],
+            correlation=c,
+            start_ns=s,
+            end_ns=e,
+            name_id=n,
+            stream=7,
+            device=0,
+            registers=32,
+            grid_x=8,
+            block_x=256,
+        )
+        for c, s, e, n in ((1, 0, 100, 0), (2, 100, 400, 1), (3, 400, 450, 0), (4, 450, 460, 2))
+    ]
     raw = _gpuprof._test_aggregate([], [], gpu, 0, 1000, ["_Z1av", "_Z1bv", "_Z1cv"], 1)
     res = Results([raw], cuda={"active": True}, meta={"device_properties": [H100]})
     top = dd._top_kernels(res, 2)
@@ -432,28 +533,28 @@ def test_top_kernels_are_ordered_by_gpu_time():
 def test_deep_dive_argument_errors_name_the_argument():
     res = _synthetic_results()
     with pytest.raises(ValueError, match="top must be"):
-        dd.deep_dive(res, 0, replay=lambda: None)
+        deep_dive(res, 0, replay=lambda: None)
     with pytest.raises(TypeError, match="replay must be a callable"):
-        dd.deep_dive(res, 1, replay=3)
+        deep_dive(res, 1, replay=3)
     with pytest.raises(ValueError, match="pass replay="):
-        dd.deep_dive(res, 1)
+        deep_dive(res, 1)
     with pytest.raises(ValueError, match="backend must be"):
-        dd.deep_dive(res, 1, replay=lambda: None, backend="nsight")
+        deep_dive(res, 1, replay=lambda: None, backend="nsight")
     with pytest.raises(ValueError, match="backend='cupti'"):
-        dd.deep_dive(res, 1, command=["python", "x.py"], backend="cupti")
+        deep_dive(res, 1, command=["python", "x.py"], backend="cupti")
     with pytest.raises(ValueError, match="backend='ncu'"):
-        dd.deep_dive(res, 1, replay=lambda: None, backend="ncu")
+        deep_dive(res, 1, replay=lambda: None, backend="ncu")
     with pytest.raises(TypeError, match="command must be"):
-        dd.deep_dive(res, 1, command=[1, 2])
+        deep_dive(res, 1, command=[1, 2])
     with pytest.raises(ValueError, match="max_kernels"):
-        dd.deep_dive(res, 1, replay=lambda: None, max_kernels=0)
+        deep_dive(res, 1, replay=lambda: None, max_kernels=0)
 
 
 def test_deep_dive_without_counters_says_why_and_keeps_the_rest(monkeypatch):
     res = _synthetic_results()
     monkeypatch.setenv("PATH", "/nonexistent")
     calls = []
-    rep = dd.deep_dive(res, 5, replay=lambda: calls.append(1), command=["python", "x.py"])
+    rep = deep_dive(res, 5, replay=lambda: calls.append(1), command=["python", "x.py"])
     assert not rep.available and rep.backend == "none"
     assert "CUPTI:" in rep.reason and "ncu (Nsight Compute) is not on PATH" in rep.reason
     assert sorted(k.name for k in rep.kernels) == ["conv()", "gemm()"]
@@ -467,20 +568,20 @@ def test_deep_dive_without_counters_says_why_and_keeps_the_rest(monkeypatch):
     from gpuprof._results import Results
 
     raw = _gpuprof._test_aggregate([], [], [], 0, 1000, [], 1)
-    empty = dd.deep_dive(Results([raw]), 3, replay=lambda: None)
+    empty = deep_dive(Results([raw]), 3, replay=lambda: None)
     assert not empty.available and "no GPU kernels" in empty.reason
 
 
 def test_privileges_error_is_explained():
-    e = dd._CuptiFailure("cuptiRangeProfilerStart", 35, "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
+    e = ddc._CuptiFailure("cuptiRangeProfilerStart", 35, "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
     text = e.explain()
     assert "INSUFFICIENT_PRIVILEGES" in text and "NVreg_RestrictProfilingToAdminUsers=0" in text
     assert "SYS_ADMIN" in text
-    assert "virtual GPU" in dd._CuptiFailure("x", 40, "t").explain()
-    assert "another profiler" in dd._CuptiFailure("x", 26, "t").explain()
+    assert "virtual GPU" in ddc._CuptiFailure("x", 40, "t").explain()
+    assert "another profiler" in ddc._CuptiFailure("x", 26, "t").explain()
 
 
-FAKE_NCU = r'''#!{python}
+FAKE_NCU = r"""#!{python}
 import os, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_NCU_LOG"], "a") as f:
@@ -501,7 +602,7 @@ if os.environ.get("FAKE_NCU_DENY"):
     sys.exit(1)
 rep = args[args.index("--export") + 1]
 open(rep + ".ncu-rep", "w").write("fake")
-'''
+"""
 
 
 def _fake_ncu(tmp_path, monkeypatch, csv_text):
@@ -517,18 +618,20 @@ def _fake_ncu(tmp_path, monkeypatch, csv_text):
 def test_ncu_backend_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch):
     hmma = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
     gmma = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
-    csv_text = _csv(HEAD + ["gpu__time_duration.sum", SOL_SM, SOL_DRAM, hmma, gmma],
-                    [""] * 7 + ["nsecond", "%", "%", "%", "%"],
-                    ["0", "1", "p", "h", "gemm", "1", "7", "1000", "50", "20", "10", "90"],
-                    ["1", "1", "p", "h", "gemm", "1", "7", "3000", "50", "20", "10", "90"],
-                    ["2", "1", "p", "h", "conv", "1", "7", "500", "15", "85", "0", "0"])
+    csv_text = _csv(
+        HEAD + ["gpu__time_duration.sum", SOL_SM, SOL_DRAM, hmma, gmma],
+        [""] * 7 + ["nsecond", "%", "%", "%", "%"],
+        ["0", "1", "p", "h", "gemm", "1", "7", "1000", "50", "20", "10", "90"],
+        ["1", "1", "p", "h", "gemm", "1", "7", "3000", "50", "20", "10", "90"],
+        ["2", "1", "p", "h", "conv", "1", "7", "500", "15", "85", "0", "0"],
+    )
     exe = _fake_ncu(tmp_path, monkeypatch, csv_text)
-    rep = dd.deep_dive(_synthetic_results(), 5, command=["python", "train.py"], ncu=exe)
+    rep = deep_dive(_synthetic_results(), 5, command=["python", "train.py"], ncu=exe)
     assert rep.available and rep.backend == "ncu", rep.reason
     by = {k.name: k for k in rep.kernels}
     gemm, conv = by["gemm()"], by["conv()"]
     assert gemm.launches_profiled == 2 and gemm.metrics["duration_ns"] == 4000
-    assert gemm.metrics["tensor_pct"] == 90.0          # the larger of the two tensor metrics
+    assert gemm.metrics["tensor_pct"] == 90.0  # the larger of the two tensor metrics
     assert gemm.bound == "compute-bound"
     assert conv.bound == "memory-bound" and conv.metrics["dram_pct"] == 85.0
     log = (tmp_path / "log").read_text().splitlines()
@@ -548,7 +651,7 @@ def test_ncu_backend_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch):
 def test_ncu_without_permission_says_how_to_fix(tmp_path, monkeypatch):
     exe = _fake_ncu(tmp_path, monkeypatch, "")
     monkeypatch.setenv("FAKE_NCU_DENY", "1")
-    rep = dd.deep_dive(_synthetic_results(), 2, command="python train.py", ncu=exe)
+    rep = deep_dive(_synthetic_results(), 2, command="python train.py", ncu=exe)
     assert not rep.available
     assert "NVreg_RestrictProfilingToAdminUsers=0" in rep.reason
 
@@ -569,16 +672,24 @@ def _cupti_include():
     return None
 
 
-@pytest.mark.skipif(_cupti_include() is None or shutil.which("g++") is None,
-                    reason="needs g++ and the CUPTI 12.6+ headers (cupti_profiler_host.h is C++)")
+@pytest.mark.skipif(
+    _cupti_include() is None or shutil.which("g++") is None,
+    reason="needs g++ and the CUPTI 12.6+ headers (cupti_profiler_host.h is C++)",
+)
 def test_ctypes_parameter_structs_match_the_cupti_headers(tmp_path):
     # Every struct deep_dive hands to CUPTI, field by field, against offsetof() and the
     # headers' *_STRUCT_SIZE macros; and the enum values it uses.
-    lines = ["#include <cstdio>", "#include <cstddef>", "#include <cuda.h>",
-             "#include <cupti_target.h>", "#include <cupti_profiler_target.h>",
-             "#include <cupti_profiler_host.h>", "#include <cupti_range_profiler.h>",
-             "int main() {"]
-    for key, cls in dd.CUPTI_PARAMS.items():
+    lines = [
+        "#include <cstdio>",
+        "#include <cstddef>",
+        "#include <cuda.h>",
+        "#include <cupti_target.h>",
+        "#include <cupti_profiler_target.h>",
+        "#include <cupti_profiler_host.h>",
+        "#include <cupti_range_profiler.h>",
+        "int main() {",
+    ]
+    for key, cls in ddc.CUPTI_PARAMS.items():
         c = cls.__name__
         lines.append(f'printf("{key} size %zu\\n", (size_t){c}_STRUCT_SIZE);')
         for f, _ in cls._fields_:
@@ -594,17 +705,20 @@ def test_ctypes_parameter_structs_match_the_cupti_headers(tmp_path):
     exe = tmp_path / "probe"
     subprocess.run(["g++", "-I", _cupti_include(), str(src), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    enums = {"AutoRange": dd.CUPTI_AUTO_RANGE, "KernelReplay": dd.CUPTI_KERNEL_REPLAY,
-             "RangeProfiler": dd.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
-             "RangeProfiling": dd.CUPTI_PROFILER_RANGE_PROFILING,
-             "Supported": dd.SUPPORT_SUPPORTED}
+    enums = {
+        "AutoRange": ddc.CUPTI_AUTO_RANGE,
+        "KernelReplay": ddc.CUPTI_KERNEL_REPLAY,
+        "RangeProfiler": ddc.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
+        "RangeProfiling": ddc.CUPTI_PROFILER_RANGE_PROFILING,
+        "Supported": ddc.SUPPORT_SUPPORTED,
+    }
     checked = 0
     for line in out.splitlines():
         key, f, value = line.split()
         if key == "enum":
             assert enums[f] == int(value), f
             continue
-        cls = dd.CUPTI_PARAMS[key]
+        cls = ddc.CUPTI_PARAMS[key]
         mine = cls.size if f == "size" else getattr(cls, f).offset
         assert mine == int(value), (key, f)
         checked += 1
@@ -618,7 +732,7 @@ def _loaded_cupti():
     if not st["loaded"] or not st["library"]:
         return None
     try:
-        return dd._Cupti(st["library"], driver=False)
+        return ddc._Cupti(st["library"], driver=False)
     except (OSError, RuntimeError):
         return None  # a libcupti older than CUDA 12.6: no range profiler
 
@@ -629,15 +743,18 @@ def test_every_metric_exists_on_every_chip_and_schedules(chip):
     # CUPTI's host API works without a GPU: the metric names deep_dive asks for are
     # checked against each chip, and a config image (what the GPU would run) is built.
     api = _loaded_cupti()
-    host = api.call("cuptiProfilerHostInitialize",
-                    profilerType=dd.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
-                    pChipName=chip.encode()).pHostObject
+    host = api.call(
+        "cuptiProfilerHostInitialize",
+        profilerType=ddc.CUPTI_PROFILER_TYPE_RANGE_PROFILER,
+        pChipName=chip.encode(),
+    ).pHostObject
     try:
-        names, chosen = dd._supported_metrics(api, host)
+        names, chosen = ddc._supported_metrics(api, host)
         assert set(chosen) == {s.field for s in dd.METRICS}, chip
-        size, config = dd._config_image(api, host, names)
-        passes = api.call("cuptiProfilerHostGetNumOfPasses", configImageSize=size,
-                          pConfigImage=config).numOfPasses
+        size, config = ddc._config_image(api, host, names)
+        passes = api.call(
+            "cuptiProfilerHostGetNumOfPasses", configImageSize=size, pConfigImage=config
+        ).numOfPasses
         assert size > 0 and 1 <= passes <= 40
     finally:
         api.call("cuptiProfilerHostDeinitialize", pHostObject=host)
@@ -675,8 +792,10 @@ def _occupancy_header():
     return inc if inc and os.path.isfile(os.path.join(inc, "cuda_occupancy.h")) else None
 
 
-@pytest.mark.skipif(_occupancy_header() is None or shutil.which("g++") is None,
-                    reason="needs g++ and the CUDA toolkit's cuda_occupancy.h")
+@pytest.mark.skipif(
+    _occupancy_header() is None or shutil.which("g++") is None,
+    reason="needs g++ and the CUDA toolkit's cuda_occupancy.h",
+)
 def test_blocks_per_sm_agree_with_nvidias_occupancy_calculator(tmp_path):
     # NVIDIA's header-only calculator (what cudaOccupancyMaxActiveBlocksPerMultiprocessor
     # computes), fed each table entry and a sweep of launch shapes: every answer must match.
@@ -688,19 +807,36 @@ def test_blocks_per_sm_agree_with_nvidias_occupancy_calculator(tmp_path):
     for cc, d in ARCH_LIMITS.items():
         for block in (1, 32, 33, 96, 128, 192, 256, 288, 384, 512, 640, 768, 800, 1024):
             for regs in (0, 16, 32, 40, 56, 64, 70, 80, 96, 128, 168, 232, 255):
-                for smem in (0, 1000, 10000, 32768, 48 * 1024, 65536, 100000, 101376, 166912,
-                             200000, 232448, 232449):
+                for smem in (
+                    0,
+                    1000,
+                    10000,
+                    32768,
+                    48 * 1024,
+                    65536,
+                    100000,
+                    101376,
+                    166912,
+                    200000,
+                    232448,
+                    232449,
+                ):
                     cases.append((cc, block, regs, smem))
-                    lines.append(f"{cc[0]} {cc[1]} {d.max_threads_per_sm} "
-                                 f"{d.max_threads_per_block} {d.regs_per_sm} {d.regs_per_block} "
-                                 f"{d.shared_mem_per_block} {d.shared_mem_per_sm} "
-                                 f"{d.shared_mem_per_block_optin} "
-                                 f"{d.reserved_shared_mem_per_block} {block} {regs} {smem}")
-    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True,
-                         text=True, check=True).stdout.split()
+                    lines.append(
+                        f"{cc[0]} {cc[1]} {d.max_threads_per_sm} "
+                        f"{d.max_threads_per_block} {d.regs_per_sm} {d.regs_per_block} "
+                        f"{d.shared_mem_per_block} {d.shared_mem_per_sm} "
+                        f"{d.shared_mem_per_block_optin} "
+                        f"{d.reserved_shared_mem_per_block} {block} {regs} {smem}"
+                    )
+    out = subprocess.run(
+        [str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True
+    ).stdout.split()
     theirs = [int(b) for b in out[1::2]]
     assert len(theirs) == len(cases)
-    bad = [(c, t, theoretical_occupancy(c[1], c[2], c[3], c[0]).blocks_per_sm)
-           for c, t in zip(cases, theirs, strict=True)
-           if theoretical_occupancy(c[1], c[2], c[3], c[0]).blocks_per_sm != t]
+    bad = [
+        (c, t, theoretical_occupancy(c[1], c[2], c[3], c[0]).blocks_per_sm)
+        for c, t in zip(cases, theirs, strict=True)
+        if theoretical_occupancy(c[1], c[2], c[3], c[0]).blocks_per_sm != t
+    ]
     assert not bad, bad[:10]

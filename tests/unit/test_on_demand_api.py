@@ -39,11 +39,18 @@ def step_until_done(od, req, limit=100_000):
 
 
 # -- signals and folders -------------------------------------------------------------------------
-@pytest.mark.parametrize("text, num", [("SIGUSR2", signal.SIGUSR2), ("usr1", signal.SIGUSR1),
-                                       (int(signal.SIGUSR2), signal.SIGUSR2),
-                                       (signal.SIGUSR1, signal.SIGUSR1),
-                                       ("SIGRTMIN+2", signal.SIGRTMIN + 2), ("none", None),
-                                       (None, None)])
+@pytest.mark.parametrize(
+    "text, num",
+    [
+        ("SIGUSR2", signal.SIGUSR2),
+        ("usr1", signal.SIGUSR1),
+        (int(signal.SIGUSR2), signal.SIGUSR2),
+        (signal.SIGUSR1, signal.SIGUSR1),
+        ("SIGRTMIN+2", signal.SIGRTMIN + 2),
+        ("none", None),
+        (None, None),
+    ],
+)
 def test_parse_signal_takes_user_and_realtime_signals(text, num):
     assert proto.parse_signal(text) == num
 
@@ -103,12 +110,15 @@ def test_arm_refuses_a_signal_the_program_handles(runtime):
         signal.signal(signal.SIGUSR1, previous)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"signal": "SIGKILL"}, "signal must be"),
-    ({"trigger_dir": "/no/such/folder"}, "trigger_dir: '/no/such/folder' is not a folder"),
-    ({"step_fn": "nocolon"}, "step_fn: takes module:function"),
-    ({"poll_interval_s": 0}, "poll_interval_s must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"signal": "SIGKILL"}, "signal must be"),
+        ({"trigger_dir": "/no/such/folder"}, "trigger_dir: '/no/such/folder' is not a folder"),
+        ({"step_fn": "nocolon"}, "step_fn: takes module:function"),
+        ({"poll_interval_s": 0}, "poll_interval_s must be"),
+    ],
+)
 def test_arm_bad_arguments(runtime, kwargs, match):
     with pytest.raises(ValueError, match=match):
         gpuprof.arm(**kwargs)
@@ -119,17 +129,21 @@ def test_arm_with_a_step_function_of_main_that_does_not_exist(runtime):
         gpuprof.arm(signal=None, step_fn="__main__:no_such_function")
 
 
-@pytest.mark.parametrize("argv, skip", [
-    (["python", "-m", "gpuprof", "capture", "1"], True),
-    (["python", "-u", "-m", "gpuprof.boot"], True),
-    (["python", "-mgpuprof", "run", "x.py"], True),
-    (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], True),
-    (["python", "train.py"], False),
-    (["python", "-m", "torch.distributed.run", "train.py"], False),
-    (["python", "-c", "import gpuprof"], False),
-])
+@pytest.mark.parametrize(
+    "argv, skip",
+    [
+        (["python", "-m", "gpuprof", "capture", "1"], True),
+        (["python", "-u", "-m", "gpuprof.boot"], True),
+        (["python", "-mgpuprof", "run", "x.py"], True),
+        (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], True),
+        (["python", "train.py"], False),
+        (["python", "-m", "torch.distributed.run", "train.py"], False),
+        (["python", "-c", "import gpuprof"], False),
+    ],
+)
 def test_environment_arming_skips_gpuprof_itself_and_multiprocessing_helpers(
-        monkeypatch, argv, skip):
+    monkeypatch, argv, skip
+):
     monkeypatch.setattr(sys, "orig_argv", argv)
     monkeypatch.setattr(sys, "argv", argv[1:] or [""])
     assert _ondemand._not_for_environment() is skip
@@ -142,8 +156,7 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
         od.step()
     assert od.found == 4
     first = od.capture(steps=3, output=tmp_path / "one")
-    assert "records the next 3 steps from its next step boundary (it is at step 4)" in \
-        first.message
+    assert "records the next 3 steps from its next step boundary (it is at step 4)" in first.message
     res = step_until_done(od, first)
     assert res["ok"], res
     assert res["n_steps"] == 3 and res["steps"] == [res["first_step"], res["first_step"] + 2]
@@ -151,8 +164,9 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
     assert sys.getprofile() is None  # the hook is gone again
     names = sorted(os.path.basename(f) for f in res["files"])
     stem = f"{proto.host()}_{os.getpid()}_step{res['first_step']}"
-    assert names == sorted(stem + ext for ext in (".gpuprof", ".pt.trace.json.gz",
-                                                  ".stacks.txt", ".txt"))
+    assert names == sorted(
+        stem + ext for ext in (".gpuprof", ".pt.trace.json.gz", ".stacks.txt", ".txt")
+    )
     loaded = gpuprof.load(str(tmp_path / "one" / (stem + ".gpuprof")))
     assert len(loaded.steps()) == 3
     assert "work" in set(loaded.ops()["name"])
@@ -160,8 +174,7 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
         trace = json.load(f)
     meta = trace["gpuprof_on_demand"]
     assert meta["first_step"] == res["first_step"] and meta["steps"] == 3
-    assert {f"ProfilerStep#{i}" for i in range(3)} <= {e.get("name") for e in
-                                                        trace["traceEvents"]}
+    assert {f"ProfilerStep#{i}" for i in range(3)} <= {e.get("name") for e in trace["traceEvents"]}
     report = (tmp_path / "one" / (stem + ".txt")).read_text()
     assert f"recorded 3 steps, steps {res['first_step']}-{res['first_step'] + 2}" in report
     assert "gpuprof diagnosis" in report and res["diagnosis"] in report
@@ -172,8 +185,11 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
     assert od.status()["captures"] == 2 and od.status()["state"] == "idle"
     for r in (res, res2):  # gpuprof's own threads are in neither capture
         with gzip.open(next(f for f in r["files"] if f.endswith(".json.gz")), "rt") as f:
-            threads = [e["args"]["name"] for e in json.load(f)["traceEvents"]
-                       if e.get("ph") == "M" and e.get("name") == "thread_name"]
+            threads = [
+                e["args"]["name"]
+                for e in json.load(f)["traceEvents"]
+                if e.get("ph") == "M" and e.get("name") == "thread_name"
+            ]
         assert len(threads) == 1 and "MainThread" in threads[0], threads
 
 
@@ -205,10 +221,13 @@ def test_a_capture_waiting_to_start_refuses_others(runtime, tmp_path):
     od = gpuprof.arm(signal=None, poll_interval_s=0.05)
     first = od.capture(steps=2, output=tmp_path / "one")
     assert "has found none in the" in first.message and "--duration" in first.message
-    with pytest.raises(RuntimeError, match=rf"pid {os.getpid()} has a capture waiting to start "
-                       r"\(asked for at [\d:]+ by pid \d+: the next 2 steps from its next step "
-                       r"boundary; it is at step 0, 0 step\(s\) since\); cancel it with "
-                       rf"`python -m gpuprof capture {os.getpid()} --cancel`"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"pid {os.getpid()} has a capture waiting to start "
+        r"\(asked for at [\d:]+ by pid \d+: the next 2 steps from its next step "
+        r"boundary; it is at step 0, 0 step\(s\) since\); cancel it with "
+        rf"`python -m gpuprof capture {os.getpid()} --cancel`",
+    ):
         od.capture(steps=2, output=tmp_path / "two")
     res = step_until_done(od, first)
     assert res["ok"] and res["first_step"] == 1
@@ -228,8 +247,10 @@ def test_a_started_capture_is_stopped_only_by_an_abort_and_writes_nothing(runtim
     rid = od._work.rid
     plain, abort = InProcessReply(), InProcessReply()
     od._handle({"op": "cancel", "target": rid}, plain)
-    assert not plain.reply_doc["ok"] and "it has started and ends by itself" in \
-        plain.reply_doc["message"]
+    assert (
+        not plain.reply_doc["ok"]
+        and "it has started and ends by itself" in plain.reply_doc["message"]
+    )
     od._handle({"op": "cancel", "target": rid, "abort": True}, abort)
     assert abort.reply_doc["ok"] and abort.reply_doc["state"] == "aborting"
     assert od.status()["state"] == "recording"
@@ -276,8 +297,7 @@ def test_disarm_writes_the_capture_in_progress(runtime, tmp_path):
     res = req.wait(0)
     assert res["ok"] and res["n_steps"] == 3
     assert res["cut_short"] == "the program ended after 3 of the 100 steps"
-    assert "cut short: the program ended after 3 of the 100 steps" in \
-        open(res["report"]).read()
+    assert "cut short: the program ended after 3 of the 100 steps" in open(res["report"]).read()
     assert sys.getprofile() is None
 
 

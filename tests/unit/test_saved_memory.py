@@ -20,8 +20,9 @@ def torch_memory_prof(monkeypatch):
     at 150 MiB allocated, 400 MiB reserved) and whose host RSS rises by 64 MiB."""
     stats = _torch_stats(1 * MiB, 2 * MiB, 1 * MiB)
     _fake_torch(monkeypatch, {0: stats})
-    with gpuprof.profile(activities=CPU, profile_memory=True,
-                         memory_sample_interval_s=0.002) as prof:
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
         time.sleep(0.02)
         _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)
         held = bytearray(64 * MiB)  # zero-filled: every page is touched

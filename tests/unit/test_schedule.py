@@ -41,8 +41,19 @@ def test_schedule_matches_reference(params):
 def test_schedule_table():
     s = gpuprof.schedule(wait=1, warmup=1, active=2, repeat=2, skip_first=1)
     got = [s(i) for i in range(11)]
-    assert got == [A.NONE, A.NONE, A.WARMUP, A.RECORD, A.RECORD_AND_SAVE,
-                   A.NONE, A.WARMUP, A.RECORD, A.RECORD_AND_SAVE, A.NONE, A.NONE]
+    assert got == [
+        A.NONE,
+        A.NONE,
+        A.WARMUP,
+        A.RECORD,
+        A.RECORD_AND_SAVE,
+        A.NONE,
+        A.WARMUP,
+        A.RECORD,
+        A.RECORD_AND_SAVE,
+        A.NONE,
+        A.NONE,
+    ]
 
 
 def test_matches_torch_when_installed():
@@ -50,25 +61,34 @@ def test_matches_torch_when_installed():
     for params in GRID[::7]:
         wait, warmup, active, repeat, skip_first, skip_first_wait = params
         try:
-            theirs = torch_profiler.schedule(wait=wait, warmup=warmup, active=active,
-                                             repeat=repeat, skip_first=skip_first,
-                                             skip_first_wait=skip_first_wait)
+            theirs = torch_profiler.schedule(
+                wait=wait,
+                warmup=warmup,
+                active=active,
+                repeat=repeat,
+                skip_first=skip_first,
+                skip_first_wait=skip_first_wait,
+            )
         except TypeError:
             if skip_first_wait:
                 continue
-            theirs = torch_profiler.schedule(wait=wait, warmup=warmup, active=active,
-                                             repeat=repeat, skip_first=skip_first)
+            theirs = torch_profiler.schedule(
+                wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+            )
         ours = gpuprof.Schedule(*params)
         assert [int(ours(i)) for i in range(30)] == [theirs(i).value for i in range(30)]
 
 
-@pytest.mark.parametrize("kwargs, exc, word", [
-    (dict(wait=-1, warmup=1, active=1), ValueError, "wait"),
-    (dict(wait=0, warmup=1, active=0), ValueError, "active"),
-    (dict(wait=0, warmup=1.5, active=1), TypeError, "warmup"),
-    (dict(wait=0, warmup=1, active=1, repeat=-2), ValueError, "repeat"),
-    (dict(wait=0, warmup=1, active=1, skip_first="3"), TypeError, "skip_first"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, word",
+    [
+        (dict(wait=-1, warmup=1, active=1), ValueError, "wait"),
+        (dict(wait=0, warmup=1, active=0), ValueError, "active"),
+        (dict(wait=0, warmup=1.5, active=1), TypeError, "warmup"),
+        (dict(wait=0, warmup=1, active=1, repeat=-2), ValueError, "repeat"),
+        (dict(wait=0, warmup=1, active=1, skip_first="3"), TypeError, "skip_first"),
+    ],
+)
 def test_bad_schedule_arguments(kwargs, exc, word):
     with pytest.raises(exc, match=word):
         gpuprof.schedule(**kwargs)
@@ -171,6 +191,7 @@ def _rss_kb():
 def test_memory_stays_flat_over_10000_steps():
     calls = []
     sched = gpuprof.schedule(wait=1, warmup=1, active=2)
+
     def ready(p):
         calls.append(p.buffer_stats()["bytes_held"])
 
@@ -194,6 +215,7 @@ def test_forked_child_stops_recording_and_parent_is_unaffected():
         pid = os.fork()
         if pid == 0:  # child: keeps running, records nothing, step/stop are no-ops
             import sys
+
             ok = sys.getprofile() is None
             prof.step()
             work(1000)

@@ -27,6 +27,7 @@ def row(prof, name):
 
 # -- a step is what prof.step() closes --------------------------------------------------
 
+
 def test_three_iterations_with_step_after_each_are_three_steps():
     with gpuprof.profile(activities=CPU) as prof:
         for _ in range(3):
@@ -64,7 +65,9 @@ def test_trace_has_one_step_slice_per_closed_step(tmp_path):
     with open(path) as f:
         names = [e.get("name") for e in json.load(f)["traceEvents"]]
     assert sorted(n for n in names if str(n).startswith("ProfilerStep#")) == [
-        "ProfilerStep#0", "ProfilerStep#1"]
+        "ProfilerStep#0",
+        "ProfilerStep#1",
+    ]
 
 
 def test_compare_uses_the_closed_steps():
@@ -82,15 +85,18 @@ def test_compare_uses_the_closed_steps():
 
 # -- schedules cut short by the end of the loop ------------------------------------------
 
+
 def test_cut_short_cycle_keeps_the_last_complete_window_and_says_so():
     # the README's example: wait=1, warmup=1, active=3 over 12 batches; the third
     # cycle has begun recording when the loop ends
     seen = []
     sched = gpuprof.schedule(wait=1, warmup=1, active=3)
     with pytest.warns(UserWarning) as caught:
-        with gpuprof.profile(activities=CPU, schedule=sched,
-                             on_trace_ready=lambda p: seen.append(list(p.steps()["step"]))
-                             ) as prof:
+        with gpuprof.profile(
+            activities=CPU,
+            schedule=sched,
+            on_trace_ready=lambda p: seen.append(list(p.steps()["step"])),
+        ) as prof:
             for _ in range(12):
                 work(1000)
                 prof.step()
@@ -155,11 +161,18 @@ def test_acc_events_keeps_the_cut_short_window_too():
 
 # -- torch.profiler's other arguments ----------------------------------------------------
 
-@pytest.mark.parametrize("arg, value", [
-    ("with_flops", True), ("experimental_config", object()),
-    ("execution_trace_observer", object()), ("post_processing_timeout_s", 5.0),
-    ("custom_trace_id_callback", lambda: "id"), ("record_shapes", True),
-])
+
+@pytest.mark.parametrize(
+    "arg, value",
+    [
+        ("with_flops", True),
+        ("experimental_config", object()),
+        ("execution_trace_observer", object()),
+        ("post_processing_timeout_s", 5.0),
+        ("custom_trace_id_callback", lambda: "id"),
+        ("record_shapes", True),
+    ],
+)
 def test_arguments_gpuprof_cannot_honour_warn_once_naming_them(arg, value):
     with pytest.warns(UserWarning) as caught:
         prof = gpuprof.profile(activities=CPU, **{arg: value})
@@ -183,11 +196,15 @@ def test_with_modules_is_honoured_silently():
             Block().forward()
     tree = prof.call_tree()
     names = [str(n) for n in tree["name"]]
-    block = [i for i, n in enumerate(names)  # bare "forward" on 3.10 (no co_qualname)
-             if n.split(" (")[0].endswith("forward") and "test_steps.py" in n]
+    block = [
+        i
+        for i, n in enumerate(names)  # bare "forward" on 3.10 (no co_qualname)
+        if n.split(" (")[0].endswith("forward") and "test_steps.py" in n
+    ]
     assert block
-    assert any(names[i].startswith("work") and tree["parent"][i] == block[0]
-               for i in range(len(tree)))
+    assert any(
+        names[i].startswith("work") and tree["parent"][i] == block[0] for i in range(len(tree))
+    )
 
 
 def test_use_cuda_false_means_cpu_only_and_the_footer_says_why():
@@ -204,20 +221,24 @@ def test_footer_always_names_the_cuda_capture_mode():
     assert "CUDA capture: off (ProfilerActivity.CUDA is not in activities)" in lines
     with gpuprof.profile() as prof:  # the default: CUDA when usable
         work(10)
-    footer = [ln for ln in prof.key_averages().table().splitlines()
-              if ln.startswith("CUDA capture:")]
+    footer = [
+        ln for ln in prof.key_averages().table().splitlines() if ln.startswith("CUDA capture:")
+    ]
     assert len(footer) == 1
     if not gpuprof.cuda_status()["usable"]:
         assert footer[0].startswith("CUDA capture: off (") and footer[0].endswith(")")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"with_flops": 1}, "with_flops must be a bool"),
-    ({"with_modules": "yes"}, "with_modules must be a bool"),
-    ({"use_cuda": "cuda"}, "use_cuda must be a bool or None"),
-    ({"post_processing_timeout_s": -1}, "post_processing_timeout_s must be a number >= 0"),
-    ({"custom_trace_id_callback": "id"}, "custom_trace_id_callback must be callable"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"with_flops": 1}, "with_flops must be a bool"),
+        ({"with_modules": "yes"}, "with_modules must be a bool"),
+        ({"use_cuda": "cuda"}, "use_cuda must be a bool or None"),
+        ({"post_processing_timeout_s": -1}, "post_processing_timeout_s must be a number >= 0"),
+        ({"custom_trace_id_callback": "id"}, "custom_trace_id_callback must be callable"),
+    ],
+)
 def test_bad_compat_arguments_raise_naming_them(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         gpuprof.profile(activities=CPU, **kwargs)

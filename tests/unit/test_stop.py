@@ -51,8 +51,18 @@ PY_OPS = (LEAF, MIDDLE, OUTER, HIDDEN)
 
 
 def aggregate(threads, end, **kw):
-    return _gpuprof._test_aggregate(OPS, threads, [], 0, end, [], 1, 1 << 20,
-                                    kw.get("spans_now", True), kw.get("general_only", False))
+    return _gpuprof._test_aggregate(
+        OPS,
+        threads,
+        [],
+        0,
+        end,
+        [],
+        1,
+        1 << 20,
+        kw.get("spans_now", True),
+        kw.get("general_only", False),
+    )
 
 
 def assert_same_window(a, b, spans=True):
@@ -65,6 +75,7 @@ def assert_same_window(a, b, spans=True):
 
 # -- random event streams: what the hook, ranges and steps can write --------------------
 
+
 @st.composite
 def event_streams(draw):
     """A thread's events: calls and returns of Python ops (some hidden), C calls
@@ -74,8 +85,11 @@ def event_streams(draw):
     events, stack, ts = [], [], 0
     for _ in range(draw(st.integers(0, 120))):
         ts += draw(st.sampled_from([0, 1, 7, 100]))
-        what = draw(st.sampled_from(["call", "call", "ccall", "ret", "ret", "cret", "range",
-                                     "pop", "step", "frame"]))
+        what = draw(
+            st.sampled_from(
+                ["call", "call", "ccall", "ret", "ret", "cret", "range", "pop", "step", "frame"]
+            )
+        )
         if what == "call":
             op = draw(st.sampled_from(PY_OPS))
             events.append((ts, C["EV_CALL"], op))
@@ -225,13 +239,16 @@ def test_event_times_are_on_the_profiler_clock(no_gc):
 
 @pytest.mark.parametrize("clock", ["monotonic", "tsc"])
 def test_the_event_clock_can_be_chosen(clock):
-    code = ("import gpuprof; from gpuprof import _gpuprof\n"
-            "with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as p:\n"
-            "    sum(range(10))\n"
-            "ops = p.ops(); print(_gpuprof.EVENT_CLOCK, int((ops['cpu_total_ns'] >= 0).all()))")
+    code = (
+        "import gpuprof; from gpuprof import _gpuprof\n"
+        "with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as p:\n"
+        "    sum(range(10))\n"
+        "ops = p.ops(); print(_gpuprof.EVENT_CLOCK, int((ops['cpu_total_ns'] >= 0).all()))"
+    )
     env = dict(os.environ, GPUPROF_CLOCK=clock)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     if clock == "tsc" and platform.machine() != "x86_64":
         assert out[0] == "monotonic"
     else:

@@ -51,6 +51,7 @@ def run_pool(n=N_ITEMS):
 
 # -- helpers -------------------------------------------------------------------------------
 
+
 def read_trace(path):
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as f:
@@ -60,18 +61,19 @@ def read_trace(path):
 
 
 def slices(trace, pid=None):
-    return [e for e in trace["traceEvents"]
-            if e["ph"] == "X" and (pid is None or e["pid"] == pid)]
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and (pid is None or e["pid"] == pid)]
 
 
 def meta_events(trace, name):
-    return {e["pid"]: e["args"] for e in trace["traceEvents"]
-            if e["ph"] == "M" and e["name"] == name}
+    return {
+        e["pid"]: e["args"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == name
+    }
 
 
 def is_call_of(event, func):
     return event["cat"] == "python_function" and event["name"].endswith(
-        f"({func.__code__.co_firstlineno}): {func.__qualname__}")
+        f"({func.__code__.co_firstlineno}): {func.__qualname__}"
+    )
 
 
 def calls(ops, name):
@@ -90,6 +92,7 @@ def pool_prof():
 
 
 # -- the C writer: one file from several calls ---------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def window_res():
@@ -116,15 +119,30 @@ def test_writer_parts_compose_one_file(window_res, tmp_path):
     _gpuprof._write_trace(str(whole_path), w, meta)
     whole, _ = read_trace(whole_path)
 
-    other = dict(meta, header=meta["header"], part="open", pid=3_000_001,
-                 process_name="worker A", sort_index=main_pid + 1, id_base=n)
-    third = dict(meta, header="", part="append", pid=3_000_002, process_name="worker B",
-                 sort_index=main_pid + 2, id_base=2 * n)
+    other = dict(
+        meta,
+        header=meta["header"],
+        part="open",
+        pid=3_000_001,
+        process_name="worker A",
+        sort_index=main_pid + 1,
+        id_base=n,
+    )
+    third = dict(
+        meta,
+        header="",
+        part="append",
+        pid=3_000_002,
+        process_name="worker B",
+        sort_index=main_pid + 2,
+        id_base=2 * n,
+    )
     trace, events = write_calls([(w, other), (w, third), (w, dict(meta, part="close"))])
 
     # the header and end are the whole file's; the main window's events are unchanged
-    assert {k: v for k, v in trace.items() if k != "traceEvents"} == \
-        {k: v for k, v in whole.items() if k != "traceEvents"}
+    assert {k: v for k, v in trace.items() if k != "traceEvents"} == {
+        k: v for k, v in whole.items() if k != "traceEvents"
+    }
     mine = [e for e in trace["traceEvents"] if e["pid"] not in (3_000_001, 3_000_002)]
     assert mine == whole["traceEvents"]
     assert trace["traceEvents"][-1]["name"] == "Record Window End"
@@ -134,8 +152,9 @@ def test_writer_parts_compose_one_file(window_res, tmp_path):
         assert meta_events(trace, "process_name")[pid] == {"name": name}
         assert meta_events(trace, "process_labels")[pid] == {"labels": "CPU"}
         theirs, ours = slices(trace, pid), slices(whole, main_pid)
-        assert [(e["name"], e["ts"], e["dur"], e["tid"]) for e in theirs] == \
-               [(e["name"], e["ts"], e["dur"], e["tid"]) for e in ours]
+        assert [(e["name"], e["ts"], e["dur"], e["tid"]) for e in theirs] == [
+            (e["name"], e["ts"], e["dur"], e["tid"]) for e in ours
+        ]
         for a, b in zip(theirs, ours, strict=True):
             for key in ("Python id", "External id", "Ev Idx"):
                 if key in b["args"]:
@@ -166,23 +185,31 @@ def test_writer_base_ns_moves_time_zero(window_res):
     assert all(e["ts"] == 0.0 for e in slices(late, main_pid))
 
 
-@pytest.mark.parametrize("key, value, error, message", [
-    ("part", "middle", ValueError, r"meta\['part'\] must be 'whole', 'open', 'append' or "
-                                   "'close'"),
-    ("part", 3, ValueError, r"meta\['part'\]"),
-    ("id_base", -1, ValueError, r"meta\['id_base'\] must be >= 0"),
-    ("id_base", 2**32, ValueError, r"meta\['id_base'\]"),
-    ("base_ns", "0", TypeError, r"meta\['base_ns'\] must be an int"),
-    ("sort_index", 1.5, TypeError, r"meta\['sort_index'\] must be an int"),
-])
+@pytest.mark.parametrize(
+    "key, value, error, message",
+    [
+        (
+            "part",
+            "middle",
+            ValueError,
+            r"meta\['part'\] must be 'whole', 'open', 'append' or "
+            "'close'",
+        ),
+        ("part", 3, ValueError, r"meta\['part'\]"),
+        ("id_base", -1, ValueError, r"meta\['id_base'\] must be >= 0"),
+        ("id_base", 2**32, ValueError, r"meta\['id_base'\]"),
+        ("base_ns", "0", TypeError, r"meta\['base_ns'\] must be an int"),
+        ("sort_index", 1.5, TypeError, r"meta\['sort_index'\] must be an int"),
+    ],
+)
 def test_writer_rejects_bad_part_arguments(window_res, key, value, error, message):
     w = window_res.windows[-1]
     with pytest.raises(error, match=message):
-        _gpuprof._write_trace(io.BytesIO(), w, dict(trace_meta(window_res, w, "t"),
-                                                    **{key: value}))
+        _gpuprof._write_trace(io.BytesIO(), w, dict(trace_meta(window_res, w, "t"), **{key: value}))
 
 
 # -- export_chrome_trace with child processes ------------------------------------------------
+
 
 def test_trace_has_a_process_lane_per_worker(pool_prof, tmp_path):
     path = tmp_path / "t.json"
@@ -193,8 +220,7 @@ def test_trace_has_a_process_lane_per_worker(pool_prof, tmp_path):
     names = meta_events(trace, "process_name")
     assert set(names) == {main_pid, *workers}  # no GPU lanes in a CPU profile
     # metadata keys before the events, traceName last, the window end last of the events
-    assert keys.index("baseTimeNanoseconds") < keys.index("traceEvents") and \
-        keys[-1] == "traceName"
+    assert keys.index("baseTimeNanoseconds") < keys.index("traceEvents") and keys[-1] == "traceName"
     events = trace["traceEvents"]
     assert events[-1]["name"] == "Record Window End"
     end = ns(events[-1]["ts"])
@@ -212,8 +238,11 @@ def test_trace_has_a_process_lane_per_worker(pool_prof, tmp_path):
         assert sum(is_call_of(e, slow) for e in mine) == calls(pool_prof.ops(pid=pid), "slow")
         assert not any(e["name"].startswith("ProfilerStep") for e in mine)
         # its main thread is a thread lane named like the parent's
-        lane_names = {e["tid"]: e["args"]["name"] for e in events
-                      if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid}
+        lane_names = {
+            e["tid"]: e["args"]["name"]
+            for e in events
+            if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid
+        }
         assert lane_names[pid] == f"thread {pid} (MainThread)"
         assert {e["tid"] for e in mine} <= set(lane_names)
     assert sum(is_call_of(e, slow) for e in slices(trace)) == N_ITEMS
@@ -234,9 +263,12 @@ def test_worker_lanes_share_the_parents_clock(pool_prof, tmp_path):
     trace, _ = read_trace(tmp_path / "t.json")
     main_pid = os.getpid()
     # "...pool.py(N): Pool.map"; 3.10 code objects carry no qualname: "...pool.py(N): map"
-    (pool_map,) = [e for e in slices(trace, main_pid)
-                   if e["name"].endswith(": Pool.map") or (sys.version_info < (3, 11)
-                   and "pool.py(" in e["name"] and e["name"].endswith(": map"))]
+    (pool_map,) = [
+        e
+        for e in slices(trace, main_pid)
+        if e["name"].endswith(": Pool.map")
+        or (sys.version_info < (3, 11) and "pool.py(" in e["name"] and e["name"].endswith(": map"))
+    ]
     t0, t1 = ns(pool_map["ts"]), ns(pool_map["ts"] + pool_map["dur"])
     in_workers = [e for e in slices(trace) if is_call_of(e, slow)]
     assert len(in_workers) == N_ITEMS
@@ -253,12 +285,14 @@ def test_main_process_lanes_are_unchanged_by_children(pool_prof, tmp_path):
     with_, _ = read_trace(tmp_path / "with.json")
     without, _ = read_trace(tmp_path / "without.json")
     main_pid = os.getpid()
-    kept = [e for e in with_["traceEvents"] if not isinstance(e["pid"], int)
-            or e["pid"] == main_pid]
+    kept = [
+        e for e in with_["traceEvents"] if not isinstance(e["pid"], int) or e["pid"] == main_pid
+    ]
     assert kept == without["traceEvents"]
     drop = ("traceEvents", "traceName")
-    assert {k: v for k, v in with_.items() if k not in drop} == \
-        {k: v for k, v in without.items() if k not in drop}
+    assert {k: v for k, v in with_.items() if k not in drop} == {
+        k: v for k, v in without.items() if k not in drop
+    }
 
 
 def test_gzip_trace_with_workers(pool_prof, tmp_path):
@@ -303,10 +337,12 @@ def test_child_windows_are_cut_to_the_parents_window(window_res, tmp_path):
         raw["window_start_ns"], raw["window_end_ns"] = lo - d, hi - d
         return raw
 
-    res.subprocesses = [ProcessData(4_000_001, os.getpid(), "ForkPoolWorker-9", "fork", "ok",
-                                    [shifted(shift)]),
-                        ProcessData(4_000_002, os.getpid(), "MainProcess", "fork", "exited",
-                                    [shifted(hi - lo + 1)])]
+    res.subprocesses = [
+        ProcessData(4_000_001, os.getpid(), "ForkPoolWorker-9", "fork", "ok", [shifted(shift)]),
+        ProcessData(
+            4_000_002, os.getpid(), "MainProcess", "fork", "exited", [shifted(hi - lo + 1)]
+        ),
+    ]
     try:
         export_chrome_trace(res, tmp_path / "t.json")
     finally:
@@ -325,9 +361,12 @@ def test_child_windows_are_cut_to_the_parents_window(window_res, tmp_path):
 
 def test_tensorboard_handler_writes_the_workers_of_each_window(tmp_path):
     out = tmp_path / "log"
-    with gpuprof.profile(activities=CPU, subprocesses=True,
-                         schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=2),
-                         on_trace_ready=gpuprof.tensorboard_trace_handler(str(out))) as prof:
+    with gpuprof.profile(
+        activities=CPU,
+        subprocesses=True,
+        schedule=gpuprof.schedule(wait=0, warmup=1, active=1, repeat=2),
+        on_trace_ready=gpuprof.tensorboard_trace_handler(str(out)),
+    ) as prof:
         with mp.get_context("fork").Pool(2) as pool:
             for _ in range(4):  # warmup, active, warmup, active
                 pool.map(slow, range(4), chunksize=1)
@@ -345,6 +384,7 @@ def test_tensorboard_handler_writes_the_workers_of_each_window(tmp_path):
 
 # -- save / load keep the children ------------------------------------------------------------
 
+
 def test_save_load_keeps_the_workers(pool_prof, tmp_path):
     path = tmp_path / "run.gpuprof"
     pool_prof.save(path)
@@ -357,8 +397,9 @@ def test_save_load_keeps_the_workers(pool_prof, tmp_path):
     for pid in [int(p) for p in live["pid"]] + ["workers", "all", "main"]:
         assert_tables_equal(loaded.ops(pid=pid), pool_prof.ops(pid=pid))
     assert calls(loaded.ops(pid="workers"), "slow") == N_ITEMS
-    assert loaded.key_averages(pid="workers").table(sort_by="self_cpu_time_total") == \
-        pool_prof.key_averages(pid="workers").table(sort_by="self_cpu_time_total")
+    assert loaded.key_averages(pid="workers").table(
+        sort_by="self_cpu_time_total"
+    ) == pool_prof.key_averages(pid="workers").table(sort_by="self_cpu_time_total")
     assert str(loaded.diagnose()) == str(pool_prof.diagnose())
     # the same trace, worker lanes included, from the file as from memory
     pool_prof.export_chrome_trace(tmp_path / "a.json")

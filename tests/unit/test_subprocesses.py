@@ -24,6 +24,7 @@ METHODS = ["fork", "spawn", "forkserver"]
 
 # -- workloads (module level: spawn children import them by name) ----------------------
 
+
 def spin(seconds):
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -73,6 +74,7 @@ def crash_free_work(n):
 
 # -- helpers ---------------------------------------------------------------------------
 
+
 def calls(ops, name):
     return int(ops["calls"][ops["name"] == name].sum())
 
@@ -107,6 +109,7 @@ def _session_hygiene(monkeypatch):
 
 # -- arguments ---------------------------------------------------------------------------
 
+
 def test_subprocesses_must_be_a_bool():
     with pytest.raises(TypeError, match="subprocesses must be a bool"):
         gpuprof.profile(activities=CPU, subprocesses="yes")
@@ -128,9 +131,11 @@ def test_pid_argument_is_checked():
 
 # -- pools: the slow function shows up in the worker rows with exact counts -----------------
 
+
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("pool_inside", [True, False], ids=["pool-closed-inside",
-                                                            "pool-alive-at-stop"])
+@pytest.mark.parametrize(
+    "pool_inside", [True, False], ids=["pool-closed-inside", "pool-alive-at-stop"]
+)
 def test_pool_workers_are_profiled(method, pool_inside):
     n = 24
     ctx = mp.get_context(method)
@@ -173,8 +178,7 @@ def test_pool_workers_are_profiled(method, pool_inside):
     assert calls(prof.ops(pid="all"), "slow") == n
     assert calls(prof.ops(pid="all"), "main_side") == 1
     # the table of the workers shows the slow function's line
-    table = prof.key_averages(pid="workers").table(sort_by="self_cpu_time_total",
-                                                  row_limit=-1)
+    table = prof.key_averages(pid="workers").table(sort_by="self_cpu_time_total", row_limit=-1)
     assert f"slow (test_subprocesses.py:{slow.__code__.co_firstlineno})" in table
     # slow spins 2 ms per call: its total is at least that, on the workers' clock
     row = prof.ops(pid="workers")
@@ -184,8 +188,9 @@ def test_pool_workers_are_profiled(method, pool_inside):
 
 def test_profile_without_children_is_unchanged():
     """subprocesses=True on a program without children: same rows, same steps."""
-    with gpuprof.profile(activities=CPU, subprocesses=True,
-                         schedule=gpuprof.schedule(wait=1, warmup=1, active=2)) as prof:
+    with gpuprof.profile(
+        activities=CPU, subprocesses=True, schedule=gpuprof.schedule(wait=1, warmup=1, active=2)
+    ) as prof:
         for _ in range(5):
             main_side(50)
             prof.step()
@@ -198,6 +203,7 @@ def test_profile_without_children_is_unchanged():
 
 
 # -- failures in children never break the parent -------------------------------------------
+
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_crashed_child_is_reported_and_skipped(method):
@@ -326,8 +332,9 @@ def test_damaged_piece_is_skipped_with_a_counted_warning():
             p = ctx.Process(target=crash_free_work, args=(3,))
             p.start()
             p.join()
-            names = [n for n in os.listdir(folder) if n.startswith(f"{p.pid}.")
-                     and n.endswith(".piece")]
+            names = [
+                n for n in os.listdir(folder) if n.startswith(f"{p.pid}.") and n.endswith(".piece")
+            ]
             assert names, os.listdir(folder)
             piece = os.path.join(folder, names[0])
             spans = os.path.join(piece, "spans.npy")
@@ -364,14 +371,16 @@ def test_piece_round_trip_keeps_every_array(tmp_path):
 
 # -- schedules: persistent workers record only while the parent records -----------------------
 
+
 @pytest.mark.filterwarnings("ignore:.*warmup=0")
 def test_persistent_worker_follows_the_schedule():
     ctx = mp.get_context("fork")
     stop = ctx.Event()
     step_s = 0.25
     sched = gpuprof.schedule(wait=1, warmup=0, active=1, repeat=2)
-    with gpuprof.profile(activities=CPU, subprocesses=True, schedule=sched,
-                         acc_events=True) as prof:
+    with gpuprof.profile(
+        activities=CPU, subprocesses=True, schedule=sched, acc_events=True
+    ) as prof:
         p = ctx.Process(target=ticker, args=(stop,))
         p.start()  # forked while the parent waits: it must not record yet
         for _ in range(5):
@@ -416,6 +425,7 @@ def test_spawned_pool_created_while_waiting_starts_recording_later():
 
 # -- other kinds of children ------------------------------------------------------------------
 
+
 def test_grandchildren_are_profiled():
     ctx = mp.get_context("fork")
     with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
@@ -433,7 +443,8 @@ def test_grandchildren_are_profiled():
 
 def test_plain_os_fork_child_saves_at_normal_exit(tmp_path):
     script = tmp_path / "forker.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, time
         import gpuprof
 
@@ -450,10 +461,12 @@ def test_plain_os_fork_child_saves_at_normal_exit(tmp_path):
         ops = prof.ops(pid=pid)
         print(int(ops["calls"][ops["name"] == "child_work"].sum()),
               prof.processes()["status"][1])
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "exited"]
 
@@ -464,8 +477,13 @@ def test_subprocess_with_preexec_fn_is_not_a_child_to_wait_for():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
-            out = subprocess.run([sys.executable, "-c", "print(7)"], preexec_fn=lambda: None,
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-c", "print(7)"],
+                preexec_fn=lambda: None,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             main_side(5)
     assert out.stdout.strip() == "7"
     assert len(prof.processes()) == 1
@@ -491,6 +509,7 @@ def test_children_after_stop_are_not_profiled():
 
 
 # -- results for exporters and the diagnosis ---------------------------------------------------
+
 
 def test_results_carry_child_windows_on_the_same_clock():
     ctx = mp.get_context("fork")
@@ -574,6 +593,7 @@ def test_worker_hotspot_without_children_is_empty():
 
 # -- torch DataLoader (skipped without torch) -----------------------------------------------
 
+
 class SlowDataset:
     """A map-style dataset (DataLoader needs no Dataset subclass): 2 ms per item."""
 
@@ -601,8 +621,13 @@ def test_dataloader_workers(method, persistent):
     from torch.utils.data import DataLoader
 
     n = 32
-    loader = DataLoader(SlowDataset(n), batch_size=4, num_workers=2,
-                        multiprocessing_context=method, persistent_workers=persistent)
+    loader = DataLoader(
+        SlowDataset(n),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=method,
+        persistent_workers=persistent,
+    )
     with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
         seen = 0
         for batch in loader:
@@ -627,8 +652,13 @@ def test_dataloader_persistent_workers_follow_the_schedule():
     from torch.utils.data import DataLoader
 
     n = 24
-    loader = DataLoader(SlowDataset(n), batch_size=4, num_workers=2, persistent_workers=True,
-                        multiprocessing_context="fork")
+    loader = DataLoader(
+        SlowDataset(n),
+        batch_size=4,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+    )
     sched = gpuprof.schedule(wait=1, warmup=0, active=1, repeat=1)
     with gpuprof.profile(activities=CPU, subprocesses=True, schedule=sched) as prof:
         for _epoch in range(3):
@@ -643,8 +673,9 @@ def test_dataloader_data_stall_names_the_workers_function():
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(SlowDataset(40), batch_size=1, num_workers=1,
-                        multiprocessing_context="fork")
+    loader = DataLoader(
+        SlowDataset(40), batch_size=1, num_workers=1, multiprocessing_context="fork"
+    )
     with gpuprof.profile(activities=CPU, subprocesses=True) as prof:
         for _ in loader:
             main_side(100)
@@ -653,6 +684,7 @@ def test_dataloader_data_stall_names_the_workers_function():
     assert stall, str(prof.diagnose())
     ev = stall[0].evidence
     assert ev["workers"] == 1
-    assert ev["workers_hottest"].startswith(("SlowDataset.__getitem__ (", "spin (",
-                                             "time.perf_counter")), ev
+    assert ev["workers_hottest"].startswith(
+        ("SlowDataset.__getitem__ (", "spin (", "time.perf_counter")
+    ), ev
     assert "workers spent" in stall[0].title

@@ -31,11 +31,26 @@ def _synthetic():
         pass
 
     ops = [(C["OP_PYTHON"], f.__code__, 0)]
-    ev = [(10, C["EV_STEP_BEGIN"], 0), (20, C["EV_CALL"], 2),
-          (30, C["EV_API_ENTER"], 5, _gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]),
-          (35, C["EV_API_EXIT"], 5), (90, C["EV_RETURN"], 0), (100, C["EV_STEP_END"], 0)]
-    gpu = [dict(kind=C["GPU_KERNEL"], correlation=5, start_ns=40, end_ns=70, name_id=0,
-                stream=7, block_x=128, grid_x=4)]
+    ev = [
+        (10, C["EV_STEP_BEGIN"], 0),
+        (20, C["EV_CALL"], 2),
+        (30, C["EV_API_ENTER"], 5, _gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]),
+        (35, C["EV_API_EXIT"], 5),
+        (90, C["EV_RETURN"], 0),
+        (100, C["EV_STEP_END"], 0),
+    ]
+    gpu = [
+        dict(
+            kind=C["GPU_KERNEL"],
+            correlation=5,
+            start_ns=40,
+            end_ns=70,
+            name_id=0,
+            stream=7,
+            block_x=128,
+            grid_x=4,
+        )
+    ]
     raw = _gpuprof._test_aggregate(ops, [(1, 1, ev)], gpu, 0, 200, ["_Z3addPfi"], 1)
     return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
 

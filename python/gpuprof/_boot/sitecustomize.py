@@ -32,8 +32,10 @@ def _arm() -> None:
     try:
         import gpuprof  # noqa: F401 - arms at import (gpuprof._ondemand.arm_from_environment)
     except Exception as e:  # noqa: BLE001 - another interpreter without gpuprof: run unarmed
-        _sys.stderr.write(f"gpuprof: GPUPROF_ON_DEMAND=1, but {_sys.executable} cannot import "
-                          f"gpuprof ({e}); this program is not armed\n")
+        _sys.stderr.write(
+            f"gpuprof: GPUPROF_ON_DEMAND=1, but {_sys.executable} cannot import "
+            f"gpuprof ({e}); this program is not armed\n"
+        )
 
 
 try:

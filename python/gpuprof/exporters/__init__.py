@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .chrome import export_chrome_trace
 from .html import export_compare_html, export_html
-from .saved import LoadedProfile, load, save
+from .saved import save
 from .stacks import export_stacks
 from .tensorboard import tensorboard_trace_handler
 
@@ -31,3 +31,13 @@ __all__ = [
     "save",
     "tensorboard_trace_handler",
 ]
+
+
+def __getattr__(name: str):
+    # load() and LoadedProfile answer as a profile does, so they live above the
+    # exporters (gpuprof._loaded); they stay reachable here, where they always were.
+    if name in ("LoadedProfile", "load"):
+        from .. import _loaded
+
+        return getattr(_loaded, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

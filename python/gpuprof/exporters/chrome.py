@@ -9,8 +9,6 @@ and what each track means are described in docs/traces.md.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import gzip
 import json
 import os
@@ -19,64 +17,23 @@ import sys
 import numpy as np
 
 from .. import _gpuprof
+from .._constants import OP_CFUNC as _OP_CFUNC
+from .._constants import OP_PYTHON as _OP_PYTHON
+from .._constants import OP_STEP as _OP_STEP
+from .._output import atomic_output, check_output_path, reraise_os_error
 from .._paths import display_files
+from .._ranks import distributed_info as _distributed_info
+from .._version import __version__
 
-__all__ = ["export_chrome_trace", "trace_names"]
+__all__ = [
+    "atomic_output",
+    "check_output_path",
+    "export_chrome_trace",
+    "reraise_os_error",
+    "trace_names",
+]
 
-_OP_PYTHON, _OP_CFUNC, _OP_STEP = 1, 2, 4  # csrc/opkinds.h
 _GZIP_LEVEL = 6  # ~the size of level 9 at a fraction of its time
-
-
-def check_output_path(path, func: str) -> str:
-    """Return ``path`` as a str, or raise an OSError naming it when the file
-    cannot be created there (a directory, a missing or read-only folder)."""
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{func}(): path must be a str or os.PathLike, got {path!r}")
-    path = os.fspath(path)
-    if "{" in path:  # {rank}, {local_rank}, {world_size}: one file per rank
-        from ..distributed import expand_name
-
-        path = expand_name(path)
-    if not path:
-        raise FileNotFoundError(errno.ENOENT, f"{func}(): path is empty", path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"{func}(): {path!r} is a directory; "
-                                "pass a file name inside it", path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(parent):
-        raise FileNotFoundError(errno.ENOENT, f"{func}(): cannot write {path!r}: folder "
-                                f"{parent!r} does not exist", path)
-    if not os.path.isdir(parent):
-        raise NotADirectoryError(errno.ENOTDIR, f"{func}(): cannot write {path!r}: "
-                                 f"{parent!r} is not a folder", path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, f"{func}(): cannot write {path!r}: folder "
-                              f"{parent!r} is not writable", path)
-    return path
-
-
-def reraise_os_error(e: OSError, func: str, path: str):
-    """An OSError from the writer, re-raised naming the user's path."""
-    raise OSError(e.errno, f"{func}(): cannot write {path!r}: {e.strerror or e}", path) from e
-
-
-@contextlib.contextmanager
-def atomic_output(path: str, func: str):
-    """Yield a temporary name next to ``path``; on success it replaces ``path``, on
-    failure it is removed. OSErrors come out naming ``path`` and ``func``."""
-    tmp = path + ".tmp"
-    try:
-        try:
-            yield tmp
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
-    except OSError as e:
-        reraise_os_error(e, func, path)
 
 
 def builtin_name(name: str) -> str:
@@ -94,8 +51,9 @@ def trace_names(window: dict, files: list | None = None) -> list[str]:
     out = []
     kinds = window["ops"]["kind"].tolist()
     files = display_files(window["op_files"]) if files is None else files
-    for kind, name, file, line in zip(kinds, window["op_names"], files, window["op_lines"],
-                                      strict=True):
+    for kind, name, file, line in zip(
+        kinds, window["op_names"], files, window["op_lines"], strict=True
+    ):
         if kind == _OP_PYTHON:
             out.append(f"{file}({line}): {name}")
         elif kind == _OP_CFUNC:
@@ -113,9 +71,7 @@ def program_name() -> str:
 def distributed_info() -> dict:
     """Rank metadata: torch.distributed when it is initialised (never imported
     here), else torchrun's RANK/WORLD_SIZE, else a single process."""
-    # -- distributed (gpuprof.distributed): also pg_count, pg_config, nccl_version --
-    from ..distributed import distributed_info as _distributed_info
-
+    # -- distributed (gpuprof._ranks): also pg_count, pg_config, nccl_version --
     return _distributed_info()
 
 
@@ -134,11 +90,12 @@ def device_properties(results) -> list[dict]:
 
 
 def _header(results, window: dict, props: list[dict], thinned: dict | None = None) -> str:
-    from .. import __version__
-
-    keys = {"schemaVersion": 1, "deviceProperties": props,
-            "distributedInfo": results.meta.get("distributed_info") or distributed_info(),
-            "gpuprof_version": __version__}
+    keys = {
+        "schemaVersion": 1,
+        "deviceProperties": props,
+        "distributedInfo": results.meta.get("distributed_info") or distributed_info(),
+        "gpuprof_version": __version__,
+    }
     if thinned:
         keys.update(thinned)
     if results.meta.get("with_stack"):
@@ -153,8 +110,10 @@ def _header(results, window: dict, props: list[dict], thinned: dict | None = Non
     # prof.add_metadata()/add_metadata_json(): JSON text already, as torch writes them
     for k, text in (results.meta.get("trace_metadata") or {}).items():
         if k in keys or k == "traceEvents":
-            raise ValueError(f"add_metadata(): key {k!r} is one gpuprof writes itself in the "
-                             f"trace; use another key")
+            raise ValueError(
+                f"add_metadata(): key {k!r} is one gpuprof writes itself in the "
+                f"trace; use another key"
+            )
         fields.append(f"{json.dumps(k)}: {text}")
     return ",\n  ".join(fields)
 
@@ -165,8 +124,10 @@ def _thread_names(results, window: dict) -> list[str]:
         names = {int(k): v for k, v in saved.items()}
     else:
         names = results.thread_names()
-    return [names.get(int(ident), f"thread {i}")
-            for i, ident in enumerate(window["threads"]["ident"].tolist())]
+    return [
+        names.get(int(ident), f"thread {i}")
+        for i, ident in enumerate(window["threads"]["ident"].tolist())
+    ]
 
 
 def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = None) -> dict:
@@ -199,8 +160,10 @@ def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = No
 def _child_thread_names(pid: int, window: dict) -> list[str]:
     """A child's thread names are not recorded: its main thread is the one whose
     OS thread id is the process id."""
-    return ["MainThread" if int(tid) == pid else f"thread {i}"
-            for i, tid in enumerate(window["threads"]["os_tid"].tolist())]
+    return [
+        "MainThread" if int(tid) == pid else f"thread {i}"
+        for i, tid in enumerate(window["threads"]["os_tid"].tolist())
+    ]
 
 
 def _child_process_name(child) -> str:
@@ -246,26 +209,43 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
             if part is None:
                 continue
             files = display_files(part["op_files"])
-            calls.append((part, {
-                "header": "", "trace_name": trace_name, "part": "append",
-                "pid": int(child.pid), "process_name": _child_process_name(child),
-                "sort_index": main_pid + 1 + i, "base_ns": lo, "id_base": id_base,
-                "names": trace_names(part, files), "files": files, "kernel_names": [],
-                "thread_names": _child_thread_names(int(child.pid), part),
-            }))
+            calls.append(
+                (
+                    part,
+                    {
+                        "header": "",
+                        "trace_name": trace_name,
+                        "part": "append",
+                        "pid": int(child.pid),
+                        "process_name": _child_process_name(child),
+                        "sort_index": main_pid + 1 + i,
+                        "base_ns": lo,
+                        "id_base": id_base,
+                        "names": trace_names(part, files),
+                        "files": files,
+                        "kernel_names": [],
+                        "thread_names": _child_thread_names(int(child.pid), part),
+                    },
+                )
+            )
             id_base += len(part["spans"])
     return calls
+
+
 # -- end subprocesses --
 
 
 def check_min_duration(min_duration_us, func: str) -> float:
     """``min_duration_us`` as a float, or a ValueError/TypeError that names it."""
     if isinstance(min_duration_us, bool) or not isinstance(min_duration_us, (int, float)):
-        raise TypeError(f"{func}(): min_duration_us must be a number of microseconds, "
-                        f"got {min_duration_us!r}")
+        raise TypeError(
+            f"{func}(): min_duration_us must be a number of microseconds, got {min_duration_us!r}"
+        )
     if not (0 <= min_duration_us < float("inf")):
-        raise ValueError(f"{func}(): min_duration_us must be >= 0 and finite (0 keeps every "
-                         f"call), got {min_duration_us!r}")
+        raise ValueError(
+            f"{func}(): min_duration_us must be >= 0 and finite (0 keeps every "
+            f"call), got {min_duration_us!r}"
+        )
     return float(min_duration_us)
 
 
@@ -336,8 +316,12 @@ def export_chrome_trace(results, path, *, min_duration_us: float = 0.0) -> str:
         return path
     with atomic_output(path, "export_chrome_trace") as tmp, open(tmp, "wb") as raw:
         if path.endswith(".gz"):
-            with gzip.GzipFile(filename=os.path.basename(path[:-3]), mode="wb", fileobj=raw,
-                               compresslevel=_GZIP_LEVEL) as gz:
+            with gzip.GzipFile(
+                filename=os.path.basename(path[:-3]),
+                mode="wb",
+                fileobj=raw,
+                compresslevel=_GZIP_LEVEL,
+            ) as gz:
                 for w, m in calls:
                     _gpuprof._write_trace(gz, w, m)
         else:

@@ -47,6 +47,7 @@ _ASSETS = "html_assets"
 
 # ---- the page --------------------------------------------------------------------------------
 
+
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(_ASSETS, name).read_text(encoding="utf-8")
 
@@ -57,8 +58,9 @@ _SCRIPT_UNSAFE = re.compile(r"[<>&\u2028\u2029]")
 
 
 def _json_for_script(data) -> str:
-    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False,
-                      default=_json_default)
+    text = json.dumps(
+        data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=_json_default
+    )
     return _SCRIPT_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
@@ -77,19 +79,22 @@ def _page(data: dict) -> str:
 
     title = html.escape(data["title"])
     # The page may not fetch anything: scripts and styles are inline, images are data:
-    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-           "img-src data:; base-uri 'none'; form-action 'none'")
+    csp = (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<meta name=\"generator\" content=\"gpuprof {html.escape(data['version'])}\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f'<meta name="generator" content="gpuprof {html.escape(data["version"])}">\n'
         f"<title>{title}</title>\n<style>\n{_asset('report.css')}</style>\n</head>\n<body>\n"
         "<noscript>This report draws its tables and charts with JavaScript; allow scripts "
-        "for this file to see them.</noscript>\n<div id=\"app\"></div>\n"
-        f"<script type=\"application/json\" id=\"gpuprof-data\">{_json_for_script(data)}"
+        'for this file to see them.</noscript>\n<div id="app"></div>\n'
+        f'<script type="application/json" id="gpuprof-data">{_json_for_script(data)}'
         "</script>\n"
-        f"<script>\n{_asset('report.js')}</script>\n</body>\n</html>\n")
+        f"<script>\n{_asset('report.js')}</script>\n</body>\n</html>\n"
+    )
 
 
 def _write(page: str, path, func: str) -> str:
@@ -107,12 +112,18 @@ def _check_title(title, func: str) -> None:
 
 # ---- tables ----------------------------------------------------------------------------------
 
+
 def _table(columns, rows, keys, default_sort: int | None, tips=None) -> dict:
     """A sortable table: ``columns`` (title, "l"/"r"), display strings per row, sort keys
     per row (numbers; None for text columns, which sort by their string), the column
     sorted by at first (None: the rows' own order)."""
-    return {"columns": [{"title": t, "align": a} for t, a in columns], "rows": rows,
-            "keys": keys, "sort": default_sort, "tips": tips}
+    return {
+        "columns": [{"title": t, "align": a} for t, a in columns],
+        "rows": rows,
+        "keys": keys,
+        "sort": default_sort,
+        "tips": tips,
+    }
 
 
 def _pct(x: float, total: float) -> str:
@@ -123,8 +134,7 @@ def op_table(ka: KeyAverages) -> dict:
     """Every row of ``ka`` with the columns of ``ka.table()``, sortable."""
     r = ka.rows
     # (title, values for sorting, display strings): the text table's own columns
-    cols = [(title, values, [fmt(v) for v in values])
-            for title, values, fmt in op_columns(ka)]
+    cols = [(title, values, [fmt(v) for v in values]) for title, values, fmt in op_columns(ka)]
     columns = [("Name", "l")] + [(c[0], "r") for c in cols]
     rows, keys, tips = [], [], []
     sort_values = [np.asarray(c[1], dtype=np.float64).tolist() for c in cols]
@@ -149,23 +159,43 @@ def _kernel_table(kernels: np.ndarray) -> dict:
         k = kernels[i]
         calls = max(int(k["calls"]), 1)
         occ = float(k["occupancy"]) if "occupancy" in kernels.dtype.names else math.nan
-        row = [None, int(k["device"]), int(k["calls"]), int(k["total_ns"]), int(k["total_ns"]),
-               k["total_ns"] / calls, int(k["max_ns"]), int(np.prod(k["grid"].astype(np.int64))),
-               int(np.prod(k["block"].astype(np.int64))), int(k["registers"]), None]
+        row = [
+            None,
+            int(k["device"]),
+            int(k["calls"]),
+            int(k["total_ns"]),
+            int(k["total_ns"]),
+            k["total_ns"] / calls,
+            int(k["max_ns"]),
+            int(np.prod(k["grid"].astype(np.int64))),
+            int(np.prod(k["block"].astype(np.int64))),
+            int(k["registers"]),
+            None,
+        ]
         if len(t.headers) > len(row):
             row.append(-1.0 if occ != occ else occ)
         keys.append(row)
     columns = list(zip(t.headers, t.align))
     return _table(columns, t.rows, keys, 3, [str(kernels["name"][i]) for i in order]) | {
-        "footer": t.footer}
+        "footer": t.footer
+    }
 
 
 def _step_table(steps: np.ndarray) -> dict:
     from ..views import step_table
 
     t = step_table(steps)
-    f = ("step", "cpu_ns", "gpu_busy_ns", "gpu_idle_ns", None, "memcpy_ns", "comm_ns",
-         "sync_wait_ns", "kernels")
+    f = (
+        "step",
+        "cpu_ns",
+        "gpu_busy_ns",
+        "gpu_idle_ns",
+        None,
+        "memcpy_ns",
+        "comm_ns",
+        "sync_wait_ns",
+        "kernels",
+    )
     keys = []
     for s in steps:
         busy = float(s["gpu_busy_ns"]) / max(int(s["cpu_ns"]), 1)
@@ -175,6 +205,7 @@ def _step_table(steps: np.ndarray) -> dict:
 
 # ---- sections ------------------------------------------------------------------------------
 
+
 def _summary(results: Results, title: str | None) -> dict:
     meta = results.meta
     start, end = results.window_bounds()
@@ -182,13 +213,17 @@ def _summary(results: Results, title: str | None) -> dict:
     cuda = results.cuda or {}
     warnings = []
     if results.dropped_events:
-        warnings.append(f"{results.dropped_events} events dropped (event buffer full): pass a "
-                        "larger max_events to gpuprof.profile()")
+        warnings.append(
+            f"{results.dropped_events} events dropped (event buffer full): pass a "
+            "larger max_events to gpuprof.profile()"
+        )
     if results.dropped_gpu_records:
         warnings.append(f"{results.dropped_gpu_records} GPU records dropped by CUPTI")
     if cuda.get("active"):
-        capture = (f"{cuda.get('mode', 'on')}; {100 * results.attributed_gpu_fraction:.1f}% of "
-                   "GPU time attributed to a Python op")
+        capture = (
+            f"{cuda.get('mode', 'on')}; {100 * results.attributed_gpu_fraction:.1f}% of "
+            "GPU time attributed to a Python op"
+        )
     else:
         capture = f"off ({cuda['error']})" if cuda.get("error") else "off"
     program = str(meta.get("process_name") or program_name())
@@ -207,7 +242,8 @@ def _summary(results: Results, title: str | None) -> dict:
 
 
 def _diagnosis(results: Results) -> dict:
-    from ..diagnose import _fmt, diagnose
+    from .._findings import _fmt
+    from ..diagnose import diagnose
 
     d = diagnose(results)
     out = d.to_dict()
@@ -224,15 +260,31 @@ def _steps(results: Results) -> dict:
     windows = []
     for wi, raw in enumerate(results.windows):
         rows = b[b["window"] == wi]
-        windows.append({"start_ns": int(raw["window_start_ns"]),
-                        "end_ns": int(raw["window_end_ns"]),
-                        "first_step": int(rows["step"].min()) if len(rows) else None,
-                        "last_step": int(rows["step"].max()) if len(rows) else None,
-                        "steps_ns": int(rows["step_ns"].sum())})
-    fields = ("step", "window", "start_ns", "step_ns", "gpu_busy_ns", "comm_ns", "data_wait_ns",
-              "sync_wait_ns", "idle_ns")
-    return {"breakdown": {f: b[f].tolist() for f in fields}, "windows": windows,
-            "table": _step_table(results.steps())}
+        windows.append(
+            {
+                "start_ns": int(raw["window_start_ns"]),
+                "end_ns": int(raw["window_end_ns"]),
+                "first_step": int(rows["step"].min()) if len(rows) else None,
+                "last_step": int(rows["step"].max()) if len(rows) else None,
+                "steps_ns": int(rows["step_ns"].sum()),
+            }
+        )
+    fields = (
+        "step",
+        "window",
+        "start_ns",
+        "step_ns",
+        "gpu_busy_ns",
+        "comm_ns",
+        "data_wait_ns",
+        "sync_wait_ns",
+        "idle_ns",
+    )
+    return {
+        "breakdown": {f: b[f].tolist() for f in fields},
+        "windows": windows,
+        "table": _step_table(results.steps()),
+    }
 
 
 def _flame(results: Results) -> dict:
@@ -298,46 +350,99 @@ def _memory(results: Results, sampler) -> dict:
     summary = memory.memory_summary(results, sampler=sampler)
     devices = []
     for name, dm in summary.devices.items():
-        d = {"device": name, "peak_bytes": dm.peak_bytes, "peak_source": dm.peak_source,
-             "notes": list(dm.notes), "curves": []}
+        d = {
+            "device": name,
+            "peak_bytes": dm.peak_bytes,
+            "peak_source": dm.peak_source,
+            "notes": list(dm.notes),
+            "curves": [],
+        }
         if dm.allocator is not None:
             a = dm.allocator
             c = memory.memory_curve(results, name, sampler=sampler, source=a["name"])
-            d["curves"].append({"label": f"{a['name']} allocator (absolute, sampled)",
-                                "step": False, **_curve(c["timestamp_ns"], t0,
-                                                        allocated=c["allocated_bytes"],
-                                                        reserved=c["reserved_bytes"])})
-            d["peak"] = {"bytes": a["peak_allocated_bytes"],
-                         "t_ns": a["peak_allocated_ns"] - t0, "op": "", "location": ""}
+            d["curves"].append(
+                {
+                    "label": f"{a['name']} allocator (absolute, sampled)",
+                    "step": False,
+                    **_curve(
+                        c["timestamp_ns"],
+                        t0,
+                        allocated=c["allocated_bytes"],
+                        reserved=c["reserved_bytes"],
+                    ),
+                }
+            )
+            d["peak"] = {
+                "bytes": a["peak_allocated_bytes"],
+                "t_ns": a["peak_allocated_ns"] - t0,
+                "op": "",
+                "location": "",
+            }
             d["allocator"] = {k: v for k, v in a.items()}
         if dm.driver is not None:
             r = dm.driver
             c = memory.memory_curve(results, name, sampler=sampler, source="cupti")
-            d["curves"].append({"label": "device allocations (CUPTI, from the window start)",
-                                "step": True, **_curve(c["timestamp_ns"], t0,
-                                                       allocated=c["allocated_bytes"])})
-            driver_peak = {"bytes": r["peak_bytes"], "t_ns": r["peak_ns"] - t0,
-                           "op": r["peak_op"], "location": r["peak_location"]}
+            d["curves"].append(
+                {
+                    "label": "device allocations (CUPTI, from the window start)",
+                    "step": True,
+                    **_curve(c["timestamp_ns"], t0, allocated=c["allocated_bytes"]),
+                }
+            )
+            driver_peak = {
+                "bytes": r["peak_bytes"],
+                "t_ns": r["peak_ns"] - t0,
+                "op": r["peak_op"],
+                "location": r["peak_location"],
+            }
             d.setdefault("peak", driver_peak)
-            d["driver"] = {k: r[k] for k in ("peak_bytes", "allocations", "frees",
-                                             "allocated_bytes_total", "freed_bytes_total")}
+            d["driver"] = {
+                k: r[k]
+                for k in (
+                    "peak_bytes",
+                    "allocations",
+                    "frees",
+                    "allocated_bytes_total",
+                    "freed_bytes_total",
+                )
+            }
             d["driver"]["peak"] = driver_peak
-            d["largest"] = [{"bytes": x["bytes"], "t_ns": x["timestamp_ns"] - t0,
-                             "op": x["op"], "location": x["location"]} for x in r["largest"]]
+            d["largest"] = [
+                {
+                    "bytes": x["bytes"],
+                    "t_ns": x["timestamp_ns"] - t0,
+                    "op": x["op"],
+                    "location": x["location"],
+                }
+                for x in r["largest"]
+            ]
         devices.append(d)
     host = None
     if summary.host is not None:
         h = summary.host
         c = memory.memory_curve(results, "cpu", sampler=sampler)
-        host = {"rss_source": h["rss_source"], "start_bytes": h["start_bytes"],
-                "end_bytes": h["end_bytes"], "samples": h["samples"],
-                "peak": {"bytes": h["peak_bytes"], "t_ns": h["peak_ns"] - t0,
-                         "op": h["peak_op"], "location": h["peak_location"]},
-                "curve": _curve(c["timestamp_ns"], t0, rss=c["rss_bytes"])}
+        host = {
+            "rss_source": h["rss_source"],
+            "start_bytes": h["start_bytes"],
+            "end_bytes": h["end_bytes"],
+            "samples": h["samples"],
+            "peak": {
+                "bytes": h["peak_bytes"],
+                "t_ns": h["peak_ns"] - t0,
+                "op": h["peak_op"],
+                "location": h["peak_location"],
+            },
+            "curve": _curve(c["timestamp_ns"], t0, rss=c["rss_bytes"]),
+        }
     recorded = bool(results.meta.get("profile_memory")) or bool(devices) or host is not None
-    return {"devices": devices, "host": host, "notes": list(summary.notes),
-            "recorded": recorded, "window_ns": results.window_bounds()[1] - t0,
-            "text": str(summary)}
+    return {
+        "devices": devices,
+        "host": host,
+        "notes": list(summary.notes),
+        "recorded": recorded,
+        "window_ns": results.window_bounds()[1] - t0,
+        "text": str(summary),
+    }
 
 
 def _processes(results: Results, processes) -> dict | None:
@@ -346,18 +451,51 @@ def _processes(results: Results, processes) -> dict | None:
         return None
     from .. import processes as _proc
 
-    cols = [("PID", "r"), ("Parent", "r"), ("Role", "l"), ("Name", "l"), ("Start", "l"),
-            ("Status", "l"), ("Windows", "r"), ("Events", "r"), ("Dropped", "r"),
-            ("Recorded", "r"), ("Self CPU", "r")]
+    cols = [
+        ("PID", "r"),
+        ("Parent", "r"),
+        ("Role", "l"),
+        ("Name", "l"),
+        ("Start", "l"),
+        ("Status", "l"),
+        ("Windows", "r"),
+        ("Events", "r"),
+        ("Dropped", "r"),
+        ("Recorded", "r"),
+        ("Self CPU", "r"),
+    ]
     rows, keys = [], []
     for p in processes:
-        rows.append([str(p["pid"]), str(p["ppid"]), str(p["role"]), str(p["name"]),
-                     str(p["start_method"] or "-"), str(p["status"]), str(p["windows"]),
-                     f"{int(p['events']):,}", f"{int(p['dropped']):,}",
-                     format_time(p["recorded_ns"]), format_time(p["cpu_self_ns"])])
-        keys.append([int(p["pid"]), int(p["ppid"]), None, None, None, None, int(p["windows"]),
-                     int(p["events"]), int(p["dropped"]), int(p["recorded_ns"]),
-                     int(p["cpu_self_ns"])])
+        rows.append(
+            [
+                str(p["pid"]),
+                str(p["ppid"]),
+                str(p["role"]),
+                str(p["name"]),
+                str(p["start_method"] or "-"),
+                str(p["status"]),
+                str(p["windows"]),
+                f"{int(p['events']):,}",
+                f"{int(p['dropped']):,}",
+                format_time(p["recorded_ns"]),
+                format_time(p["cpu_self_ns"]),
+            ]
+        )
+        keys.append(
+            [
+                int(p["pid"]),
+                int(p["ppid"]),
+                None,
+                None,
+                None,
+                None,
+                int(p["windows"]),
+                int(p["events"]),
+                int(p["dropped"]),
+                int(p["recorded_ns"]),
+                int(p["cpu_self_ns"]),
+            ]
+        )
     out = {"table": _table(cols, rows, keys, 10)}
     workers = processes[processes["role"] == "worker"]
     if len(workers) and int(workers["windows"].sum()) > 0:
@@ -380,13 +518,23 @@ def _ranks(results: Results) -> dict | None:
         return None
     ov = comm_overlap(results)
     fields = ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")
-    cols = [("Step", "r"), ("Step time", "r"), ("Compute", "r"), ("Comm", "r"), ("Overlap", "r"),
-            ("Exposed comm", "r"), ("GPU idle", "r")]
+    cols = [
+        ("Step", "r"),
+        ("Step time", "r"),
+        ("Compute", "r"),
+        ("Comm", "r"),
+        ("Overlap", "r"),
+        ("Exposed comm", "r"),
+        ("GPU idle", "r"),
+    ]
     rows = [[str(int(s["step"]))] + [format_time(s[f]) for f in fields] for s in ov]
     keys = [[int(s["step"])] + [int(s[f]) for f in fields] for s in ov]
-    return {"info": {str(a): b for a, b in info.items() if a != "pg_config"},
-            "rank": info.get("rank", 0), "world_size": world,
-            "table": _table(cols, rows, keys, 0)}
+    return {
+        "info": {str(a): b for a, b in info.items() if a != "pg_config"},
+        "rank": info.get("rank", 0),
+        "world_size": world,
+        "table": _table(cols, rows, keys, 0),
+    }
 
 
 def _trace_link(trace, path: str) -> dict | None:
@@ -394,38 +542,57 @@ def _trace_link(trace, path: str) -> dict | None:
         return None
     trace = os.fspath(trace)
     rel = os.path.relpath(os.path.abspath(trace), os.path.dirname(os.path.abspath(path)))
-    return {"href": rel.replace(os.sep, "/"), "name": os.path.basename(trace),
-            "exists": os.path.isfile(trace)}
+    return {
+        "href": rel.replace(os.sep, "/"),
+        "name": os.path.basename(trace),
+        "exists": os.path.isfile(trace),
+    }
 
 
 # ---- entry points ------------------------------------------------------------------------------
 
-def report_data(results: Results, *, sampler=None, processes=None, trace=None,
-                title: str | None = None, path: str = "report.html") -> dict:
+
+def report_data(
+    results: Results,
+    *,
+    sampler=None,
+    processes=None,
+    trace=None,
+    title: str | None = None,
+    path: str = "report.html",
+) -> dict:
     """The document the report page draws (plain JSON data); see :func:`export_html`."""
     if not isinstance(results, Results):
-        raise TypeError("export_html(): expected a gpuprof.Results (prof.results), got "
-                        f"{type(results).__name__}")
+        raise TypeError(
+            "export_html(): expected a gpuprof.Results (prof.results), got "
+            f"{type(results).__name__}"
+        )
     _check_title(title, "export_html")
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
-        raise TypeError("export_html(): trace must be a path (str or os.PathLike) or None, got "
-                        f"{type(trace).__name__}")
+        raise TypeError(
+            "export_html(): trace must be a path (str or os.PathLike) or None, got "
+            f"{type(trace).__name__}"
+        )
     summary = _summary(results, title)
     ops = results.ops()
     show_memory = bool(results.meta.get("profile_memory"))
     ka = KeyAverages(results, show_memory=show_memory)
-    from .. import __version__
+    from .._version import __version__
 
     data = {
         "page": "report",
         "title": summary.pop("title"),
         "version": __version__,
         "summary": summary,
-        "op_names": [_display_name(str(n), str(f), int(ln), str(k))
-                     for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])],
+        "op_names": [
+            _display_name(str(n), str(f), int(ln), str(k))
+            for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
+        ],
         "op_kinds": [str(k) for k in ops["kind"]],
-        "op_locations": [source_location(str(f), int(ln)) if k == "python" else ""
-                         for f, ln, k in zip(ops["file"], ops["line"], ops["kind"])],
+        "op_locations": [
+            source_location(str(f), int(ln)) if k == "python" else ""
+            for f, ln, k in zip(ops["file"], ops["line"], ops["kind"])
+        ],
         "diagnosis": _diagnosis(results),
         "steps": _steps(results),
         "ops": op_table(ka) | {"cuda": ka.cuda},
@@ -439,8 +606,9 @@ def report_data(results: Results, *, sampler=None, processes=None, trace=None,
     return data
 
 
-def export_html(results: Results, path, *, sampler=None, processes=None, trace=None,
-                title: str | None = None) -> str:
+def export_html(
+    results: Results, path, *, sampler=None, processes=None, trace=None, title: str | None = None
+) -> str:
     """Write the report page of ``results`` to ``path`` (one file, no network needed).
 
     Args:
@@ -460,32 +628,41 @@ def export_html(results: Results, path, *, sampler=None, processes=None, trace=N
         TypeError: a bad ``results``, ``title`` or ``trace``.
     """
     spath = check_output_path(path, "export_html")
-    data = report_data(results, sampler=sampler, processes=processes, trace=trace,
-                       title=title, path=spath)
+    data = report_data(
+        results, sampler=sampler, processes=processes, trace=trace, title=title, path=spath
+    )
     return _write(_page(data), spath, "export_html")
 
 
 def compare_data(comparison, title: str | None = None) -> dict:
     """The document the comparison page draws; see :func:`export_compare_html`."""
-    from .. import __version__
-    from ..compare import Comparison
+    from .._comparison import Comparison
+    from .._version import __version__
 
     if not isinstance(comparison, Comparison):
-        raise TypeError("export_html(): expected a gpuprof.compare(...) result, got "
-                        f"{type(comparison).__name__}")
+        raise TypeError(
+            "export_html(): expected a gpuprof.compare(...) result, got "
+            f"{type(comparison).__name__}"
+        )
     _check_title(title, "export_html")
 
     def deltas(rows):
-        cols = [("Name", "l"), ("Before", "r"), ("After", "r"), ("Change", "r"),
-                ("Change %", "r")]
+        cols = [("Name", "l"), ("Before", "r"), ("After", "r"), ("Change", "r"), ("Change %", "r")]
         cells, keys = [], []
         for d in rows:
             pct = d.change_pct
-            cells.append([d.name, format_time(d.before_ns), format_time(d.after_ns),
-                          ("+" if d.change_ns > 0 else "") + format_time(d.change_ns),
-                          "new" if not d.before_ns else f"{pct:+.1f}%"])
-            keys.append([None, d.before_ns, d.after_ns, d.change_ns,
-                         pct if math.isfinite(pct) else 1e300])
+            cells.append(
+                [
+                    d.name,
+                    format_time(d.before_ns),
+                    format_time(d.after_ns),
+                    ("+" if d.change_ns > 0 else "") + format_time(d.change_ns),
+                    "new" if not d.before_ns else f"{pct:+.1f}%",
+                ]
+            )
+            keys.append(
+                [None, d.before_ns, d.after_ns, d.change_ns, pct if math.isfinite(pct) else 1e300]
+            )
         return _table(cols, cells, keys, None)  # as compare() orders them: largest change
 
     c = comparison

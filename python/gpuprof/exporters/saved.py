@@ -31,8 +31,8 @@ import zipfile
 
 import numpy as np
 
-from .._accessors import ResultAccessors
 from .._results import Results
+from ..processes import ProcessData
 from .chrome import (
     atomic_output,
     check_output_path,
@@ -41,7 +41,7 @@ from .chrome import (
     program_name,
 )
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "LoadedProfile", "load", "save"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "read", "save"]
 
 FORMAT = "gpuprof-saved"
 FORMAT_VERSION = 3  # 3: memory samples; 2: child processes; older files load unchanged
@@ -54,7 +54,7 @@ def save(results: Results, path) -> str:
     Raises:
         OSError: ``path`` cannot be written (the message names it).
     """
-    from .. import __version__
+    from .._version import __version__
 
     path = check_output_path(path, "save")
     arrays: dict[str, np.ndarray] = {}
@@ -78,11 +78,18 @@ def save(results: Results, path) -> str:
     children = getattr(results, "subprocesses", None)
     if children is not None:
         doc["subprocesses"] = [
-            {"pid": c.pid, "ppid": c.ppid, "name": c.name, "start_method": c.start_method,
-             "status": c.status,
-             "windows": [_split_window(raw, f"p{j}w{k}/", arrays)
-                         for k, raw in enumerate(c.windows)]}
-            for j, c in enumerate(children)]
+            {
+                "pid": c.pid,
+                "ppid": c.ppid,
+                "name": c.name,
+                "start_method": c.start_method,
+                "status": c.status,
+                "windows": [
+                    _split_window(raw, f"p{j}w{k}/", arrays) for k, raw in enumerate(c.windows)
+                ],
+            }
+            for j, c in enumerate(children)
+        ]
     # -- end subprocesses --
     # -- memory samples (format 3) --
     samples = getattr(results, "memory_samples", None)
@@ -122,18 +129,30 @@ def _split_memory(results: Results, samples, arrays: dict) -> dict:
         allocators[name] = sorted(per_device)
         for device, rows in per_device.items():
             arrays[f"memory/{name}.{device}"] = rows
-    return {"rss_source": kept.rss_source, "interval_s": kept.interval_s,
-            "dropped": kept.dropped, "errors": kept.errors, "allocators": allocators}
+    return {
+        "rss_source": kept.rss_source,
+        "interval_s": kept.interval_s,
+        "dropped": kept.dropped,
+        "errors": kept.errors,
+        "allocators": allocators,
+    }
 
 
 def _load_memory(meta: dict, entries: dict):
     from .._host_sampler import SampleSnapshot
 
-    allocators = {name: {int(d): entries[f"{name}.{d}"] for d in devices}
-                  for name, devices in meta.get("allocators", {}).items()}
-    return SampleSnapshot(entries["host"], allocators, rss_source=meta.get("rss_source", ""),
-                          interval_s=meta.get("interval_s", 0.0),
-                          dropped=meta.get("dropped", 0), errors=meta.get("errors"))
+    allocators = {
+        name: {int(d): entries[f"{name}.{d}"] for d in devices}
+        for name, devices in meta.get("allocators", {}).items()
+    }
+    return SampleSnapshot(
+        entries["host"],
+        allocators,
+        rss_source=meta.get("rss_source", ""),
+        interval_s=meta.get("interval_s", 0.0),
+        dropped=meta.get("dropped", 0),
+        errors=meta.get("errors"),
+    )
 
 
 def _json_default(o):
@@ -142,12 +161,9 @@ def _json_default(o):
     raise TypeError(f"gpuprof.save(): cannot store {type(o).__name__} {o!r} in meta.json")
 
 
-def load(path) -> LoadedProfile:
-    """Open a file written by ``prof.save(path)``.
-
-    Returns:
-        A read-only :class:`LoadedProfile` with the accessors of a profile
-        (``ops()``, ``kernels()``, ``key_averages()``, ``export_chrome_trace()``, ...).
+def read(path) -> Results:
+    """The recorded data of a file written by ``prof.save(path)``
+    (:func:`gpuprof.load` wraps it in a :class:`gpuprof.exporters.LoadedProfile`).
 
     Raises:
         OSError: the file cannot be read.
@@ -162,13 +178,16 @@ def load(path) -> LoadedProfile:
         try:
             doc = json.loads(zf.read("meta.json"))
         except (KeyError, ValueError) as e:
-            raise ValueError(f"gpuprof.load(): {path!r} is not a gpuprof file (meta.json: {e})"
-                             ) from None
+            raise ValueError(
+                f"gpuprof.load(): {path!r} is not a gpuprof file (meta.json: {e})"
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"gpuprof.load(): {path!r} is not a gpuprof file")
         if doc.get("version", 0) > FORMAT_VERSION:
-            raise ValueError(f"gpuprof.load(): {path!r} has format version {doc['version']}; "
-                             f"this gpuprof reads up to {FORMAT_VERSION}: upgrade gpuprof")
+            raise ValueError(
+                f"gpuprof.load(): {path!r} has format version {doc['version']}; "
+                f"this gpuprof reads up to {FORMAT_VERSION}: upgrade gpuprof"
+            )
         windows = [dict(w) for w in doc["windows"]]
         children = doc.get("subprocesses")  # format 2, with subprocesses=True
         child_windows = [[dict(w) for w in c["windows"]] for c in children or []]
@@ -190,69 +209,31 @@ def load(path) -> LoadedProfile:
             try:
                 (windows if child is None else child_windows[int(child)])[k][key] = arr
             except IndexError:
-                raise ValueError(f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
-                                 "window listed in meta.json (damaged file?)") from None
+                raise ValueError(
+                    f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
+                    "window listed in meta.json (damaged file?)"
+                ) from None
     results = Results(windows, cuda=doc.get("cuda"), meta=doc.get("meta"))
     if "memory" in doc:  # format 3, with profile_memory=True
         try:
             results.memory_samples = _load_memory(doc["memory"], memory)
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"gpuprof.load(): {path!r}: its memory samples are damaged "
-                             f"({e!r})") from None
+            raise ValueError(
+                f"gpuprof.load(): {path!r}: its memory samples are damaged ({e!r})"
+            ) from None
     if children is not None:  # -- subprocesses --
-        from ..processes import ProcessData
-
         results.subprocesses = [
-            ProcessData(int(c["pid"]), int(c["ppid"]), str(c["name"]),
-                        str(c["start_method"]), str(c["status"]), wins)
-            for c, wins in zip(children, child_windows, strict=True)]
-    return LoadedProfile(results, path)
+            ProcessData(
+                int(c["pid"]),
+                int(c["ppid"]),
+                str(c["name"]),
+                str(c["start_method"]),
+                str(c["status"]),
+                wins,
+            )
+            for c, wins in zip(children, child_windows, strict=True)
+        ]
+    return results
 
 
 _ENTRY = re.compile(r"(?:p(\d+))?w(\d+)")  # w<k>: the main process; p<j>w<k>: child j
-
-
-class LoadedProfile(ResultAccessors):
-    """A profile read back from a ``.gpuprof`` file (read-only).
-
-    It answers like the ``gpuprof.profile`` that recorded it: ``ops()``,
-    ``kernels()``, ``gpu_events()``, ``steps()``, ``call_tree()``,
-    ``key_averages()``, ``diagnose()``, ``export_chrome_trace()``,
-    ``export_stacks()``; ``results`` is the underlying :class:`gpuprof.Results`.
-    """
-
-    def __init__(self, results: Results, path: str | None = None):
-        self._results = results
-        self.path = path
-
-    def __repr__(self) -> str:
-        return f"<gpuprof.LoadedProfile {self.path!r}: {len(self._results.windows)} window(s)>"
-
-    @property
-    def results(self) -> Results:
-        return self._results
-
-    @property
-    def profile_memory(self) -> bool:
-        return bool(self._results.meta.get("profile_memory"))
-
-    @property
-    def with_stack(self) -> bool:
-        return bool(self._results.meta.get("with_stack"))
-
-    @property
-    def subprocesses(self) -> bool:
-        """Whether the recording profiled child processes (``subprocesses=True``)."""
-        return hasattr(self._results, "subprocesses")
-
-    def processes(self):
-        """One row per recorded process, the main process first, as
-        ``profile.processes()`` returned it when it was saved."""
-        from .. import processes
-
-        out = processes.processes_array(self._results)
-        meta = self._results.meta
-        # the main process's row as it was recorded, not the reader's own
-        out[0]["ppid"] = int(meta.get("ppid", -1))
-        out[0]["name"] = str(meta.get("process_name") or out[0]["name"])
-        return out

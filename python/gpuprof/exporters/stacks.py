@@ -26,8 +26,10 @@ def _frame(name: str) -> str:
 def collapsed_stacks(results, metric: str = "self_cpu_time_total") -> dict[str, int]:
     """``{stack: nanoseconds}`` summed over threads and recorded windows."""
     if metric not in METRICS:
-        raise ValueError(f"export_stacks(): metric must be one of {', '.join(map(repr, METRICS))}"
-                         f", got metric={metric!r}")
+        raise ValueError(
+            f"export_stacks(): metric must be one of {', '.join(map(repr, METRICS))}"
+            f", got metric={metric!r}"
+        )
     field = METRICS[metric]
     totals: dict[str, int] = {}
     for raw in results.windows:

@@ -7,13 +7,19 @@ import os
 import socket
 import time
 
+from .._ranks import expand_name
 from .chrome import check_min_duration
 
 __all__ = ["tensorboard_trace_handler"]
 
 
-def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip: bool = False,
-                              *, min_duration_us: float = 0.0):
+def tensorboard_trace_handler(
+    dir_name,
+    worker_name: str | None = None,
+    use_gzip: bool = False,
+    *,
+    min_duration_us: float = 0.0,
+):
     """Return a callable(prof) that writes one trace per recorded window.
 
     Files are named ``<worker>.<ns timestamp>.pt.trace.json`` (``.gz`` with
@@ -34,12 +40,16 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
         ``gpuprof.profile(schedule=..., on_trace_ready=gpuprof.tensorboard_trace_handler("./log"))``
     """
     if not isinstance(dir_name, (str, os.PathLike)):
-        raise TypeError(f"tensorboard_trace_handler(): dir_name must be a str or os.PathLike, "
-                        f"got {dir_name!r}")
-    if worker_name is not None and (not isinstance(worker_name, str) or not worker_name
-                                    or os.sep in worker_name):
-        raise ValueError(f"tensorboard_trace_handler(): worker_name must be a non-empty file "
-                         f"name or None, got {worker_name!r}")
+        raise TypeError(
+            f"tensorboard_trace_handler(): dir_name must be a str or os.PathLike, got {dir_name!r}"
+        )
+    if worker_name is not None and (
+        not isinstance(worker_name, str) or not worker_name or os.sep in worker_name
+    ):
+        raise ValueError(
+            f"tensorboard_trace_handler(): worker_name must be a non-empty file "
+            f"name or None, got {worker_name!r}"
+        )
     if not isinstance(use_gzip, bool):
         raise TypeError(f"tensorboard_trace_handler(): use_gzip must be a bool, got {use_gzip!r}")
     min_duration_us = check_min_duration(min_duration_us, "tensorboard_trace_handler")
@@ -47,8 +57,6 @@ def tensorboard_trace_handler(dir_name, worker_name: str | None = None, use_gzip
 
     def handler_fn(prof) -> str:
         # -- distributed: {rank}, {local_rank}, {world_size}, expanded per call --
-        from ..distributed import expand_name
-
         out_dir = expand_name(dir_name)
         worker = expand_name(worker_name) if worker_name else None
         # -- end distributed --

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import weakref
 
-from .. import record_function
+from ..profiler import record_function
 from ._session import StepSession, check_output
 
 # Lightning's action names (lightning/pytorch/loops/training_epoch_loop.py): the fetch
@@ -21,27 +21,48 @@ _WHO = "GpuprofProfiler()"
 class GpuprofProfilerMixin:
     """Everything of ``GpuprofProfiler`` but its Lightning base class (see :func:`build`)."""
 
-    def __init__(self, schedule=None, output=None, filename: str | None = None, *,
-                 log_metrics: bool = True, row_limit: int = 20, sort_by: str | None = None,
-                 on_trace_ready=None, dirpath=None, **profile_kwargs):
+    def __init__(
+        self,
+        schedule=None,
+        output=None,
+        filename: str | None = None,
+        *,
+        log_metrics: bool = True,
+        row_limit: int = 20,
+        sort_by: str | None = None,
+        on_trace_ready=None,
+        dirpath=None,
+        **profile_kwargs,
+    ):
         super().__init__(dirpath=None, filename=None)  # first: its __del__ needs its fields
         if dirpath is not None:
             if output is not None:
-                raise ValueError(f"{_WHO}: give output= or dirpath= (Lightning's name for the "
-                                 "same folder), not both")
+                raise ValueError(
+                    f"{_WHO}: give output= or dirpath= (Lightning's name for the "
+                    "same folder), not both"
+                )
             output = dirpath
         output = check_output(output, _WHO)
-        if filename is not None and (not isinstance(filename, str) or not filename
-                                     or os.sep in filename):
-            raise ValueError(f"{_WHO}: filename must be a file name (no folder) or None, got "
-                             f"{filename!r}")
+        if filename is not None and (
+            not isinstance(filename, str) or not filename or os.sep in filename
+        ):
+            raise ValueError(
+                f"{_WHO}: filename must be a file name (no folder) or None, got {filename!r}"
+            )
         self.dirpath = output or None
         self.filename = filename
         self._output = output
-        self._session = StepSession(_WHO, schedule=schedule, log=self._log_to_loggers,
-                                    data_fetch=(FETCH,), on_trace_ready=on_trace_ready,
-                                    row_limit=row_limit, sort_by=sort_by,
-                                    log_metrics=log_metrics, **profile_kwargs)
+        self._session = StepSession(
+            _WHO,
+            schedule=schedule,
+            log=self._log_to_loggers,
+            data_fetch=(FETCH,),
+            on_trace_ready=on_trace_ready,
+            row_limit=row_limit,
+            sort_by=sort_by,
+            log_metrics=log_metrics,
+            **profile_kwargs,
+        )
         self._fetch_range = record_function(FETCH)
         self._in_fetch = False
         self._fitting = False  # between setup("fit") and the end of training
@@ -85,8 +106,9 @@ class GpuprofProfilerMixin:
         self._fitting = True
         self._files = []
         if trainer is not None and not any(
-                isinstance(cb, self._end_callback_class) and cb.profiler is self
-                for cb in trainer.callbacks):
+            isinstance(cb, self._end_callback_class) and cb.profiler is self
+            for cb in trainer.callbacks
+        ):
             trainer.callbacks.append(self._end_callback_class(self))
 
     def start(self, action_name: str) -> None:
@@ -112,8 +134,8 @@ class GpuprofProfilerMixin:
             trainer = self._trainer() if self._trainer is not None else None
             rank = f", rank {trainer.global_rank}" if trainer and trainer.world_size > 1 else ""
             self._summary = self._session.summary(
-                f"{(self._stage or 'fit').upper()} Profiler Report (gpuprof{rank})",
-                self._files)
+                f"{(self._stage or 'fit').upper()} Profiler Report (gpuprof{rank})", self._files
+            )
         return self._summary
 
     def teardown(self, stage) -> None:
@@ -213,9 +235,12 @@ def build(profilers, callbacks, package: str):
     # not use are None, which Lightning skips. (Checkpoint hooks are called without
     # that check, and stay.)
     for name in dir(callbacks.Callback):
-        if name.startswith("on_") and name not in ("on_train_end", "on_exception",
-                                                   "on_save_checkpoint",
-                                                   "on_load_checkpoint"):
+        if name.startswith("on_") and name not in (
+            "on_train_end",
+            "on_exception",
+            "on_save_checkpoint",
+            "on_load_checkpoint",
+        ):
             setattr(_EndOfTraining, name, None)
 
     class GpuprofProfiler(GpuprofProfilerMixin, profilers.Profiler):

@@ -17,28 +17,51 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import profile as _profile
-from .. import tensorboard_trace_handler
+from .._constants import ACT_NONE
+from .._loaded import LoadedProfile
 from .._monitoring import use_monitoring
 from ..diagnose import data_wait_per_step, diagnose
-from ..exporters import LoadedProfile
+from ..exporters.tensorboard import tensorboard_trace_handler
+from ..profiler import profile as _profile
 from ..schedule import Schedule
 from ..tables import SORT_KEYS, format_time
 from ..views import Table
 
-__all__ = ["METRIC_NAMES", "STEP_METRICS_DTYPE", "StepSession", "logged_metrics",
-           "require", "step_metrics"]
+__all__ = [
+    "METRIC_NAMES",
+    "STEP_METRICS_DTYPE",
+    "StepSession",
+    "logged_metrics",
+    "require",
+    "step_metrics",
+]
 
-STEP_METRICS_DTYPE = np.dtype([
-    ("step", "i8"), ("start_ns", "i8"), ("end_ns", "i8"), ("step_ns", "i8"),
-    ("gpu_busy_ns", "i8"), ("data_wait_ns", "i8"), ("sync_wait_ns", "i8"), ("comm_ns", "i8"),
-    ("memcpy_ns", "i8"), ("kernels", "i8"), ("peak_memory_bytes", "i8"),
-])
+STEP_METRICS_DTYPE = np.dtype(
+    [
+        ("step", "i8"),
+        ("start_ns", "i8"),
+        ("end_ns", "i8"),
+        ("step_ns", "i8"),
+        ("gpu_busy_ns", "i8"),
+        ("data_wait_ns", "i8"),
+        ("sync_wait_ns", "i8"),
+        ("comm_ns", "i8"),
+        ("memcpy_ns", "i8"),
+        ("kernels", "i8"),
+        ("peak_memory_bytes", "i8"),
+    ]
+)
 
 # The keys of one step's metrics, as loggers receive them (docs/integrations.md).
-METRIC_NAMES = ("gpuprof/step_time_ms", "gpuprof/data_wait_pct", "gpuprof/gpu_busy_pct",
-                "gpuprof/sync_wait_pct", "gpuprof/comm_pct", "gpuprof/kernels",
-                "gpuprof/peak_memory_mib")
+METRIC_NAMES = (
+    "gpuprof/step_time_ms",
+    "gpuprof/data_wait_pct",
+    "gpuprof/gpu_busy_pct",
+    "gpuprof/sync_wait_pct",
+    "gpuprof/comm_pct",
+    "gpuprof/kernels",
+    "gpuprof/peak_memory_mib",
+)
 
 
 def require(module: str, *, what: str, pip: str, minimum: tuple[int, ...], tested: str):
@@ -51,20 +74,26 @@ def require(module: str, *, what: str, pip: str, minimum: tuple[int, ...], teste
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{what} needs {top} >= {need} (tested with {tested}), which cannot "
-                          f"be imported here ({e}); install it with: pip install '{pip}>={need}'"
-                          ) from e
+        raise ImportError(
+            f"{what} needs {top} >= {need} (tested with {tested}), which cannot "
+            f"be imported here ({e}); install it with: pip install '{pip}>={need}'"
+        ) from e
     version = str(getattr(sys.modules[top], "__version__", "0"))
-    found = tuple(int("".join(c for c in part if c.isdigit()) or 0)
-                  for part in version.split("+")[0].split(".")[:len(minimum)])
+    found = tuple(
+        int("".join(c for c in part if c.isdigit()) or 0)
+        for part in version.split("+")[0].split(".")[: len(minimum)]
+    )
     if found < minimum:
-        raise ImportError(f"{what} needs {top} >= {need} (tested with {tested}), found {version};"
-                          f" upgrade it with: pip install -U '{pip}>={need}'")
+        raise ImportError(
+            f"{what} needs {top} >= {need} (tested with {tested}), found {version};"
+            f" upgrade it with: pip install -U '{pip}>={need}'"
+        )
     return mod
 
 
-def step_metrics(results, window: int = -1, data_fetch=(), peak_memory=None,
-                 step_offset: int = 0) -> np.ndarray:
+def step_metrics(
+    results, window: int = -1, data_fetch=(), peak_memory=None, step_offset: int = 0
+) -> np.ndarray:
     """One row per step of a recorded window: what ``steps()`` holds, plus the time
     the step waited for data and its peak device memory (:data:`STEP_METRICS_DTYPE`).
 
@@ -83,8 +112,16 @@ def step_metrics(results, window: int = -1, data_fetch=(), peak_memory=None,
     results = getattr(results, "results", results)
     steps = results.windows[window]["steps"]
     out = np.zeros(len(steps), dtype=STEP_METRICS_DTYPE)
-    for f in ("step", "start_ns", "end_ns", "gpu_busy_ns", "sync_wait_ns", "comm_ns",
-              "memcpy_ns", "kernels"):
+    for f in (
+        "step",
+        "start_ns",
+        "end_ns",
+        "gpu_busy_ns",
+        "sync_wait_ns",
+        "comm_ns",
+        "memcpy_ns",
+        "kernels",
+    ):
         out[f] = steps[f]
     out["step"] += step_offset
     out["step_ns"] = steps["cpu_ns"]
@@ -100,8 +137,10 @@ def logged_metrics(row, gpu: bool) -> dict[str, float]:
     are left out when GPU capture was off (they would read 0), as is the memory when
     it was not measured."""
     step_ns = max(int(row["step_ns"]), 1)
-    out = {"gpuprof/step_time_ms": int(row["step_ns"]) / 1e6,
-           "gpuprof/data_wait_pct": 100.0 * int(row["data_wait_ns"]) / step_ns}
+    out = {
+        "gpuprof/step_time_ms": int(row["step_ns"]) / 1e6,
+        "gpuprof/data_wait_pct": 100.0 * int(row["data_wait_ns"]) / step_ns,
+    }
     if gpu:
         out["gpuprof/gpu_busy_pct"] = 100.0 * int(row["gpu_busy_ns"]) / step_ns
         out["gpuprof/sync_wait_pct"] = 100.0 * int(row["sync_wait_ns"]) / step_ns
@@ -117,8 +156,10 @@ def check_output(output, who: str):
     if output is None or output is False:
         return output
     if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
-        raise TypeError(f"{who}: output must be a folder (str or os.PathLike), None for the "
-                        f"framework's own folder, or False for no files; got {output!r}")
+        raise TypeError(
+            f"{who}: output must be a folder (str or os.PathLike), None for the "
+            f"framework's own folder, or False for no files; got {output!r}"
+        )
     if os.path.isfile(output):
         raise ValueError(f"{who}: output={os.fspath(output)!r} is a file; give a folder")
     return os.fspath(output)
@@ -128,11 +169,14 @@ def _check_options(who: str, log_metrics, row_limit, sort_by) -> None:
     if not isinstance(log_metrics, bool):
         raise TypeError(f"{who}: log_metrics must be a bool, got {log_metrics!r}")
     if isinstance(row_limit, bool) or not isinstance(row_limit, int) or row_limit < -1:
-        raise ValueError(f"{who}: row_limit must be an int >= -1 (-1: every row), got "
-                         f"{row_limit!r}")
+        raise ValueError(
+            f"{who}: row_limit must be an int >= -1 (-1: every row), got {row_limit!r}"
+        )
     if sort_by is not None and sort_by not in SORT_KEYS:
-        raise ValueError(f"{who}: sort_by must be None or a key_averages().table(sort_by=...) "
-                         f"key ({', '.join(sorted(SORT_KEYS))}); got {sort_by!r}")
+        raise ValueError(
+            f"{who}: sort_by must be None or a key_averages().table(sort_by=...) "
+            f"key ({', '.join(sorted(SORT_KEYS))}); got {sort_by!r}"
+        )
 
 
 _LOOKAHEAD = 10_000  # steps a wait is looked through at once (see StepSession._next_busy)
@@ -166,18 +210,31 @@ class StepSession:
     does, but without its warning: training rarely ends on a cycle's boundary.
     """
 
-    def __init__(self, who: str, *, schedule, log: Callable[[dict, object], None] | None,
-                 data_fetch=(), on_trace_ready=None, row_limit: int = 20,
-                 sort_by: str | None = None, log_metrics: bool = True,
-                 per_window: bool | None = None, **profile_kwargs):
+    def __init__(
+        self,
+        who: str,
+        *,
+        schedule,
+        log: Callable[[dict, object], None] | None,
+        data_fetch=(),
+        on_trace_ready=None,
+        row_limit: int = 20,
+        sort_by: str | None = None,
+        log_metrics: bool = True,
+        per_window: bool | None = None,
+        **profile_kwargs,
+    ):
         _check_options(who, log_metrics, row_limit, sort_by)
         if on_trace_ready is not None and not callable(on_trace_ready):
-            raise TypeError(f"{who}: on_trace_ready must be callable(prof) or None, got "
-                            f"{on_trace_ready!r}")
+            raise TypeError(
+                f"{who}: on_trace_ready must be callable(prof) or None, got {on_trace_ready!r}"
+            )
         if profile_kwargs.get("acc_events"):
-            raise ValueError(f"{who}: acc_events=True is not supported: steps() already holds "
-                             "the step metrics of every window, and the last window keeps "
-                             "the full results")
+            raise ValueError(
+                f"{who}: acc_events=True is not supported: steps() already holds "
+                "the step metrics of every window, and the last window keeps "
+                "the full results"
+            )
         self.who = who
         self.schedule = schedule
         if per_window is None:
@@ -186,8 +243,10 @@ class StepSession:
         self._cycling = bool(per_window) and schedule is not None
         self._offset = 0
         if self._cycling and not callable(schedule):
-            raise TypeError(f"{who}: schedule must be gpuprof.schedule(...) or a callable "
-                            f"step -> ProfilerAction, got {schedule!r}")
+            raise TypeError(
+                f"{who}: schedule must be gpuprof.schedule(...) or a callable "
+                f"step -> ProfilerAction, got {schedule!r}"
+            )
         self._profile_kwargs = profile_kwargs
         self._new_profile()  # checks every profile argument now, before training starts
         # the recording profile, made by start(); None keeps the session picklable
@@ -208,7 +267,8 @@ class StepSession:
         self._quiet_until = 0  # the schedule waits at the steps before this one
         # the tags of the last steps (a window's are read when it closes)
         self._tags: collections.deque = collections.deque(
-            maxlen=schedule.active if isinstance(schedule, Schedule) else 100_000)
+            maxlen=schedule.active if isinstance(schedule, Schedule) else 100_000
+        )
         # -- peak device memory: torch.cuda's peak counter, reset at each recorded step --
         self._torch = None
         self._device = None
@@ -223,10 +283,14 @@ class StepSession:
         if self._cycling:
             schedule = self.schedule
             offset = self._offset
-            return _profile(schedule=lambda j: schedule(offset + j),
-                            on_trace_ready=self._window_ready, **self._profile_kwargs)
-        return _profile(schedule=self.schedule, on_trace_ready=self._window_ready,
-                        **self._profile_kwargs)
+            return _profile(
+                schedule=lambda j: schedule(offset + j),
+                on_trace_ready=self._window_ready,
+                **self._profile_kwargs,
+            )
+        return _profile(
+            schedule=self.schedule, on_trace_ready=self._window_ready, **self._profile_kwargs
+        )
 
     def start(self) -> None:
         self.stop()
@@ -245,9 +309,9 @@ class StepSession:
         self.active = True
         action = self._action_at(0)
         self.live = self._new_profile()
-        if not self._cycling or action != 0:
+        if not self._cycling or action != ACT_NONE:
             self.live.start()
-        if action == 0:
+        if action == ACT_NONE:
             self._quiet_until = self._next_busy(0)
         self._arm_peak(0, action)
 
@@ -274,13 +338,13 @@ class StepSession:
         action = self._action_at(k)
         if self._cycling:
             if live.running:
-                if action == 0:  # the window closed and the schedule waits
+                if action == ACT_NONE:  # the window closed and the schedule waits
                     live.stop()
-            elif action != 0:
+            elif action != ACT_NONE:
                 self._offset = k
                 self.live = self._new_profile()
                 self.live.start()
-        if action == 0:
+        if action == ACT_NONE:
             self._quiet_until = self._next_busy(k)
         if self._pending:
             self._flush()
@@ -302,8 +366,9 @@ class StepSession:
         if self.live is not None and self.live.running:
             with warnings.catch_warnings():
                 # the window cut short by the end of training: dropped, as documented
-                warnings.filterwarnings("ignore", message="gpuprof: the loop ended at step",
-                                        category=UserWarning)
+                warnings.filterwarnings(
+                    "ignore", message="gpuprof: the loop ended at step", category=UserWarning
+                )
                 self.live.stop()
         self._flush()
 
@@ -339,8 +404,12 @@ class StepSession:
                 self._collect(results, offset)
             except Exception as e:  # noqa: BLE001 - never into the training loop
                 self._failed = f"{type(e).__name__}: {e}"
-                warnings.warn(f"gpuprof: {self.who}: step metrics are off for the rest of the "
-                              f"run: {self._failed}", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"gpuprof: {self.who}: step metrics are off for the rest of the "
+                    f"run: {self._failed}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def _collect(self, results, offset: int) -> None:
         rows = step_metrics(results, -1, self.data_fetch, self._peaks, offset)
@@ -364,8 +433,10 @@ class StepSession:
 
     def __getstate__(self) -> dict:
         if self.active:
-            raise TypeError(f"{self.who}: cannot be pickled while it records (between the "
-                            "start and the end of training)")
+            raise TypeError(
+                f"{self.who}: cannot be pickled while it records (between the "
+                "start and the end of training)"
+            )
         state = dict(self.__dict__)
         state["live"] = None  # a stopped profile: its results are in the view
         return state
@@ -397,10 +468,12 @@ class StepSession:
         """The op table of the last kept window, the step metrics of the run and the
         diagnosis, as text."""
         if self.view is None:
-            return (f"{title}\nNo step was recorded: the run ended after {self._k} step"
-                    f"{'s' if self._k != 1 else ''}, before the schedule "
-                    f"({self.schedule!r}) completed a recording window. Run more steps or "
-                    f"shorten the schedule's wait/warmup.\n")
+            return (
+                f"{title}\nNo step was recorded: the run ended after {self._k} step"
+                f"{'s' if self._k != 1 else ''}, before the schedule "
+                f"({self.schedule!r}) completed a recording window. Run more steps or "
+                f"shorten the schedule's wait/warmup.\n"
+            )
         view = self.view
         gpu = bool(view.results.cuda.get("active"))
         sort_by = self.sort_by or ("self_cuda_time_total" if gpu else "self_cpu_time_total")
@@ -417,20 +490,29 @@ class StepSession:
 def metrics_table(metrics: np.ndarray, gpu: bool) -> Table:
     """Median and maximum of each step metric over the recorded steps."""
     step_ns = np.maximum(metrics["step_ns"], 1).astype(np.float64)
-    cols = [("Step time", metrics["step_ns"].astype(np.float64), format_time),
-            ("Data wait", 100 * metrics["data_wait_ns"] / step_ns, _pct)]
+    cols = [
+        ("Step time", metrics["step_ns"].astype(np.float64), format_time),
+        ("Data wait", 100 * metrics["data_wait_ns"] / step_ns, _pct),
+    ]
     if gpu:
-        cols += [("GPU busy", 100 * metrics["gpu_busy_ns"] / step_ns, _pct),
-                 ("Sync wait", 100 * metrics["sync_wait_ns"] / step_ns, _pct),
-                 ("Communication", 100 * metrics["comm_ns"] / step_ns, _pct),
-                 ("Kernels", metrics["kernels"].astype(np.float64), lambda v: f"{v:.0f}")]
+        cols += [
+            ("GPU busy", 100 * metrics["gpu_busy_ns"] / step_ns, _pct),
+            ("Sync wait", 100 * metrics["sync_wait_ns"] / step_ns, _pct),
+            ("Communication", 100 * metrics["comm_ns"] / step_ns, _pct),
+            ("Kernels", metrics["kernels"].astype(np.float64), lambda v: f"{v:.0f}"),
+        ]
     peaks = metrics["peak_memory_bytes"]
     if (peaks >= 0).any():
         cols.append(("Peak memory", peaks[peaks >= 0] / 2**20, lambda v: f"{v:.1f} MiB"))
     rows = [[name, fmt(float(np.median(v))), fmt(float(np.max(v)))] for name, v, fmt in cols]
-    return Table("Step metrics", ["Metric", "Median", "Max"], rows, "lrr",
-                 footer=f"over {len(metrics)} recorded step{'s' if len(metrics) != 1 else ''}, "
-                        f"steps {int(metrics['step'][0])}-{int(metrics['step'][-1])}")
+    return Table(
+        "Step metrics",
+        ["Metric", "Median", "Max"],
+        rows,
+        "lrr",
+        footer=f"over {len(metrics)} recorded step{'s' if len(metrics) != 1 else ''}, "
+        f"steps {int(metrics['step'][0])}-{int(metrics['step'][-1])}",
+    )
 
 
 def _pct(v: float) -> str:

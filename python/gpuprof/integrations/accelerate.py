@@ -18,8 +18,13 @@ from ._session import StepSession, check_output, require
 
 __all__ = ["profile"]
 
-_accelerate = require("accelerate", what="gpuprof.integrations.accelerate", pip="accelerate",
-                      minimum=(0, 20), tested="accelerate 1.15")
+_accelerate = require(
+    "accelerate",
+    what="gpuprof.integrations.accelerate",
+    pip="accelerate",
+    minimum=(0, 20),
+    tested="accelerate 1.15",
+)
 
 _WHO = "gpuprof.integrations.accelerate.profile()"
 
@@ -55,22 +60,41 @@ class profile:
         TypeError, ValueError: a bad argument, named.
     """
 
-    def __init__(self, accelerator, schedule=None, output=None, *, log_metrics: bool = True,
-                 data_fetch=(), row_limit: int = 20, sort_by: str | None = None,
-                 on_trace_ready=None, **profile_kwargs):
+    def __init__(
+        self,
+        accelerator,
+        schedule=None,
+        output=None,
+        *,
+        log_metrics: bool = True,
+        data_fetch=(),
+        row_limit: int = 20,
+        sort_by: str | None = None,
+        on_trace_ready=None,
+        **profile_kwargs,
+    ):
         if not isinstance(accelerator, _accelerate.Accelerator):
-            raise TypeError(f"{_WHO}: accelerator must be an accelerate.Accelerator, got "
-                            f"{accelerator!r}")
+            raise TypeError(
+                f"{_WHO}: accelerator must be an accelerate.Accelerator, got {accelerator!r}"
+            )
         if isinstance(data_fetch, str) or not all(isinstance(n, str) for n in data_fetch):
-            raise TypeError(f"{_WHO}: data_fetch must be a list of op names (str), got "
-                            f"{data_fetch!r}")
+            raise TypeError(
+                f"{_WHO}: data_fetch must be a list of op names (str), got {data_fetch!r}"
+            )
         output = check_output(output, _WHO)
         self._output = None if output is False else output
         self.accelerator = accelerator
-        self._session = StepSession(_WHO, schedule=schedule, log=self._log,
-                                    data_fetch=tuple(data_fetch), on_trace_ready=on_trace_ready,
-                                    row_limit=row_limit, sort_by=sort_by,
-                                    log_metrics=log_metrics, **profile_kwargs)
+        self._session = StepSession(
+            _WHO,
+            schedule=schedule,
+            log=self._log,
+            data_fetch=tuple(data_fetch),
+            on_trace_ready=on_trace_ready,
+            row_limit=row_limit,
+            sort_by=sort_by,
+            log_metrics=log_metrics,
+            **profile_kwargs,
+        )
         self.files: list[str] = []
         self._summary: str | None = None
 
@@ -119,12 +143,15 @@ class profile:
     def summary(self) -> str:
         """Op table, step metrics and diagnosis, as text (after the block)."""
         if self._session.active:
-            raise RuntimeError(f"{_WHO}: summary() needs the profile stopped (after the with "
-                               "block, or prof.stop())")
+            raise RuntimeError(
+                f"{_WHO}: summary() needs the profile stopped (after the with "
+                "block, or prof.stop())"
+            )
         if self._summary is None:
             acc = self.accelerator
-            title = "gpuprof report" + (f" (rank {acc.process_index})"
-                                        if acc.num_processes > 1 else "")
+            title = "gpuprof report" + (
+                f" (rank {acc.process_index})" if acc.num_processes > 1 else ""
+            )
             self._summary = self._session.summary(title, self.files)
         return self._summary
 

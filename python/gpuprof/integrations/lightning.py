@@ -18,19 +18,45 @@ _WHAT = "gpuprof.integrations.lightning"
 def _import():
     """(profilers, callbacks) modules of ``lightning``, else of ``pytorch_lightning``."""
     try:
-        return (require("lightning.pytorch.profilers", what=_WHAT, pip="lightning",
-                        minimum=(2, 0), tested="lightning 2.6"),
-                require("lightning.pytorch.callbacks", what=_WHAT, pip="lightning",
-                        minimum=(2, 0), tested="lightning 2.6"))
+        return (
+            require(
+                "lightning.pytorch.profilers",
+                what=_WHAT,
+                pip="lightning",
+                minimum=(2, 0),
+                tested="lightning 2.6",
+            ),
+            require(
+                "lightning.pytorch.callbacks",
+                what=_WHAT,
+                pip="lightning",
+                minimum=(2, 0),
+                tested="lightning 2.6",
+            ),
+        )
     except ImportError as lightning_error:
         try:
-            return (require("pytorch_lightning.profilers", what=_WHAT, pip="pytorch-lightning",
-                            minimum=(2, 0), tested="pytorch-lightning 2.6"),
-                    require("pytorch_lightning.callbacks", what=_WHAT, pip="pytorch-lightning",
-                            minimum=(2, 0), tested="pytorch-lightning 2.6"))
+            return (
+                require(
+                    "pytorch_lightning.profilers",
+                    what=_WHAT,
+                    pip="pytorch-lightning",
+                    minimum=(2, 0),
+                    tested="pytorch-lightning 2.6",
+                ),
+                require(
+                    "pytorch_lightning.callbacks",
+                    what=_WHAT,
+                    pip="pytorch-lightning",
+                    minimum=(2, 0),
+                    tested="pytorch-lightning 2.6",
+                ),
+            )
         except ImportError:
-            raise ImportError(f"{lightning_error}; or, for the older package name, "
-                              "pip install 'pytorch-lightning>=2.0'") from lightning_error
+            raise ImportError(
+                f"{lightning_error}; or, for the older package name, "
+                "pip install 'pytorch-lightning>=2.0'"
+            ) from lightning_error
 
 
 _profilers, _callbacks = _import()

@@ -14,9 +14,19 @@ from ._session import require
 __all__ = ["GpuprofProfiler"]
 
 _WHAT = "gpuprof.integrations.pytorch_lightning"
-_profilers = require("pytorch_lightning.profilers", what=_WHAT, pip="pytorch-lightning",
-                     minimum=(2, 0), tested="pytorch-lightning 2.6")
-_callbacks = require("pytorch_lightning.callbacks", what=_WHAT, pip="pytorch-lightning",
-                     minimum=(2, 0), tested="pytorch-lightning 2.6")
+_profilers = require(
+    "pytorch_lightning.profilers",
+    what=_WHAT,
+    pip="pytorch-lightning",
+    minimum=(2, 0),
+    tested="pytorch-lightning 2.6",
+)
+_callbacks = require(
+    "pytorch_lightning.callbacks",
+    what=_WHAT,
+    pip="pytorch-lightning",
+    minimum=(2, 0),
+    tested="pytorch-lightning 2.6",
+)
 
 GpuprofProfiler, _EndOfTraining = build(_profilers, _callbacks, "pytorch_lightning")

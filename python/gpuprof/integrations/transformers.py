@@ -16,8 +16,13 @@ from ._session import StepSession, check_output, require
 
 __all__ = ["GpuprofCallback"]
 
-_transformers = require("transformers", what="gpuprof.integrations.transformers",
-                        pip="transformers", minimum=(4, 46), tested="transformers 5.24")
+_transformers = require(
+    "transformers",
+    what="gpuprof.integrations.transformers",
+    pip="transformers",
+    minimum=(4, 46),
+    tested="transformers 5.24",
+)
 
 # Where Trainer fetches the batches of one optimizer step (transformers >= 4.46); on
 # CPython 3.10 code objects have no qualified name.
@@ -66,14 +71,29 @@ class GpuprofCallback(_transformers.TrainerCallback):
     process end) to stop recording.
     """
 
-    def __init__(self, schedule=None, output=None, *, log_metrics: bool = True,
-                 row_limit: int = 20, sort_by: str | None = None, on_trace_ready=None,
-                 **profile_kwargs):
+    def __init__(
+        self,
+        schedule=None,
+        output=None,
+        *,
+        log_metrics: bool = True,
+        row_limit: int = 20,
+        sort_by: str | None = None,
+        on_trace_ready=None,
+        **profile_kwargs,
+    ):
         self._output = check_output(output, _WHO)
-        self._session = StepSession(_WHO, schedule=schedule, log=self._log_to_trainer,
-                                    data_fetch=FETCH, on_trace_ready=on_trace_ready,
-                                    row_limit=row_limit, sort_by=sort_by,
-                                    log_metrics=log_metrics, **profile_kwargs)
+        self._session = StepSession(
+            _WHO,
+            schedule=schedule,
+            log=self._log_to_trainer,
+            data_fetch=FETCH,
+            on_trace_ready=on_trace_ready,
+            row_limit=row_limit,
+            sort_by=sort_by,
+            log_metrics=log_metrics,
+            **profile_kwargs,
+        )
         self._trainer = None
         self._state = None
         self._files: list[str] = []
@@ -111,9 +131,13 @@ class GpuprofCallback(_transformers.TrainerCallback):
         self._trainer = _calling_trainer()
         self._state = state
         if self._trainer is None and self._session.log is not None:
-            warnings.warn("gpuprof: GpuprofCallback could not find the Trainer calling it; step "
-                          "metrics go to state.log_history only, not to report_to "
-                          "integrations", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "gpuprof: GpuprofCallback could not find the Trainer calling it; step "
+                "metrics go to state.log_history only, not to report_to "
+                "integrations",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._files = []
         self._summary = None
         self._session.start()

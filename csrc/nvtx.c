@@ -17,7 +17,7 @@
  * registered) are interned here, in C, under nv_lock, because NVTX calls
  * come on any thread, with or without the GIL.
  *
- * Out: a minimal NVTX client. When NVTX_INJECTION64_PATH names another tool
+ * Out (nvtx_out.c): a minimal NVTX client. When NVTX_INJECTION64_PATH names another tool
  * (Nsight Systems), gpuprof attaches to it like any NVTX client and pushes
  * its record_function labels and ProfilerStep#N there. When the injection is
  * gpuprof itself nothing is emitted, so gpuprof's own ranges never come back
@@ -28,14 +28,16 @@
  * handler the profiler registers (gp_nvtx_capture_handler); the CUPTI side
  * calls the same notifier for cudaProfilerStart/Stop.
  *
- * No Python API here (STYLE.md section 3). Builds without CUPTI headers
- * compile this file through cuda/cuda_stub.c: it needs no CUDA header.
+ * No Python API here (STYLE.md section 3). Every build compiles this file:
+ * it needs no CUDA header.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* RTLD_NOLOAD, clock_gettime */
 #endif
 
-#include "gp_cuda.h"
+#include "nvtx.h"
+
+#include "nvtx_abi.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -46,66 +48,9 @@
 #include <string.h>
 #include <wchar.h>
 
-#include "../csrc/buffer.h"
-#include "../csrc/clock.h"
-#include "../csrc/strtab.h"
-
-/* ---- The NVTX injection ABI (nvtx3 nvtxDetail/nvtxTypes.h, NVTX_VERSION 3) -- */
-
-typedef void (*NvFn)(void);   /* slot type; cast to the real signature */
-typedef NvFn **NvTable;       /* array of pointers to the client's slots */
-typedef const void *(*NvGetExportTable)(uint32_t table_id);
-
-enum { NV_ETID_CALLBACKS = 1, NV_ETID_VERSIONINFO = 3 };
-enum { NV_MODULE_CORE = 1, NV_MODULE_CORE2 = 5 };
-enum {
-    NV_CORE_MarkEx = 1, NV_CORE_MarkA = 2, NV_CORE_MarkW = 3, NV_CORE_RangeStartEx = 4, NV_CORE_RangeStartA = 5, NV_CORE_RangeStartW = 6,
-    NV_CORE_RangeEnd = 7, NV_CORE_RangePushEx = 8, NV_CORE_RangePushA = 9,
-    NV_CORE_RangePushW = 10, NV_CORE_RangePop = 11, NV_CORE_NameCategoryA = 12,
-    NV_CORE_NameCategoryW = 13, NV_CORE_SIZE = 16,
-};
-enum {
-    NV_CORE2_DomainMarkEx = 1, NV_CORE2_DomainRangeStartEx = 2, NV_CORE2_DomainRangeEnd = 3,
-    NV_CORE2_DomainRangePushEx = 4, NV_CORE2_DomainRangePop = 5,
-    NV_CORE2_DomainNameCategoryA = 8, NV_CORE2_DomainNameCategoryW = 9,
-    NV_CORE2_DomainRegisterStringA = 10, NV_CORE2_DomainRegisterStringW = 11,
-    NV_CORE2_DomainCreateA = 12, NV_CORE2_DomainCreateW = 13, NV_CORE2_DomainDestroy = 14,
-    NV_CORE2_SIZE = 16,
-};
-enum { NV_MSG_ASCII = 1, NV_MSG_UNICODE = 2, NV_MSG_REGISTERED = 3 };
-
-typedef struct NvCallbacksTable {
-    size_t struct_size;
-    int (*get_module_table)(int module, NvTable *out_table, unsigned int *out_size);
-} NvCallbacksTable;
-
-typedef struct NvVersionTable {
-    size_t struct_size;
-    uint32_t version;
-    uint32_t reserved0;
-    void (*set_injection_version)(uint32_t version);
-} NvVersionTable;
-
-/* nvtxEventAttributes_v2. */
-typedef struct NvAttr {
-    uint16_t version;
-    uint16_t size;
-    uint32_t category;
-    int32_t color_type;
-    uint32_t color;
-    int32_t payload_type;
-    int32_t reserved0;
-    uint64_t payload;
-    int32_t message_type;
-    union {
-        const char *ascii;
-        const wchar_t *unicode;
-        const void *registered;
-    } message;
-} NvAttr;
-
-_Static_assert(offsetof(NvAttr, message) == 40 && sizeof(NvAttr) == 48,
-               "nvtxEventAttributes_v2 layout");
+#include "buffer.h"
+#include "clock.h"
+#include "strtab.h"
 
 /* ---- Domains, registered strings, names ---------------------------------- */
 
@@ -645,7 +590,8 @@ static void
 end(uint64_t id)
 {
     uint64_t want = id;
-    if (id != 0 && atomic_load(&cap_range) == id && atomic_compare_exchange_strong(&cap_range, &want, 0)) {
+    if (id != 0 && atomic_load(&cap_range) == id &&
+        atomic_compare_exchange_strong(&cap_range, &want, 0)) {
         if (recording())
             record(0, GP_EV_MAKE(GP_EV_NVTX_END, (uint32_t)(id & 0xffffffu)));
         cap_close();
@@ -686,6 +632,8 @@ mark(const NvAttr *a, const char *ascii, const wchar_t *wide)
         atomic_fetch_add(&probe_hits, 1);
 }
 
+/* The entry points NVTX calls, one a line (clang-format would spread them out). */
+/* clang-format off */
 static void cb_mark_ex(const NvAttr *a) { if (a) mark(a, NULL, NULL); }
 static void cb_mark_a(const char *s) { mark(NULL, s, NULL); }
 static void cb_mark_w(const wchar_t *s) { mark(NULL, NULL, s); }
@@ -712,6 +660,7 @@ static const void *cb_dregister_w(const void *d, const wchar_t *s) { return regi
 static const void *cb_dcreate_a(const char *n) { return domain_create(n, NULL); }
 static const void *cb_dcreate_w(const wchar_t *n) { return domain_create(NULL, n); }
 static void cb_ddestroy(const void *d) { (void)d; /* handles stay valid: see GpNvtxDomain */ }
+/* clang-format on */
 
 static void
 set_slot(NvTable t, unsigned int size, unsigned int id, NvFn fn)
@@ -810,124 +759,6 @@ gp_nvtx_clear(void)
     pthread_mutex_unlock(&nv_lock);
 }
 
-/* ---- Out: gpuprof's ranges to another NVTX tool ------------------------------- */
-
-/* Written once inside out_attach (pthread_once), read-only afterwards. */
-static pthread_once_t out_once = PTHREAD_ONCE_INIT;
-static NvFn out_core[NV_CORE_SIZE];
-static NvFn out_core2[NV_CORE2_SIZE];
-static NvFn *out_core_table[NV_CORE_SIZE];
-static NvFn *out_core2_table[NV_CORE2_SIZE];
-static int (*out_push)(const char *);
-static int (*out_pop)(void);
-static char out_reason[512] = "not attached yet";
-
-static int
-out_module_table(int module, NvTable *out_table, unsigned int *out_size)
-{
-    switch (module) {
-    case NV_MODULE_CORE:
-        *out_table = out_core_table;
-        *out_size = NV_CORE_SIZE - 1;
-        return 1;
-    case NV_MODULE_CORE2:
-        *out_table = out_core2_table;
-        *out_size = NV_CORE2_SIZE - 1;
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-static void
-out_set_version(uint32_t version)
-{
-    (void)version;
-}
-
-static const NvCallbacksTable out_callbacks = {sizeof(NvCallbacksTable), out_module_table};
-static const NvVersionTable out_version = {sizeof(NvVersionTable), 3, 0, out_set_version};
-
-static const void *
-out_export_table(uint32_t table_id)
-{
-    switch (table_id) {
-    case NV_ETID_CALLBACKS:
-        return &out_callbacks;
-    case NV_ETID_VERSIONINFO:
-        return &out_version;
-    default:
-        return NULL;
-    }
-}
-
-static void
-out_attach(void)
-{
-    for (unsigned i = 1; i < NV_CORE_SIZE; i++)
-        out_core_table[i] = &out_core[i];
-    for (unsigned i = 1; i < NV_CORE2_SIZE; i++)
-        out_core2_table[i] = &out_core2[i];
-    const char *path = getenv("NVTX_INJECTION64_PATH");
-    if (path == NULL || path[0] == '\0') {
-        snprintf(out_reason, sizeof out_reason, "no NVTX tool attached (NVTX_INJECTION64_PATH is unset)");
-        return;
-    }
-    void *h = dlopen(path, RTLD_LAZY);
-    if (h == NULL) {
-        const char *err = dlerror();
-        snprintf(out_reason, sizeof out_reason, "dlopen(%s) failed: %s", path, err ? err : "?");
-        return;
-    }
-    void *sym = dlsym(h, "InitializeInjectionNvtx2");
-    int (*init)(NvGetExportTable) = NULL;
-    memcpy(&init, &sym, sizeof init);
-    if (init == NULL) {
-        snprintf(out_reason, sizeof out_reason, "%s has no InitializeInjectionNvtx2", path);
-        return;
-    }
-    if (init == InitializeInjectionNvtx2) {
-        /* The tool is gpuprof: emitting would feed our ranges back in. */
-        snprintf(out_reason, sizeof out_reason,
-                 "NVTX_INJECTION64_PATH is gpuprof itself (NVTX input); no other tool to emit to");
-        return;
-    }
-    if (!init(out_export_table)) {
-        snprintf(out_reason, sizeof out_reason, "%s: InitializeInjectionNvtx2 returned 0", path);
-        return;
-    }
-    int (*p)(const char *) = (int (*)(const char *))out_core[NV_CORE_RangePushA];
-    int (*q)(void) = (int (*)(void))out_core[NV_CORE_RangePop];
-    if (p == NULL || q == NULL) {
-        snprintf(out_reason, sizeof out_reason, "%s did not take nvtxRangePushA/nvtxRangePop", path);
-        return;
-    }
-    out_push = p;
-    out_pop = q;
-    snprintf(out_reason, sizeof out_reason, "emitting to %s", path);
-}
-
-int
-gp_nvtx_emit_ready(void)
-{
-    pthread_once(&out_once, out_attach);
-    return out_push != NULL;
-}
-
-void
-gp_nvtx_emit_push(const char *utf8)
-{
-    if (out_push != NULL)
-        out_push(utf8);
-}
-
-void
-gp_nvtx_emit_pop(void)
-{
-    if (out_pop != NULL)
-        out_pop();
-}
-
 /* ---- Status ----------------------------------------------------------------------- */
 
 void
@@ -942,7 +773,7 @@ gp_nvtx_info(GpNvtxInfo *out)
     out->domains = n_domains ? n_domains - 1 : 0;
     pthread_mutex_unlock(&nv_lock);
     out->emit = gp_nvtx_emit_ready();
-    out->emit_reason = out_reason;
+    out->emit_reason = gp_nvtx_emit_reason();
 }
 
 void
