@@ -55,6 +55,10 @@ LAYERS = {
     "gpuprof.processes": "analysis",
     "gpuprof.memory": "analysis",
     "gpuprof.distributed": "analysis",
+    "gpuprof.distributed._overlap": "analysis",
+    "gpuprof.distributed._traces": "analysis",
+    "gpuprof.distributed._merged": "analysis",
+    "gpuprof.distributed._checks": "analysis",
     "gpuprof.diagnose": "analysis",
     "gpuprof._comparison": "analysis",
     "gpuprof._deepdive": "analysis",
@@ -230,7 +234,7 @@ def test_c_enum_values_come_from_the_extension():
 
 
 ENUM_PREFIXES = ("OP_", "OPF_", "GPU_", "GF_", "SF_", "CAT_", "API_", "ACT_", "CAPTURE_")
-NOT_ENUMS = {"gpuprof.distributed._GPU_TID_BASE"}  # a lane numbering of merged traces
+NOT_ENUMS = {"gpuprof.distributed._traces._GPU_TID_BASE"}  # a lane numbering of merged traces
 
 
 def test_no_module_copies_a_c_enum_value():
