@@ -283,7 +283,10 @@ def test_time_window_of_a_program_without_steps(env, tmp_path):
         )
         assert r.returncode == 0, r.stderr
         assert f"pid {prog.pid} records 0.5 s from now: a time window" in r.stdout
-        assert re.search(rf"pid {prog.pid}: recorded a 0\.\d s time window", r.stdout), r.stdout
+        # 0.5 s asked; the window ends when gpuprof's thread gets the GIL back from a
+        # stepping thread that never waits, later than that on a loaded 2-vCPU machine
+        m = re.search(rf"pid {prog.pid}: recorded a (\d+\.\d) s time window", r.stdout)
+        assert m and 0.4 <= float(m.group(1)) < 5, r.stdout
         (saved,) = glob.glob(str(tmp_path / "win" / "*.gpuprof"))
         loaded = gp.load(saved)
         assert "train_step" in set(loaded.ops()["name"]) and len(loaded.steps()) == 0
