@@ -173,8 +173,8 @@ class ResultAccessors:
             device: "cuda:N" (or "cuda" for "cuda:0") for device memory: fields
                 timestamp_ns, allocated_bytes, reserved_bytes; "cpu" for the host:
                 timestamp_ns, rss_bytes. Timestamps are on the profiler clock.
-            source: for a CUDA device, "auto" (every framework allocator sampled on
-                the device, summed, each at its latest sample: PyTorch's and CuPy's
+            source: for a CUDA device, "auto" (every framework allocator that held
+                memory on the device, summed, each at its latest sample: PyTorch's and CuPy's
                 together when both allocate there; CUPTI's device allocations when
                 none was sampled; ``memory_summary()`` names the one used), "cupti"
                 (device allocations CUPTI recorded, relative to the window start),

@@ -252,7 +252,7 @@ def memory_curve(
         raise ValueError("memory_curve(): source='host' needs device='cpu'")
     if source in ("auto", "cupti"):
         if source == "auto":
-            allocs = _allocator_samples(results, sampler, index)
+            allocs = _holding_allocators(_allocator_samples(results, sampler, index))
             if allocs:
                 return _summed_curve(allocs)
         return _driver_curve(results, index)[0]
@@ -271,6 +271,17 @@ def _as_cuda_curve(rows: np.ndarray) -> np.ndarray:
     for f in CUDA_CURVE_DTYPE.names:
         out[f] = rows[f]
     return out
+
+
+def _holding_allocators(allocs: list) -> list:
+    """The allocators that held device memory in the window (an imported framework that
+    allocated nothing adds nothing to the curve), or the first one when none did."""
+    held = [
+        (name, rows)
+        for name, rows in allocs
+        if (rows["reserved_bytes"] > 0).any() or (rows["allocated_bytes"] > 0).any()
+    ]
+    return held or allocs[:1]
 
 
 def _summed_curve(allocs: list) -> np.ndarray:
@@ -591,7 +602,7 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
     for index in sorted(indices):
         dm = DeviceMemory(_device_name(index))
         dm.driver = _driver_summary(results, index)
-        allocs = _allocator_samples(results, sampler, index)
+        allocs = _holding_allocators(_allocator_samples(results, sampler, index))
         if len(allocs) > 1:  # several frameworks allocate here: the summed curve
             summed = _summed_curve(allocs)
             rows = np.zeros(len(summed), dtype=ALLOCATOR_DTYPE)

@@ -536,3 +536,20 @@ def test_default_device_curve_sums_every_allocator(monkeypatch):
     assert d.peak_bytes == 146 * MiB
     assert d.peak_source == "torch + cupy"
     assert any("sums 2 allocators (torch, cupy)" in n for n in d.notes)
+
+
+def test_an_allocator_that_holds_nothing_leaves_the_curve_alone(monkeypatch):
+    """CuPy imported but never allocating: the default curve is PyTorch's, exact peak
+    (its running maximum) included."""
+    stats = _torch_stats(1 * MiB, 2 * MiB, 1 * MiB)
+    _fake_torch(monkeypatch, {0: stats})
+    _fake_cupy(monkeypatch, used=0, total=0)
+    with gpuprof.profile(
+        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+    ) as prof:
+        time.sleep(0.03)
+        _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)  # 150 MiB between two samples
+        time.sleep(0.03)
+    assert np.array_equal(prof.memory_curve("cuda:0"), prof.memory_curve("cuda:0", "torch"))
+    d = prof.memory_summary().devices["cuda:0"]
+    assert d.peak_source == "torch" and d.peak_bytes == 150 * MiB
