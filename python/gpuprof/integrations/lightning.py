@@ -15,43 +15,27 @@ __all__ = ["GpuprofProfiler"]
 _WHAT = "gpuprof.integrations.lightning"
 
 
+def _import_from(package: str, pip: str):
+    """(profilers, callbacks) modules of ``package``."""
+    return tuple(
+        require(
+            f"{package}.{sub}",
+            what=_WHAT,
+            pip=pip,
+            minimum=(2, 0),
+            tested=f"{pip} 2.6",
+        )
+        for sub in ("profilers", "callbacks")
+    )
+
+
 def _import():
     """(profilers, callbacks) modules of ``lightning``, else of ``pytorch_lightning``."""
     try:
-        return (
-            require(
-                "lightning.pytorch.profilers",
-                what=_WHAT,
-                pip="lightning",
-                minimum=(2, 0),
-                tested="lightning 2.6",
-            ),
-            require(
-                "lightning.pytorch.callbacks",
-                what=_WHAT,
-                pip="lightning",
-                minimum=(2, 0),
-                tested="lightning 2.6",
-            ),
-        )
+        return _import_from("lightning.pytorch", "lightning")
     except ImportError as lightning_error:
         try:
-            return (
-                require(
-                    "pytorch_lightning.profilers",
-                    what=_WHAT,
-                    pip="pytorch-lightning",
-                    minimum=(2, 0),
-                    tested="pytorch-lightning 2.6",
-                ),
-                require(
-                    "pytorch_lightning.callbacks",
-                    what=_WHAT,
-                    pip="pytorch-lightning",
-                    minimum=(2, 0),
-                    tested="pytorch-lightning 2.6",
-                ),
-            )
+            return _import_from("pytorch_lightning", "pytorch-lightning")
         except ImportError:
             raise ImportError(
                 f"{lightning_error}; or, for the older package name, "
