@@ -1,5 +1,5 @@
 """Helpers shared by the GPU benchmarks: building the CUPTI floor and the launch loop,
-and the floor bits that match a set of gpuprof's CUPTI parts."""
+the floor bits that match a set of gpuprof's CUPTI parts, and the MLP training step."""
 
 from __future__ import annotations
 
@@ -24,6 +24,27 @@ PART_BITS = {
     "serial": 512,
     "memory": 1024,
 }
+
+
+def mlp_step(torch, device="cuda", width=256, depth=16, batch=64, act=None, seed=None):
+    """A training step of ``depth`` x Linear(width) + ``act`` (ReLU by default) on a batch
+    of ``batch``, SGD; the defaults are the benchmarks' launch-bound step (133 kernels a
+    step on CUDA). The returned ``step()`` does not synchronize."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), (act or torch.nn.ReLU)()]
+    model = torch.nn.Sequential(*layers).to(device)
+    x = torch.randn(batch, width, device=device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    return step
 
 
 def floor_bits(parts: str | None = None, memory: bool = False) -> int:

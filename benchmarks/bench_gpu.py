@@ -57,7 +57,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _gpu_common import build_floor, floor_bits  # noqa: E402
+from _gpu_common import build_floor, floor_bits, mlp_step  # noqa: E402
 
 
 def _workload(wl):
@@ -82,18 +82,7 @@ def _workload(wl):
         width, depth, batch, act = (
             (256, 16, 64, torch.nn.ReLU) if wl == "mlp" else (4096, 4, 8192, torch.nn.GELU)
         )
-        layers = []
-        for _ in range(depth):
-            layers += [torch.nn.Linear(width, width), act()]
-        model = torch.nn.Sequential(*layers).cuda()
-        x = torch.randn(batch, width, device="cuda")
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            model(x).square().mean().backward()
-            opt.step()
-
+        step = mlp_step(torch, "cuda", width, depth, batch, act)
         return step, torch.cuda.synchronize, f"{depth} x Linear({width}), batch {batch}, SGD"
     return _gpt2(torch)
 

@@ -65,6 +65,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from _gpu_common import mlp_step  # noqa: E402
 from _runinfo import run_info  # noqa: E402
 
 CHILD = r"""
@@ -74,19 +75,10 @@ workload, device, steps, warmup, capture_first = (sys.argv[1], sys.argv[2], int(
 
 if workload == "mlp":
     import torch
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(16):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device)
-    x = torch.randn(64, 256, device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    from _gpu_common import mlp_step  # benchmarks/ is on the child's PYTHONPATH
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model(x).square().mean().backward()
-        opt.step()
+    step = mlp_step(torch, device, seed=0)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 else:
     WORDS = ("alpha beta gamma delta " * 1000).split()
     sync = lambda: None
@@ -140,7 +132,8 @@ def _command(child: str, workload: str, mode: str, args) -> tuple[list[str], dic
     if args.fixed_malloc:
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        [os.path.join(ROOT, "python"), HERE]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env.pop("GPUPROF_ON_DEMAND", None)
     tail = [
@@ -199,22 +192,15 @@ def _bench_step_fn():
 
 
 def _mlp_step(torch, device: str):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(16):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device)
-    x = torch.randn(64, 256, device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    """The launch-bound step, synchronized."""
+    step = mlp_step(torch, device, seed=0)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model(x).square().mean().backward()
-        opt.step()
+    def synced():
+        step()
         sync()
 
-    return step
+    return synced
 
 
 def _timed_steps(step, n: int) -> list[int]:
