@@ -8,7 +8,7 @@ import os
 import weakref
 
 from ..profiler import record_function
-from ._session import StepSession, check_output
+from ._session import SessionResults, StepSession, check_output
 
 # Lightning's action names (lightning/pytorch/loops/training_epoch_loop.py): the fetch
 # of each training batch, and the batch itself (forward, backward, optimizer step).
@@ -18,7 +18,7 @@ BATCH = "run_training_batch"
 _WHO = "GpuprofProfiler()"
 
 
-class GpuprofProfilerMixin:
+class GpuprofProfilerMixin(SessionResults):
     """Everything of ``GpuprofProfiler`` but its Lightning base class (see :func:`build`)."""
 
     def __init__(
@@ -72,20 +72,6 @@ class GpuprofProfilerMixin:
         self._summary: str | None = None
 
     # -- the results -------------------------------------------------------------------
-    @property
-    def prof(self):
-        """The last recorded window as a read-only profile (a
-        ``gpuprof.exporters.LoadedProfile``: ``key_averages()``, ``kernels()``,
-        ``steps()``, ``diagnose()``, ``export_chrome_trace()``, ``save()``...); None
-        until a window has closed."""
-        return self._session.view
-
-    def steps(self):
-        """One row per recorded training batch of the run, with its step time, data
-        wait, GPU busy, sync wait, communication, kernels and peak device memory
-        (docs/integrations.md, ``gpuprof.integrations.STEP_METRICS_DTYPE``)."""
-        return self._session.steps()
-
     @property
     def files(self) -> list[str]:
         """The files written at the end of training (empty before, or with output=False)."""

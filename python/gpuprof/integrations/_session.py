@@ -30,6 +30,7 @@ from ..views import Table
 __all__ = [
     "METRIC_NAMES",
     "STEP_METRICS_DTYPE",
+    "SessionResults",
     "StepSession",
     "logged_metrics",
     "require",
@@ -185,6 +186,25 @@ _LOOKAHEAD = 10_000  # steps a wait is looked through at once (see StepSession._
 def _action(value) -> int:
     """A schedule's answer as an int (gpuprof's and torch's ProfilerAction, or an int)."""
     return int(getattr(value, "value", value))
+
+
+class SessionResults:
+    """``prof`` and ``steps()`` of an integration that records through the
+    :class:`StepSession` in its ``_session``."""
+
+    @property
+    def prof(self):
+        """The last recorded window as a read-only profile (a
+        ``gpuprof.exporters.LoadedProfile``: ``key_averages()``, ``kernels()``,
+        ``steps()``, ``diagnose()``, ``export_chrome_trace()``, ``save()``...); None
+        until a window has closed."""
+        return self._session.view
+
+    def steps(self):
+        """One row per recorded step of the run, with its step time, data wait, GPU busy,
+        sync wait, communication, kernels and peak device memory (docs/integrations.md,
+        ``gpuprof.integrations.STEP_METRICS_DTYPE``)."""
+        return self._session.steps()
 
 
 class StepSession:

@@ -14,7 +14,7 @@ does. See docs/integrations.md.
 
 from __future__ import annotations
 
-from ._session import StepSession, check_output, require
+from ._session import SessionResults, StepSession, check_output, require
 
 __all__ = ["profile"]
 
@@ -29,7 +29,7 @@ _accelerate = require(
 _WHO = "gpuprof.integrations.accelerate.profile()"
 
 
-class profile:
+class profile(SessionResults):
     """Profile an ``accelerate`` training loop: ``prof.step()`` after each step.
 
     As each recording window closes, the metrics of its steps (step time, data wait,
@@ -98,14 +98,6 @@ class profile:
         self.files: list[str] = []
         self._summary: str | None = None
 
-    @property
-    def prof(self):
-        """The last recorded window as a read-only profile (a
-        ``gpuprof.exporters.LoadedProfile``: ``key_averages()``, ``kernels()``,
-        ``steps()``, ``diagnose()``, ``export_chrome_trace()``, ``save()``...); None
-        until a window has closed."""
-        return self._session.view
-
     def start(self) -> None:
         self.files = []
         self._summary = None
@@ -135,10 +127,6 @@ class profile:
         except Exception:
             if exc_type is None:
                 raise
-
-    def steps(self):
-        """One row per recorded step (``gpuprof.integrations.STEP_METRICS_DTYPE``)."""
-        return self._session.steps()
 
     def summary(self) -> str:
         """Op table, step metrics and diagnosis, as text (after the block)."""

@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 
-from ._session import StepSession, check_output, require
+from ._session import SessionResults, StepSession, check_output, require
 
 __all__ = ["GpuprofCallback"]
 
@@ -32,7 +32,7 @@ _WHO = "GpuprofCallback()"
 _log = logging.getLogger(__name__)
 
 
-class GpuprofCallback(_transformers.TrainerCallback):
+class GpuprofCallback(SessionResults, _transformers.TrainerCallback):
     """gpuprof as a ``transformers.TrainerCallback``.
 
     Each optimizer step is a step (``on_step_end``; with gradient accumulation it
@@ -100,18 +100,6 @@ class GpuprofCallback(_transformers.TrainerCallback):
         self._summary: str | None = None
 
     # -- the results -------------------------------------------------------------------
-    @property
-    def prof(self):
-        """The last recorded window as a read-only profile (a
-        ``gpuprof.exporters.LoadedProfile``: ``key_averages()``, ``kernels()``,
-        ``steps()``, ``diagnose()``, ``export_chrome_trace()``, ``save()``...); None
-        until a window has closed."""
-        return self._session.view
-
-    def steps(self):
-        """One row per recorded step of the run (``gpuprof.integrations.STEP_METRICS_DTYPE``)."""
-        return self._session.steps()
-
     @property
     def files(self) -> list[str]:
         """The files written at the end of training."""
