@@ -35,6 +35,8 @@ import signal
 import stat
 import time
 
+from ._output import write_atomic
+
 __all__ = [
     "VERSION",
     "runtime_dir",
@@ -109,14 +111,7 @@ def host() -> str:
 # -- files ---------------------------------------------------------------------------------
 def write_json(path: str, doc: dict, mode: int = 0o600) -> None:
     """Write ``doc`` to ``path`` whole: a temporary file renamed into place."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    data = json.dumps(doc, indent=1).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1).encode(), mode)
 
 
 def read_json(path: str) -> dict | None:

@@ -1,6 +1,7 @@
 """Output files: the checks every writer makes on a path before any work
-(:func:`check_output_path`, which also expands ``{rank}`` placeholders), and
-:func:`atomic_output`, under which a file appears complete or not at all."""
+(:func:`check_output_path`, which also expands ``{rank}`` placeholders),
+:func:`atomic_output`, under which a file appears complete or not at all, and
+:func:`write_atomic` for gpuprof's own small state and message files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 
 from ._ranks import expand_name
 
-__all__ = ["atomic_output", "check_output_path", "reraise_os_error"]
+__all__ = ["atomic_output", "check_output_path", "reraise_os_error", "write_atomic"]
 
 
 def check_output_path(path, func: str) -> str:
@@ -67,3 +68,16 @@ def atomic_output(path: str, func: str):
             raise
     except OSError as e:
         reraise_os_error(e, func, path)
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` whole, through a temporary file of this process renamed
+    into place (readers in other processes never see part of it). Calls into C only,
+    so it may run while a hook records."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

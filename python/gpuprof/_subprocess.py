@@ -59,6 +59,7 @@ import numpy as np
 from . import _gpuprof, _monitoring
 from ._constants import ACT_RECORD as _RECORD
 from ._constants import ACT_RECORD_AND_SAVE as _RECORD_AND_SAVE
+from ._output import write_atomic
 from .schedule import Schedule
 
 __all__ = ["ParentSession", "load_piece", "POLL_S"]
@@ -106,16 +107,6 @@ class _Ctx:
 
 
 # ---- small file helpers (C calls only: they may run while the hook records) --------
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def _read_small(path: str) -> bytes | None:
@@ -398,7 +389,7 @@ class _Child:
 
     def _ack(self, v: int, done: int) -> None:
         with contextlib.suppress(OSError):
-            _write_atomic(os.path.join(self.ctx.dir, f"{self.pid}.ack"), f"{v} {done}".encode())
+            write_atomic(os.path.join(self.ctx.dir, f"{self.pid}.ack"), f"{v} {done}".encode())
 
     def _apply(self, st, from_poll: bool) -> None:
         v, rec, win, alive, flush = st
@@ -693,7 +684,7 @@ class ParentSession:
     def _write_state(self, rec: int, alive: int = 1) -> int:
         self.v += 1
         self.rec = rec
-        _write_atomic(
+        write_atomic(
             self.ctx.state_path, f"{self.v} {rec} {self.win} {alive} {self.flush}\n".encode()
         )
         return self.v
