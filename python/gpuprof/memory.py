@@ -609,9 +609,9 @@ def memory_summary(results: Results, *, sampler: HostSampler | None = None) -> M
             for f in CUDA_CURVE_DTYPE.names:
                 rows[f] = summed[f]
             rows["peak_allocated_bytes"] = -1  # no running maximum of the sum: the samples'
-            dm.allocator = _allocator_summary(curve_source(allocs), rows)
-            dm.peak_bytes = dm.allocator["peak_allocated_bytes"]
             dm.peak_source = curve_source(allocs)
+            dm.allocator = _allocator_summary(dm.peak_source, rows)
+            dm.peak_bytes = dm.allocator["peak_allocated_bytes"]
             dm.notes.append(
                 f"the device curve sums {len(allocs)} allocators ("
                 f"{', '.join(name for name, _ in allocs)}), each at its latest "
