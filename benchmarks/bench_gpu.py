@@ -16,9 +16,6 @@ first unprofiled, then under its mode, and keeps the median of each. The report 
 per mode, the paired ratio (each process's profiled median over its own unprofiled
 one: drift between processes cancels), median and min over the processes, and the
 ratio across processes (the mode's per-process medians against the `none` processes').
-Where the machine exposes performance counters, it also gives the user-mode
-instructions and cycles a mode adds to the stepping thread per step (paired medians)
-and that thread's instructions per cycle: added work against slower work.
 
 Workloads:
   mlp      launch-bound: 16 x Linear(256)+ReLU, batch 64, SGD (133 kernels a step)
@@ -61,7 +58,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _gpu_common import build_floor, floor_bits, mlp_step  # noqa: E402
-from _perf_counters import ThreadCounters  # noqa: E402
 
 
 def _workload(wl):
@@ -157,29 +153,21 @@ def measure(wl, mode, steps, want_table, floor_lib):
         step()
     sync()
 
-    counters = ThreadCounters.open()  # None where the machine exposes no counters
-    work = {}  # phase -> per-step (user instructions, user cycles) of this thread
-
-    def run(n, prof=None, phase=None):
-        times, ins = [], []
+    def run(n, prof=None):
+        times = []
         for _ in range(n):
-            c0 = counters.read() if counters else (0, 0)
             t0 = time.perf_counter_ns()
             step()
             sync()
             if prof is not None:
                 prof.step()
             times.append(time.perf_counter_ns() - t0)
-            c1 = counters.read() if counters else (0, 0)
-            ins.append((c1[0] - c0[0], c1[1] - c0[1]))
-        if counters and phase:
-            work[phase] = [statistics.median(x[i] for x in ins) for i in (0, 1)]
         return times
 
-    out = {"workload": wl, "mode": mode, "steps": steps, "what": what, "work": work}
-    out["base_ns"] = run(steps, phase="base")  # this process unprofiled: the baseline
+    out = {"workload": wl, "mode": mode, "steps": steps, "what": what}
+    out["base_ns"] = run(steps)  # this process unprofiled: the paired baseline
     if mode == "none":
-        out["step_ns"] = run(steps, phase="step")
+        out["step_ns"] = run(steps)
         out["after_ns"] = run(steps)
     elif mode.startswith(("floor:", "cpu+floor:")):
         import ctypes
@@ -192,16 +180,16 @@ def measure(wl, mode, steps, want_table, floor_lib):
 
             prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU])
             prof.start()
-            out["step_ns"] = run(steps, prof, "step")
+            out["step_ns"] = run(steps, prof)
             prof.stop()
         else:
-            out["step_ns"] = run(steps, phase="step")
+            out["step_ns"] = run(steps)
     elif mode == "torch":
         from torch.profiler import ProfilerActivity, profile
 
         prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         prof.__enter__()
-        out["step_ns"] = run(steps, prof, "step")
+        out["step_ns"] = run(steps, prof)
         if want_table:  # torch.profiler's post-processing takes seconds: once per workload
             t0 = time.perf_counter()
             prof.__exit__(None, None, None)
@@ -237,7 +225,7 @@ def measure(wl, mode, steps, want_table, floor_lib):
             schedule=sched,
         )
         prof.start()
-        out["step_ns"] = run(steps, prof, "step")
+        out["step_ns"] = run(steps, prof)
         if mode == "gpuprof_wait":
             prof.stop()
             out["after_ns"] = run(steps)
@@ -377,9 +365,6 @@ def summarize(results, workloads, modes):
             first = next((r for r in per[m] if "window_to_table_s" in r), {})
             k = [r["kernels"] for r in per[m] if "kernels" in r]
             att = [r["attributed"] for r in per[m] if "attributed" in r]
-            # this thread's user-mode work per step over its own unprofiled steps
-            counted = [r["work"] for r in per[m] if {"base", "step"} <= set(r.get("work", {}))]
-            added = [[w["step"][i] - w["base"][i] for w in counted] for i in (0, 1)]
             rows.append(
                 {
                     "workload": wl,
@@ -394,11 +379,6 @@ def summarize(results, workloads, modes):
                     "to_table_s": first.get("window_to_table_s"),
                     "kernels_per_step": (statistics.median(k) / per[m][0]["steps"]) if k else None,
                     "attributed": min(att) if att else None,
-                    "added_instructions": statistics.median(added[0]) if counted else None,
-                    "added_cycles": statistics.median(added[1]) if counted else None,
-                    "ipc": statistics.median(w["step"][0] / w["step"][1] for w in counted)
-                    if counted
-                    else None,
                     "what": per[m][0].get("what", ""),
                 }
             )
@@ -413,22 +393,18 @@ def print_rows(rows):
     print(
         f"\n{'workload':9s} {'mode':26s} {'n':>2s} {'step ms':>8s} {'paired':>7s} {'min':>7s}"
         f" {'across':>7s} {'min':>7s} {'after':>6s} {'table s':>8s} {'k/step':>7s}"
-        f" {'attrib':>7s} {'+Minstr':>8s} {'+Mcycles':>8s} {'IPC':>5s}"
+        f" {'attrib':>7s}"
     )
     for r in rows:
         after = f"{r['after_ratio']:.3f}" if r["after_ratio"] else "-"
         tt = f"{r['to_table_s']:.3f}" if r["to_table_s"] is not None else "-"
         ks = f"{r['kernels_per_step']:.1f}" if r["kernels_per_step"] else "-"
         att = f"{100 * r['attributed']:.2f}%" if r["attributed"] is not None else "-"
-        counted = r.get("added_instructions") is not None
-        ins = f"{r['added_instructions'] / 1e6:8.3f}" if counted else f"{'-':>8s}"
-        cyc = f"{r['added_cycles'] / 1e6:8.3f}" if counted else f"{'-':>8s}"
-        ipc = f"{r['ipc']:5.2f}" if counted else f"{'-':>5s}"
         print(
             f"{r['workload']:9s} {r['mode']:26s} {r['n']:2d} {r['step_ms']:8.3f}"
             f" {r['paired_median']:6.3f}x {r['paired_min']:6.3f}x"
             f" {r['ratio_median']:6.3f}x {r['ratio_min']:6.3f}x {after:>6s} {tt:>8s}"
-            f" {ks:>7s} {att:>7s} {ins} {cyc} {ipc}"
+            f" {ks:>7s} {att:>7s}"
         )
 
 

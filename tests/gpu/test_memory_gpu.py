@@ -4,7 +4,6 @@ peak against torch.cuda.max_memory_allocated(), a CuPy allocation in the device 
 Marked `gpu`: skipped (with the loader's reason) where GPU capture is unusable.
 """
 
-import sys
 import time
 
 import gpuprof
@@ -41,19 +40,9 @@ def _allocate_three(torch):
 ALLOC_LINE = _allocate_three.__code__.co_firstlineno + 3
 
 
-def _release_cupy_pools():
-    """Earlier tests of the same process may have left CuPy's pools holding device memory,
-    which the default curve would rightly add to torch's: give it back to the driver."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        cupy.get_default_memory_pool().free_all_blocks()
-        cupy.get_default_pinned_memory_pool().free_all_blocks()
-
-
 def test_torch_allocations_make_three_steps_and_the_right_peak():
     torch = _torch()
     # given: CUDA and the allocator up, nothing cached, peak counter at the current value
-    _release_cupy_pools()
     torch.cuda.set_device(0)
     torch.ones(1, device="cuda:0").sum().item()
     torch.cuda.synchronize()
