@@ -11,11 +11,15 @@ is first touched in the child), or a fresh interpreter with --no-fork; and
 the processes are interleaved: each of --reps rounds runs every mode once per
 workload, in an order that rotates from round to round, so that the machine's
 drift (about +-15% between processes on the H200 machine) spreads over all modes.
-A process times each step (host clock around step + synchronize + prof.step()),
-first unprofiled, then under its mode, and keeps the median of each. The report gives,
-per mode, the paired ratio (each process's profiled median over its own unprofiled
-one: drift between processes cancels), median and min over the processes, and the
-ratio across processes (the mode's per-process medians against the `none` processes').
+A process times each step (host clock around step + synchronize + prof.step()) in
+--blocks pairs of an unprofiled block and a profiled block (its profiler started
+before the block and stopped after it), so that the drift inside a process, as
+large as 20% over seconds, falls on both halves of a pair. The report gives, per
+mode, the paired ratio (the median over a process's pairs of profiled over
+unprofiled block medians: drift between and inside processes cancels), median and
+min over the processes, and the ratio across processes (the mode's per-process
+medians against the `none` processes'). torch.profiler runs one long block: it
+leaves CUPTI attached after its window, which would slow the unprofiled blocks.
 
 Workloads:
   mlp      launch-bound: 16 x Linear(256)+ReLU, batch 64, SGD (133 kernels a step)
@@ -37,6 +41,7 @@ Modes:
   gpuprof_wait gpuprof under a schedule that is still waiting (WAIT-phase steps)
   gp:PARTS     gpuprof with GPUPROF_CUPTI_PARTS=PARTS ('.'-separated), for the decision table
   gpraw:PARTS  the same with CUPTI clearing its buffers itself (GPUPROF_CUPTI_RAWBUF=1)
+  gpenv:NAME=VALUE  gpuprof's default with one environment variable set
   torch        torch.profiler, CPU + CUDA
 Besides the step ratio it reports the step after the profiler stopped (lingering
 cost), the time from the window's end to a printed table (first round only for
@@ -140,16 +145,83 @@ def _gpt2(torch):
     return step, torch.cuda.synchronize, what
 
 
-def measure(wl, mode, steps, want_table, floor_lib):
-    """One (workload, mode) measurement; runs in a process of its own."""
+class _Session:
+    """Starts and stops one mode's profiler around each profiled block of a process."""
+
+    def __init__(self, mode, floor_lib, steps):
+        self.mode, self.steps, self.prof = mode, steps, None
+        self.floor = None
+        if mode.startswith(("floor:", "cpu+floor:")):
+            import ctypes
+
+            self.floor = ctypes.CDLL(floor_lib)
+
+    def begin(self):
+        m = self.mode
+        if self.floor is not None and self.floor.floor_start(int(m.split(":")[1])) != 0:
+            raise RuntimeError("floor_start failed")
+        if m == "none" or m.startswith("floor:"):
+            return
+        if m == "torch":
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.prof.__enter__()
+            return
+        import gpuprof
+
+        acts = [gpuprof.ProfilerActivity.CPU]
+        if m != "gpuprof_cpu" and not m.startswith("cpu+floor:"):
+            acts.append(gpuprof.ProfilerActivity.CUDA)
+        # gpuprof_wait: a schedule still waiting for its first window (every step WAIT)
+        sched = gpuprof.schedule(wait=10 * self.steps, warmup=0, active=1)
+        self.prof = gpuprof.profile(
+            activities=acts,
+            profile_memory=(m == "gpuprof_mem"),
+            max_events=50_000_000,
+            schedule=sched if m == "gpuprof_wait" else None,
+        )
+        self.prof.start()
+
+    def end(self, want_table):
+        """Stop; with want_table also print the table (timed: window end to table)."""
+        t0 = time.perf_counter()
+        table = None
+        if self.mode == "torch":
+            self.prof.__exit__(None, None, None)
+            if want_table:
+                table = self.prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10)
+        elif self.prof is not None:
+            self.prof.stop()
+            if want_table and self.mode != "gpuprof_wait":
+                cuda = self.mode not in ("gpuprof_cpu",) and not self.mode.startswith("cpu+")
+                table = self.prof.key_averages().table(
+                    sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                    row_limit=10,
+                )
+        seconds = time.perf_counter() - t0
+        if self.floor is not None:
+            self.floor.floor_stop()
+        return table, seconds
+
+
+def measure(wl, mode, steps, want_table, floor_lib, blocks=1):
+    """One (workload, mode) measurement; runs in a process of its own: `blocks` pairs of
+    an unprofiled block and a profiled block of `steps` steps (the profiler started
+    before and stopped after each profiled block), then a block after the last stop."""
+    if mode.startswith("gpenv:"):  # gpuprof's default under one environment variable
+        name, value = mode.split(":", 1)[1].split("=", 1)
+        os.environ[name] = value
     if mode.startswith(("gp:", "gpraw:")):
         os.environ["GPUPROF_CUPTI_PARTS"] = mode.split(":", 1)[1].replace(".", ",")
         if mode.startswith("gpraw:"):
             os.environ["GPUPROF_CUPTI_RAWBUF"] = "1"
+    if mode == "torch":  # one block: CUPTI stays attached after torch.profiler's window
+        steps, blocks = steps * blocks, 1
     step, sync, what = _workload(wl)
     # warm-up as long as a measured phase: with 30 steps the second unprofiled phase
     # of a `none` process still ran ~6% faster than the first (clocks, allocator)
-    for _ in range(max(30, steps)):
+    for _ in range(max(30, steps * blocks)):
         step()
     sync()
 
@@ -165,78 +237,34 @@ def measure(wl, mode, steps, want_table, floor_lib):
         return times
 
     out = {"workload": wl, "mode": mode, "steps": steps, "what": what}
-    out["base_ns"] = run(steps)  # this process unprofiled: the paired baseline
-    if mode == "none":
-        out["step_ns"] = run(steps)
-        out["after_ns"] = run(steps)
-    elif mode.startswith(("floor:", "cpu+floor:")):
-        import ctypes
-
-        floor = ctypes.CDLL(floor_lib)
-        if floor.floor_start(int(mode.split(":")[1])) != 0:
-            raise RuntimeError("floor_start failed")
-        if mode.startswith("cpu+"):  # gpuprof's Python capture on top of the CUPTI floor
-            import gpuprof
-
-            prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU])
-            prof.start()
-            out["step_ns"] = run(steps, prof)
-            prof.stop()
-        else:
-            out["step_ns"] = run(steps)
-    elif mode == "torch":
-        from torch.profiler import ProfilerActivity, profile
-
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-        prof.__enter__()
-        out["step_ns"] = run(steps, prof)
-        if want_table:  # torch.profiler's post-processing takes seconds: once per workload
-            t0 = time.perf_counter()
-            prof.__exit__(None, None, None)
-            prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10)
-            out["window_to_table_s"] = time.perf_counter() - t0
-            # CUDA-side events minus copies, memsets and the GPU-side copy of each
-            # ProfilerStep#N range (a user annotation, one per step, not a kernel)
-            out["kernels"] = len(
-                [
-                    e
-                    for e in prof.events()
-                    if e.device_type.name == "CUDA"
-                    and not e.name.startswith(("Memcpy", "Memset"))
-                    and not getattr(e, "is_user_annotation", False)
-                ]
-            )
-    else:
-        import gpuprof
-
-        acts = [gpuprof.ProfilerActivity.CPU]
-        if mode != "gpuprof_cpu":
-            acts.append(gpuprof.ProfilerActivity.CUDA)
-        # gpuprof_wait: a schedule still waiting for its first window (every step WAIT)
-        sched = (
-            gpuprof.schedule(wait=10 * steps, warmup=0, active=1)
-            if mode == "gpuprof_wait"
-            else None
+    out["base_ns"], out["step_ns"], out["pairs"] = [], [], []
+    session = _Session(mode, floor_lib, steps)
+    for b in range(blocks):
+        base = run(steps)  # this process unprofiled: the paired baseline
+        session.begin()
+        profiled = run(steps, session.prof)
+        last = b == blocks - 1
+        # torch.profiler's post-processing takes seconds: its table once per workload
+        table, seconds = session.end(last and (want_table or mode.startswith(("gp", "cpu+"))))
+        out["base_ns"] += base
+        out["step_ns"] += profiled
+        out["pairs"].append(statistics.median(profiled) / statistics.median(base))
+    if table is not None:
+        out["window_to_table_s"] = seconds
+    prof = session.prof
+    if mode == "torch" and want_table:
+        # CUDA-side events minus copies, memsets and the GPU-side copy of each
+        # ProfilerStep#N range (a user annotation, one per step, not a kernel)
+        out["kernels"] = len(
+            [
+                e
+                for e in prof.events()
+                if e.device_type.name == "CUDA"
+                and not e.name.startswith(("Memcpy", "Memset"))
+                and not getattr(e, "is_user_annotation", False)
+            ]
         )
-        prof = gpuprof.profile(
-            activities=acts,
-            profile_memory=(mode == "gpuprof_mem"),
-            max_events=50_000_000,
-            schedule=sched,
-        )
-        prof.start()
-        out["step_ns"] = run(steps, prof)
-        if mode == "gpuprof_wait":
-            prof.stop()
-            out["after_ns"] = run(steps)
-            return out
-        t0 = time.perf_counter()
-        prof.stop()
-        table = prof.key_averages().table(
-            sort_by="self_cuda_time_total" if mode != "gpuprof_cpu" else "self_cpu_time_total",
-            row_limit=10,
-        )
-        out["window_to_table_s"] = time.perf_counter() - t0
+    elif mode.startswith("gp") and mode != "gpuprof_wait":
         res = prof.results
         out["cuda"] = res.cuda
         if mode != "gpuprof_cpu":
@@ -248,7 +276,7 @@ def measure(wl, mode, steps, want_table, floor_lib):
         if want_table:
             out["table"] = table
             out["diagnosis"] = str(prof.diagnose())
-        out["after_ns"] = run(steps)
+    out["after_ns"] = run(steps)
     return out
 
 
@@ -283,7 +311,7 @@ def preload(workloads) -> bool:
     return True
 
 
-def run_child(wl, mode, steps, want_table, floor_lib, fork, timeout=600):
+def run_child(wl, mode, steps, want_table, floor_lib, fork, blocks, timeout=600):
     """measure() in a new process: forked from this one (frameworks already
     imported), or a fresh interpreter."""
     if not fork:
@@ -297,6 +325,7 @@ def run_child(wl, mode, steps, want_table, floor_lib, fork, timeout=600):
                 str(steps),
                 "1" if want_table else "0",
                 floor_lib or "",
+                str(blocks),
             ],
             capture_output=True,
             text=True,
@@ -312,7 +341,7 @@ def run_child(wl, mode, steps, want_table, floor_lib, fork, timeout=600):
     if pid == 0:  # child
         os.close(rfd)
         try:
-            payload = json.dumps(measure(wl, mode, steps, want_table, floor_lib))
+            payload = json.dumps(measure(wl, mode, steps, want_table, floor_lib, blocks))
         except BaseException as e:  # noqa: BLE001
             import traceback
 
@@ -354,11 +383,7 @@ def summarize(results, workloads, modes):
             continue
         base_med = statistics.median(meds["none"])
         base_min = min(meds["none"])
-        paired = {
-            m: [statistics.median(r["step_ns"]) / statistics.median(r["base_ns"]) for r in rs]
-            for m, rs in per.items()
-            if rs
-        }
+        paired = {m: [statistics.median(r["pairs"]) for r in rs] for m, rs in per.items() if rs}
         after_base = statistics.median(statistics.median(r["after_ns"]) for r in per["none"])
         for m, ms in meds.items():
             afters = [statistics.median(r["after_ns"]) for r in per[m] if r.get("after_ns")]
@@ -426,12 +451,20 @@ def main():
         help="start every measurement as a fresh interpreter instead of forking "
         "one that has imported the frameworks",
     )
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=5,
+        help="unprofiled/profiled block pairs per process (default 5); each block has "
+        "the workload's steps divided by this, at least 5",
+    )
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        wl, mode, steps, want, floor_lib = args.child
+        wl, mode, steps, want, floor_lib, blocks = args.child
         sys.path.insert(0, os.path.join(ROOT, "python"))
-        print("RESULT " + json.dumps(measure(wl, mode, int(steps), want == "1", floor_lib)))
+        r = measure(wl, mode, int(steps), want == "1", floor_lib, int(blocks))
+        print("RESULT " + json.dumps(r))
         return
     workloads = args.workloads.split(",")
     floor_lib = build_floor()
@@ -449,6 +482,7 @@ def main():
         "reps": args.reps,
         "floor_default_bits": floor_bits() if floor_lib else None,
         "forked": fork,
+        "blocks": args.blocks,
     }
     meta["commit"] = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
@@ -460,10 +494,10 @@ def main():
         for wl in workloads:
             order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for mode in order:
-                steps = max(4, int(STEPS[wl] * args.steps_scale))
+                steps = max(5, int(STEPS[wl] * args.steps_scale) // args.blocks)
                 # torch.profiler's table only once, on the first workload
                 want = rep == 0 and (mode != "torch" or wl == workloads[0])
-                r = run_child(wl, mode, steps, want, floor_lib, fork)
+                r = run_child(wl, mode, steps, want, floor_lib, fork, args.blocks)
                 r["rep"] = rep
                 results.append(r)
                 if "error" in r:

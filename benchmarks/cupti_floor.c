@@ -11,6 +11,7 @@
  *  256  SYNCHRONIZATION records
  *  512  KERNEL records (serialized) instead of CONCURRENT_KERNEL
  * 1024  MEMORY2 records (profile_memory=True)
+ * 2048  a timestamp callback (CLOCK_MONOTONIC), as gpuprof registers
  * The callback counts its calls; the buffer handler walks the records and
  * counts them. Buffers are 8 MiB mappings, as gpuprof's. floor_stop detaches
  * CUPTI (cuptiFinalize), as gpuprof's stop does, so that one process can
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "../cuda/cupti_internal.h"
 
@@ -102,6 +104,16 @@ static const struct {
 };
 static int floor_parts;
 
+/* Bit 2048: CUPTI's timestamps from a callback reading CLOCK_MONOTONIC, as
+ * gpuprof registers one to put GPU records on its own clock. */
+static uint64_t
+floor_timestamp(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static int
 kind_on(int parts, size_t i)
 {
@@ -113,6 +125,9 @@ int
 floor_start(int parts)
 {
     floor_parts = parts;
+    if ((parts & 2048) && check(cuptiActivityRegisterTimestampCallback(floor_timestamp),
+                                "cuptiActivityRegisterTimestampCallback"))
+        return -1;
     if ((parts & (1 | 32 | 128 | 256 | 512 | 1024)) &&
         check(cuptiActivityRegisterCallbacks(floor_requested, floor_completed),
               "cuptiActivityRegisterCallbacks"))

@@ -543,8 +543,14 @@ gp_cuda_session_begin(unsigned options)
         goto fail;
     }
 
-    /* Before any kind is enabled, so that every record is on our clock. */
-    r = gp_cupti.cuptiActivityRegisterTimestampCallback(gp_clock_now_fn);
+    /* Before any kind is enabled, so that every record is on our clock.
+     * GPUPROF_CUPTI_CLOCK=cupti (benchmarks only) leaves CUPTI on its own
+     * clock, to measure what the callback costs; records are then off ours. */
+    const char *clock_env = getenv("GPUPROF_CUPTI_CLOCK");
+    if (clock_env != NULL && strcmp(clock_env, "cupti") == 0)
+        r = CUPTI_SUCCESS;
+    else
+        r = gp_cupti.cuptiActivityRegisterTimestampCallback(gp_clock_now_fn);
     if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED && subscriber == NULL) {
         /* Seen under compute-sanitizer and Nsight Compute: every CUPTI
          * entry point answers this, the activity API included. */
