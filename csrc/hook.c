@@ -207,7 +207,46 @@ void
 gp_hook_install_current(void)
 {
     PyThreadState *ts = PyThreadState_Get();
-    PyEval_SetProfile(profile_callback, ts->c_profileobj);
+    if (atomic_load_explicit(&gp_buffer_phase, memory_order_relaxed) >= GP_PHASE_WARMUP)
+        PyEval_SetProfile(profile_callback, ts->c_profileobj);
+    else /* waiting: the next window installs it (gp_hook_follow_phase) */
+        PyEval_SetProfile(NULL, NULL);
+}
+
+/* While the schedule waits the hook would return at once on every call, but
+ * CPython's call path with any profile function set is slow in itself (on
+ * 3.11, a loop of empty Python calls ran 4.5x slower): so it is installed
+ * only while a window records or warms up. Threads whose profile function is
+ * someone else's are left alone; the window's stack snapshot supplies the
+ * calls in progress when it opens. */
+void
+gp_hook_follow_phase(PyObject *owner)
+{
+    int recording = atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP;
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+#if PY_VERSION_HEX >= 0x030C0000
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
+         ts = PyThreadState_Next(ts)) {
+        if (ts->c_profilefunc != NULL && ts->c_profilefunc != profile_callback &&
+            !is_thread_bootstrap(ts->c_profileobj))
+            goto out; /* no per-thread setter here: leave every thread as it is */
+    }
+    PyEval_SetProfileAllThreads(recording ? profile_callback : NULL, recording ? owner : NULL);
+#else
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
+         ts = PyThreadState_Next(ts)) {
+        if (recording && ts->c_profilefunc == NULL)
+            _PyEval_SetProfile(ts, profile_callback, owner);
+        else if (!recording && ts->c_profilefunc == profile_callback)
+            _PyEval_SetProfile(ts, NULL, NULL);
+    }
+    goto out;
+#endif
+out:
+    PyErr_Clear(); /* an audit hook's refusal leaves that thread as it was */
+    PyErr_Restore(exc_type, exc_value, exc_tb);
 }
 
 void

@@ -21,6 +21,11 @@ void gp_hook_uninstall(void);
 /* Install the callback on the calling thread only (used by the bootstrap). */
 void gp_hook_install_current(void);
 
+/* Profile-function backend: install the hook on every thread that has no
+ * profile function while recording (warm-up included), remove ours while
+ * waiting. GIL; never fails (an exception in flight is kept). */
+void gp_hook_follow_phase(PyObject *owner);
+
 /* Write one GP_EV_FRAME event per Python frame of every thread, outermost
  * first, stamped `ts` (raw clock), so that the window starts with the real
  * stacks.

@@ -211,5 +211,7 @@ gp_transition_run(GpProfilerObject *self, GpAction prev, GpAction cur)
                           "waiting; each cycle should end with RECORD_AND_SAVE",
                           1);
     }
+    if (self->started && !self->monitoring && cur != GP_ACT_EXIT)
+        gp_hook_follow_phase((PyObject *)self);
     return rc;
 }
