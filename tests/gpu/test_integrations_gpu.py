@@ -40,7 +40,7 @@ def _torch():
 
 @pytest.fixture(params=["per_window", "continuous"])
 def mode(request, monkeypatch):
-    monkeypatch.setattr(_session, "use_monitoring", lambda: request.param == "continuous")
+    monkeypatch.setattr(_session, "PER_WINDOW", request.param == "per_window")
     return request.param
 
 

@@ -35,9 +35,9 @@ CPU_METRICS = {"gpuprof/step_time_ms", "gpuprof/data_wait_pct"}
 
 @pytest.fixture(params=["per_window", "continuous"])
 def mode(request, monkeypatch):
-    """Both ways the integrations run gpuprof: started for each window (the
-    sys.setprofile hook, CPython < 3.12) or once for the run (sys.monitoring)."""
-    monkeypatch.setattr(_session, "use_monitoring", lambda: request.param == "continuous")
+    """Both ways the integrations run gpuprof: started for each window
+    (per_window=True) or once for the run (the default)."""
+    monkeypatch.setattr(_session, "PER_WINDOW", request.param == "per_window")
     return request.param
 
 

@@ -19,7 +19,6 @@ import numpy as np
 
 from .._constants import ACT_NONE
 from .._loaded import LoadedProfile
-from .._monitoring import use_monitoring
 from ..diagnose import data_wait_per_step, diagnose
 from ..exporters.tensorboard import tensorboard_trace_handler
 from ..profiler import profile as _profile
@@ -63,6 +62,10 @@ METRIC_NAMES = (
     "gpuprof/kernels",
     "gpuprof/peak_memory_mib",
 )
+
+# Whether a session starts a profile per window when not told (per_window=None): no,
+# one profile runs for the whole training, its hook off while the schedule waits.
+PER_WINDOW = False
 
 
 def require(module: str, *, what: str, pip: str, minimum: tuple[int, ...], tested: str):
@@ -217,13 +220,12 @@ class StepSession:
     time, ``tag`` being what :meth:`step` was given for that step. ``view`` is the
     last kept window, with the accessors of a profile (``key_averages()``, exports).
 
-    Between recording windows the Python hook must cost nothing. With
-    ``sys.monitoring`` (CPython 3.12+) one ``gpuprof.profile`` runs from start to
-    stop: while the schedule waits, its hook switches itself off. With the
-    ``sys.setprofile`` hook (3.10, 3.11), which the interpreter calls on every call
-    even then (about a third more time on Lightning's Python-heavy step), the
-    profile is started at each window's first step and stopped after its last
-    (``per_window``), so that nothing of gpuprof runs in between.
+    Between recording windows the Python hook costs nothing: one ``gpuprof.profile``
+    runs from start to stop, and while its schedule waits the hook is off (its
+    ``sys.monitoring`` events on CPython 3.12+, its profile function on 3.10 and
+    3.11). ``per_window=True`` instead starts a profile at each window's first step
+    and stops it after its last; step numbers inside each window's files then count
+    from that window's start.
 
     A window cut short by the end of training is dropped when an earlier one was
     complete (the last complete window stays the result), as ``gpuprof.profile``
@@ -258,7 +260,7 @@ class StepSession:
         self.who = who
         self.schedule = schedule
         if per_window is None:
-            per_window = not use_monitoring()
+            per_window = PER_WINDOW
         # per window: the profile's step j is the run's step self._offset + j
         self._cycling = bool(per_window) and schedule is not None
         self._offset = 0
