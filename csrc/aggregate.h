@@ -28,6 +28,8 @@ enum {
 enum {
     GP_GF_ATTRIBUTED = 1,      /* joined to a launch on a Python thread */
     GP_GF_BLOCKED_THREAD = 2,  /* launched off-Python; charged to the thread blocked on it */
+    GP_GF_ROLLED_UP = 4,       /* launched by Python on another thread for a blocked call:
+                                * also in that call's CUDA totals */
 };
 
 /* GpSpanRow.flags */

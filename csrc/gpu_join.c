@@ -127,6 +127,31 @@ charge_gpu(GpTables *t, int32_t node, int64_t dur, uint32_t *stamp, uint32_t mar
     }
 }
 
+/* The node that a launch from another thread's Python code rolls up under, or
+ * -1: the innermost span open on the stepping thread when the launch began,
+ * if the launching thread's outermost open span began inside it. That is how
+ * work done on behalf of a blocked call looks: autograd's device threads
+ * enter Python (a custom autograd.Function's backward, Inductor's compiled
+ * backward) while the stepping thread waits in loss.backward(). A thread that
+ * was already running Python when the call began (a data loader's) is not
+ * working for it. */
+static int32_t
+blocked_call_node(const GpTables *t, const size_t *span_lo, const size_t *span_hi,
+                  uint32_t step_thread, const Launch *l)
+{
+    if (step_thread == UINT32_MAX || l->thread == step_thread)
+        return -1;
+    int64_t own = open_span_at(t, span_lo[l->thread], span_hi[l->thread], l->enter_ns);
+    int64_t blocked = open_span_at(t, span_lo[step_thread], span_hi[step_thread], l->enter_ns);
+    if (own < 0 || blocked < 0)
+        return -1;
+    while (t->spans.v[own].parent >= 0)
+        own = t->spans.v[own].parent;
+    if (t->spans.v[own].start_ns < t->spans.v[blocked].start_ns)
+        return -1;
+    return t->spans.v[blocked].node;
+}
+
 typedef struct Interval {
     int64_t s, e;
 } Interval;
@@ -229,7 +254,7 @@ gp_gpu_join_build(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread
 
         /* Who launched it. */
         uint32_t row = UINT32_MAX;
-        int32_t node = -1;
+        int32_t node = -1, rolled = -1;
         if (li != UINT32_MAX) {
             const Launch *l = &a->launches.v[li];
             r->thread = (int32_t)l->thread;
@@ -237,6 +262,9 @@ gp_gpu_join_build(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread
                 row = l->owner_row;
                 node = l->owner_node;
                 r->flags |= GP_GF_ATTRIBUTED;
+                rolled = blocked_call_node(t, span_lo, span_hi, step_thread, l);
+                if (rolled >= 0)
+                    r->flags |= GP_GF_ROLLED_UP;
             } else if (step_thread != UINT32_MAX) {
                 int64_t s =
                     open_span_at(t, span_lo[step_thread], span_hi[step_thread], l->enter_ns);
@@ -298,6 +326,9 @@ gp_gpu_join_build(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread
             t->ops.v[row].kernels++;
             t->nodes.v[node].cuda_self_ns += dur;
             charge_gpu(t, node, dur, stamp, (uint32_t)(i + 1));
+            if (rolled >= 0) /* also in the blocked call's totals (same mark: an op
+                              * on both paths counts the kernel once) */
+                charge_gpu(t, rolled, dur, stamp, (uint32_t)(i + 1));
             t->attributed_gpu_ns += dur;
         } else {
             t->unattributed_gpu_ns += dur;

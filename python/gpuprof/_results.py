@@ -27,7 +27,14 @@ import weakref
 import numpy as np
 
 from . import _gpuprof
-from ._constants import GF_BLOCKED_THREAD, GPU_KINDS, KERNEL_CATEGORIES, OP_KINDS, SF_ENTERED
+from ._constants import (
+    GF_BLOCKED_THREAD,
+    GF_ROLLED_UP,
+    GPU_KINDS,
+    KERNEL_CATEGORIES,
+    OP_KINDS,
+    SF_ENTERED,
+)
 from ._constants import GPU_FREE as GPU_KIND_FREE
 from ._constants import GPU_MALLOC as GPU_KIND_MALLOC
 
@@ -96,6 +103,7 @@ GPU_EVENTS_DTYPE = np.dtype(
         ("shared_mem", "u4"),
         ("graph_id", "u4"),
         ("blocked_thread", "?"),
+        ("rolled_up", "?"),
     ]
 )
 
@@ -261,6 +269,7 @@ class _Window:
         )
         out["op_name"] = op_names[np.where(g["op_row"] >= 0, g["op_row"], len(ops))]
         out["blocked_thread"] = (g["flags"] & GF_BLOCKED_THREAD) != 0
+        out["rolled_up"] = (g["flags"] & GF_ROLLED_UP) != 0
         return out
 
     def context_rows(self) -> np.ndarray:

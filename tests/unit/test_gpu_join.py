@@ -233,3 +233,80 @@ def test_sync_fix_depends_on_the_call():
 
     assert "pin_memory" in _sync_fix({"torch._C.TensorBase.cuda"})
     assert ".item()" in _sync_fix({"torch._C.TensorBase.item"})
+
+
+def custom_backward():
+    pass
+
+
+def blocked_in_backward(helper_call_ts):
+    """The stepping thread waits in `run_backward` (140..400) while a helper thread
+    runs `custom_backward` from `helper_call_ts` and launches a kernel at 210."""
+    ops = [
+        (C["OP_PYTHON"], train_step.__code__, 0),
+        (C["OP_USER"], "run_backward", 0),
+        (C["OP_PYTHON"], custom_backward.__code__, 0),
+    ]
+    train, run_backward, backward = 2, 3, 4
+    main = [
+        (50, C["EV_STEP_BEGIN"], 0),
+        (100, C["EV_CALL"], train),
+        (140, C["EV_RANGE_PUSH"], run_backward),
+        (400, C["EV_RANGE_POP"], run_backward),
+        (500, C["EV_RETURN"], 0),
+        (550, C["EV_STEP_END"], 0),
+    ]
+    helper = [
+        (helper_call_ts, C["EV_CALL"], backward),
+        (210, C["EV_API_ENTER"], 9, key(LAUNCH)),
+        (215, C["EV_API_EXIT"], 9),
+        (230, C["EV_RETURN"], 0),
+    ]
+    raw = _gpuprof._test_aggregate(
+        ops, [(1, 101, main), (2, 202, helper)], [kernel(9, 220, 260)], 0, 1000, ["_Z4bwdv"], 1
+    )
+    return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+
+
+def totals(res):
+    ops = res.ops()
+    return {
+        str(n): (int(s), int(t))
+        for n, s, t in zip(ops["name"], ops["cuda_self_ns"], ops["cuda_total_ns"])
+    }
+
+
+def test_python_launch_for_a_blocked_call_rolls_up_under_it():
+    # given: a helper thread whose Python call began while the step waits in run_backward
+    # when: it launches a 40 ns kernel
+    res = blocked_in_backward(helper_call_ts=200)
+    # then: the kernel stays on the helper's op (self time, its thread, the trace) and
+    # is also in the totals of the blocked call and of the step function above it
+    ev = res.gpu_events()
+    assert ev["op_name"][0].startswith("custom_backward")
+    assert ev["thread"][0] == 1
+    assert ev["rolled_up"][0] and not ev["blocked_thread"][0]
+    t = totals(res)
+    assert t["custom_backward"] == (40, 40)
+    assert t["run_backward"] == (0, 40)
+    assert t["train_step"] == (0, 40)
+    tree = res.call_tree()
+    by_name = {str(n).split(" (")[0]: int(c) for n, c in zip(tree["name"], tree["cuda_total_ns"])}
+    assert by_name == {
+        "ProfilerStep*": 40,
+        "train_step": 40,
+        "run_backward": 40,
+        "custom_backward": 40,
+        "cudaLaunchKernel": 0,
+    }
+    assert res.attributed_gpu_fraction == 1.0
+
+
+def test_a_thread_already_running_before_the_call_does_not_roll_up():
+    # given: the helper's call began before the step's blocked call (a data loader thread)
+    res = blocked_in_backward(helper_call_ts=90)
+    # then: its kernel is its own, not the step function's
+    assert not res.gpu_events()["rolled_up"][0]
+    t = totals(res)
+    assert t["custom_backward"] == (40, 40)
+    assert t["run_backward"] == (0, 0) and t["train_step"] == (0, 0)
