@@ -4,6 +4,7 @@ peak against torch.cuda.max_memory_allocated(), a CuPy allocation in the device 
 Marked `gpu`: skipped (with the loader's reason) where GPU capture is unusable.
 """
 
+import sys
 import time
 
 import gpuprof
@@ -40,9 +41,22 @@ def _allocate_three(torch):
 ALLOC_LINE = _allocate_three.__code__.co_firstlineno + 3
 
 
+def _cupy_held():
+    """(used, reserved) bytes of CuPy's device pool once its free blocks went back to the
+    driver: what arrays of earlier tests of this process still hold, which the default
+    curve rightly adds to torch's. (0, 0) where CuPy is not loaded."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return 0, 0
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    return int(pool.used_bytes()), int(pool.total_bytes())
+
+
 def test_torch_allocations_make_three_steps_and_the_right_peak():
     torch = _torch()
     # given: CUDA and the allocator up, nothing cached, peak counter at the current value
+    cupy_used, cupy_reserved = _cupy_held()
     torch.cuda.set_device(0)
     torch.ones(1, device="cuda:0").sum().item()
     torch.cuda.synchronize()
@@ -74,8 +88,8 @@ def test_torch_allocations_make_three_steps_and_the_right_peak():
 
     s = prof.memory_summary()
     d = s.devices["cuda:0"]
-    assert d.peak_source == "torch"
-    assert abs(d.peak_bytes - torch_peak) <= BLOCK, (d.peak_bytes, torch_peak)
+    assert d.peak_source == ("torch + cupy" if cupy_reserved else "torch")
+    assert abs(d.peak_bytes - torch_peak - cupy_used) <= BLOCK, (d.peak_bytes, torch_peak)
     assert torch_peak - before == 3 * SIZE
 
     if prof.results.cuda["active"]:
