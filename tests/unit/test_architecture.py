@@ -83,6 +83,11 @@ LAYERS = {
     "gpuprof": "api",
     # cli: programs and framework adapters on top of the public API
     "gpuprof.cli": "cli",
+    "gpuprof.cli.__main__": "cli",
+    "gpuprof.cli._common": "cli",
+    "gpuprof.cli._run": "cli",
+    "gpuprof.cli._report": "cli",
+    "gpuprof.cli._capture": "cli",
     "gpuprof.__main__": "cli",
     "gpuprof._ondemand_client": "cli",
     "gpuprof.demo": "cli",
