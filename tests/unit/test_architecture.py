@@ -32,7 +32,7 @@ LAYERS = {
     "gpuprof._spans": "core",
     "gpuprof._steps": "core",
     "gpuprof._launch": "core",
-    "gpuprof._ondemand_proto": "core",
+    "gpuprof._ondemand._proto": "core",
     "gpuprof.boot": "core",
     # recording: the parts a profile composes (CUDA, NVTX, sys.monitoring, schedule,
     # samplers, child processes)
@@ -43,7 +43,7 @@ LAYERS = {
     "gpuprof._host_sampler": "recording",
     "gpuprof._allocators": "recording",
     "gpuprof._subprocess": "recording",
-    "gpuprof._ondemand_capture": "recording",
+    "gpuprof._ondemand._capture": "recording",
     # results: the arrays from C and what reads them directly
     "gpuprof._results": "results",
     "gpuprof.occupancy": "results",
@@ -79,6 +79,11 @@ LAYERS = {
     "gpuprof.deepdive": "api",
     "gpuprof.compare": "api",
     "gpuprof._ondemand": "api",
+    "gpuprof._ondemand._armed": "api",
+    "gpuprof._ondemand._recording": "api",
+    "gpuprof._ondemand._requests": "api",
+    "gpuprof._ondemand._environment": "api",
+    "gpuprof._ondemand._shared": "api",
     "gpuprof.exporters": "api",
     "gpuprof": "api",
     # cli: programs and framework adapters on top of the public API
@@ -89,7 +94,7 @@ LAYERS = {
     "gpuprof.cli._report": "cli",
     "gpuprof.cli._capture": "cli",
     "gpuprof.__main__": "cli",
-    "gpuprof._ondemand_client": "cli",
+    "gpuprof._ondemand._client": "cli",
     "gpuprof.demo": "cli",
     "gpuprof.workloads": "cli",
     "gpuprof.workloads.training": "cli",

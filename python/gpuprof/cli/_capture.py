@@ -14,7 +14,7 @@ from ._common import _check_output_dir, _CliError, _flush, _run_program
 
 # -- on-demand capture (gpuprof._ondemand, docs/on-demand.md) --
 def _signal_arg(text: str) -> str:
-    from .._ondemand_proto import parse_signal
+    from .._ondemand._proto import parse_signal
 
     try:
         parse_signal(text)
@@ -131,8 +131,8 @@ def _run_on_demand(args) -> int:
 
 
 def cmd_capture(args) -> int:
-    from .. import _ondemand_client as client
-    from .._ondemand_capture import default_output
+    from .._ondemand import _client as client
+    from .._ondemand._capture import default_output
 
     if args.list:
         if args.pids or args.trigger_dir or args.all_ranks or args.cancel:
