@@ -13,7 +13,7 @@ import sys
 import gpuprof
 import pytest
 from gpuprof import _ondemand
-from gpuprof import _ondemand_proto as proto
+from gpuprof._ondemand import _proto as proto
 
 
 @pytest.fixture
@@ -237,7 +237,7 @@ def test_a_capture_waiting_to_start_refuses_others(runtime, tmp_path):
 def test_a_started_capture_is_stopped_only_by_an_abort_and_writes_nothing(runtime, tmp_path):
     """capture --all-ranks undoes its own request when another rank refused it (abort);
     a plain cancel leaves a started capture alone."""
-    from gpuprof._ondemand_capture import InProcessReply
+    from gpuprof._ondemand._capture import InProcessReply
 
     od = gpuprof.arm(signal=None, poll_interval_s=0.05)
     od.step()

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from . import _ondemand_proto as proto
+from . import _proto as proto
 
 __all__ = [
     "DEFAULT_STEPS",

@@ -21,7 +21,7 @@ import pwd
 import shutil
 import time
 
-from . import _ondemand_proto as proto
+from . import _proto as proto
 
 __all__ = [
     "CaptureError",

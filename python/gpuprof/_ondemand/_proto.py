@@ -35,7 +35,7 @@ import signal
 import stat
 import time
 
-from ._output import write_atomic
+from .._output import write_atomic
 
 __all__ = [
     "VERSION",
