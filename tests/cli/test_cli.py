@@ -280,7 +280,7 @@ def _assert_no_frames_of_ours(loaded, doc):
     ):
         assert name not in names, name
     texts = [json.dumps(e) for e in doc["traceEvents"]]
-    for needle in ("runpy", PACKAGE, "cli.py", "_launch.py", "_steps.py"):
+    for needle in ("runpy", PACKAGE, "cli/", "_launch.py", "_steps.py"):
         assert not any(needle in t for t in texts), needle
 
 
