@@ -13,7 +13,34 @@ import contextlib
 import os
 import sys
 
-__all__ = ["import_roots", "display_files", "source_path", "source_location"]
+__all__ = [
+    "import_roots",
+    "display_files",
+    "source_path",
+    "source_location",
+    "is_library",
+    "user_location",
+]
+
+_PACKAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+_library_cache: dict[str, bool] = {}
+
+
+def _library_roots() -> list[str]:
+    """Folders whose files are not the user's: installed packages (site-packages,
+    dist-packages), the standard library, and gpuprof itself."""
+    import site
+    import sysconfig
+
+    roots = [_PACKAGE_DIR]
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            roots.append(sysconfig.get_paths()[name])
+    for get in (site.getsitepackages, lambda: [site.getusersitepackages()]):
+        with contextlib.suppress(Exception):
+            roots += get()
+    roots += [p for p in sys.path if isinstance(p, str) and p.endswith(("-packages",))]
+    return [os.path.join(os.path.abspath(r), "") for r in roots if r]
 
 
 def import_roots() -> list[str]:
@@ -68,3 +95,36 @@ def source_location(file: str, line: int) -> str:
         return ""
     shown = source_path(file)
     return f"{shown}:{line}" if line > 0 else shown
+
+
+def is_library(file: str) -> bool:
+    """Whether ``file`` is library code rather than the user's: under site-packages or
+    dist-packages, in the standard library, frozen (``<frozen ...>``), or gpuprof's own.
+    Scripts, notebooks' cells and everything else count as the user's."""
+    hit = _library_cache.get(file)
+    if hit is None:
+        if not file:
+            hit = False
+        elif file.startswith("<frozen"):
+            hit = True
+        elif not os.path.isabs(file):
+            hit = False
+        else:
+            sep = os.sep
+            hit = (
+                f"{sep}site-packages{sep}" in file
+                or f"{sep}dist-packages{sep}" in file
+                or any(file.startswith(r) for r in _library_roots())
+            )
+        _library_cache[file] = hit
+    return hit
+
+
+def user_location(file: str, line: int, lib_file: str = "", lib_line: int = 0) -> str:
+    """``path:line`` of the user's line, with the library line that it led to beside
+    it: ``train.py:42 (in torch/nn/modules/batchnorm.py:174)``."""
+    where = source_location(file, line)
+    if lib_file:
+        lib = source_location(lib_file, lib_line)
+        return f"{where} (in {lib})" if where else lib
+    return where

@@ -29,9 +29,9 @@ from ._intervals import intersect as _intersect
 from ._intervals import overlap as _overlap
 from ._intervals import union as _union
 from ._intervals import union_list
-from ._paths import source_location
+from ._paths import source_location, user_location
 from ._results import Results
-from ._spans import python_caller, span_at
+from ._spans import span_at, user_caller
 from .distributed import MergedRun, diagnose_ranks
 from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 
@@ -115,9 +115,12 @@ class _View:
         self.n_steps = max(len(steps), 1)
         self.step_thread = int(steps["thread"][0]) if len(steps) else 0
 
-    def caller(self, span_index: int) -> tuple[str, int, str]:
-        """(file, line, name) of the Python code that made span `span_index`'s call."""
-        return python_caller(self.spans, self.ops, span_index)
+    def caller(self, span_index: int) -> tuple[tuple, str, str]:
+        """The user's line under span `span_index` (_spans.user_caller): a key that
+        tells such lines apart, its 'file:line (in library file:line)' text, and the
+        user's function."""
+        file, line, name, lib_file, lib_line = user_caller(self.spans, self.ops, span_index)
+        return (file, line), user_location(file, line, lib_file, lib_line), name
 
     def c_call_of(self, span_index: int) -> str:
         """Name of the C function whose call contains this span, if any."""
@@ -156,12 +159,12 @@ def _sync_points(v: _View):
     step_starts = np.sort(v.steps["start_ns"]) if len(v.steps) else np.zeros(0, np.int64)
     by_site: dict[tuple, dict] = {}
     for i in idx:
-        file, line, func = v.caller(int(i))
+        key, where, func = v.caller(int(i))
         call = v.c_call_of(int(i))
-        key = (file, line)
         d = by_site.setdefault(
             key,
             {
+                "where": where,
                 "wait_ns": 0,
                 "cost_ns": 0,
                 "calls": 0,
@@ -185,7 +188,7 @@ def _sync_points(v: _View):
             d["via"].add(call)
         d["api"].add(str(v.ops["name"][sp["op_row"][i]]))
     out = []
-    for (file, line), d in by_site.items():
+    for d in by_site.values():
         share = d["cost_ns"] / max(v.step_ns, 1)
         # A sync in every step is reported even when it costs little now: it
         # serializes host and GPU, which is what stops other fixes from paying.
@@ -207,7 +210,7 @@ def _sync_points(v: _View):
                     "wait_per_step_ns": d["wait_ns"] // v.n_steps,
                     "api": ", ".join(sorted(d["api"])),
                 },
-                source_location(file, line),
+                d["where"],
                 _sync_fix(d["via"]),
             )
         )
@@ -337,11 +340,8 @@ def _data_stall(v: _View):
         return []
     top = np.bincount(sp["op_row"][idx], weights=(sp["end_ns"][idx] - sp["start_ns"][idx]))
     row = int(np.argmax(top))
-    if ops["kind"][row] == "python":
-        where = source_location(str(ops["file"][row]), int(ops["line"][row]))
-    else:  # a framework's fetch range: the Python line that opened it
-        file, line, _ = v.caller(int(idx[np.flatnonzero(sp["op_row"][idx] == row)[0]]))
-        where = source_location(file, line)
+    # the user's line in it (a framework's fetch range: the line that opened it)
+    where = v.caller(int(idx[np.flatnonzero(sp["op_row"][idx] == row)[0]]))[1]
     # the hottest function inside the loader
     inner = _hottest_below(v, set(int(i) for i in idx))
     ev = {
@@ -497,8 +497,7 @@ def _running_at(v: _View, ts: int) -> tuple[str, str]:
     i = span_at(v.spans, v.step_thread, ts)
     if i < 0:
         return "nothing recorded", ""
-    file, line, _ = v.caller(i)
-    return _op_label(v.ops, int(v.spans["op_row"][i])), source_location(file, line)
+    return _op_label(v.ops, int(v.spans["op_row"][i])), v.caller(i)[1]
 
 
 def _mixed_precision(v: _View):

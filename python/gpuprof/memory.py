@@ -33,9 +33,9 @@ from ._allocators import ADAPTERS, ALLOCATOR_DTYPE, active_adapters
 from ._constants import GPU_FREE, GPU_MALLOC, OP_CUDA_API
 from ._format import format_bytes as _format_bytes
 from ._host_sampler import HOST_DTYPE, HostSampler, SampleSnapshot
-from ._paths import source_location
+from ._paths import source_location, user_location
 from ._results import Results
-from ._spans import python_caller, span_at
+from ._spans import span_at, user_caller
 
 __all__ = [
     "CUDA_CURVE_DTYPE",
@@ -313,9 +313,9 @@ def _op_label(ops: np.ndarray, row: int) -> str:
 
 
 def _python_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> str:
-    """file:line of the Python code under span i (see _spans.python_caller)."""
-    file, line, _ = python_caller(spans, ops, i)
-    return source_location(file, line)
+    """The user's line under span i, with the library line beside it (_spans.user_caller)."""
+    file, line, _, lib_file, lib_line = user_caller(spans, ops, i)
+    return user_location(file, line, lib_file, lib_line)
 
 
 def _allocation_site(results: Results, wi: int, i: int) -> tuple[str, str]:
