@@ -155,4 +155,8 @@ def test_cupy_allocation_appears_in_the_device_curve():
         cupti = prof.memory_curve("cuda:0", source="cupti")
         # the pool had no free block: it cudaMalloc'ed at least the array's size
         assert np.diff(cupti["allocated_bytes"]).max() >= SIZE, cupti
+        # the peak is located at this test's line, with CuPy's own line beside it
+        where = prof.memory_summary().devices["cuda:0"].driver["peak_location"]
+        assert where.startswith("test_memory_gpu.py:") or "/test_memory_gpu.py:" in where, where
+        assert "(in cupy/" in where, where
     pool.free_all_blocks()
