@@ -9,7 +9,7 @@ import sys
 import time
 import traceback
 
-from ._common import _check_output_dir, _CliError, _flush, _run_program
+from ._common import _check_cuda_usable, _check_output_dir, _CliError, _flush, _run_program
 
 
 # -- on-demand capture (gpuprof._ondemand, docs/on-demand.md) --
@@ -85,14 +85,7 @@ def _run_on_demand(args) -> int:
     if args.trigger_dir is not None:
         _check_trigger_dir(args.trigger_dir)
     if args.cuda:
-        import gpuprof
-
-        status = gpuprof.cuda_status()
-        if not status["usable"]:
-            raise _CliError(
-                f"--cuda: GPU capture is not usable here: {status['reason']}; "
-                "leave --cuda out to capture the CPU side"
-            )
+        _check_cuda_usable("capture")
     try:
         program = _launch.find(args.target, args.module)
     except _launch.LaunchError as e:

@@ -97,6 +97,19 @@ def _check_output_dir(path: str) -> None:
         )
 
 
+def _check_cuda_usable(side: str) -> None:
+    """For --cuda: a one-line error when GPU capture cannot work on this machine;
+    ``side`` says what the command does without it ("profile", "capture")."""
+    import gpuprof
+
+    status = gpuprof.cuda_status()
+    if not status["usable"]:
+        raise _CliError(
+            f"--cuda: GPU capture is not usable here: {status['reason']}; "
+            f"leave --cuda out to {side} the CPU side"
+        )
+
+
 def _run_program(program, code, argv, init_globals) -> int:
     """Run the program; return its exit code.
 

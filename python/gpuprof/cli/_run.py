@@ -11,7 +11,7 @@ import traceback
 import warnings
 
 from ._capture import _run_on_demand
-from ._common import _check_output_dir, _CliError, _flush, _run_program
+from ._common import _check_cuda_usable, _check_output_dir, _CliError, _flush, _run_program
 
 
 def _profile_kwargs(args) -> dict:
@@ -59,12 +59,7 @@ def _check_run(args) -> None:
     if args.output is not None:
         _check_output_dir(args.output)
     if args.cuda:
-        status = gpuprof.cuda_status()
-        if not status["usable"]:
-            raise _CliError(
-                f"--cuda: GPU capture is not usable here: {status['reason']}; "
-                "leave --cuda out to profile the CPU side"
-            )
+        _check_cuda_usable("profile")
     if args.capture_range:
         try:
             gpuprof._nvtx.parse_capture(args.capture_range)
