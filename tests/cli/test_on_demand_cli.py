@@ -455,6 +455,23 @@ def test_bad_arguments_get_one_line_and_code_2(env, args, message):
     assert line.startswith("gpuprof: error: ") and message in line, line
 
 
+@pytest.mark.parametrize(
+    "args, side",
+    [(["run", "--cuda", LOOP], "profile"), (["run", "--on-demand", "--cuda", LOOP], "capture")],
+)
+def test_cuda_where_gpu_capture_cannot_work_gets_one_line(env, args, side):
+    status = gp.cuda_status()
+    if status["usable"]:
+        pytest.skip("GPU capture works here")
+    r = gpuprof(env, *args, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = error_line(r)
+    assert line == (
+        f"gpuprof: error: --cuda: GPU capture is not usable here: {status['reason']}; "
+        f"leave --cuda out to {side} the CPU side"
+    ), line
+
+
 def test_capture_of_a_file_output_is_refused_before_asking(armed_loop, env, tmp_path):
     prog = armed_loop()
     (tmp_path / "afile").write_text("x")
