@@ -95,6 +95,8 @@ LAYERS = {
     "gpuprof.cli._capture": "cli",
     "gpuprof.__main__": "cli",
     "gpuprof._ondemand._client": "cli",
+    "gpuprof._ondemand._targets": "cli",
+    "gpuprof._ondemand._exchange": "cli",
     "gpuprof.demo": "cli",
     "gpuprof.workloads": "cli",
     "gpuprof.workloads.training": "cli",

@@ -33,7 +33,10 @@ The modules, by job (each module's layer is in tests/unit/test_architecture.py):
 - ``_requests`` (api): the on-demand thread, which reads and answers requests;
 - ``_environment`` (api): arming from ``GPUPROF_ON_DEMAND=1``;
 - ``_shared`` (api): one line on stderr, the lowered switch interval;
-- ``_client`` (cli): ``gpuprof capture``, the requester's side.
+- ``_client`` (cli): ``gpuprof capture``, the requester's side: the start step,
+  the answers judged, the wait for the files;
+- ``_targets`` (cli): the armed processes ``gpuprof capture`` can ask, checked;
+- ``_exchange`` (cli): one request, the folder for its answers, the waits.
 
 This module (api) names what the rest of gpuprof uses.
 """
