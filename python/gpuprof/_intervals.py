@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["covered", "intersect", "overlap", "union", "union_list"]
+__all__ = ["covered", "cover_split", "intersect", "overlap", "union", "union_list"]
 
 
 def union(starts, ends, *, keep_empty: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -70,6 +70,21 @@ def covered(iv, lo, hi) -> np.ndarray:
         return np.where(i >= 0, before[ic], 0) + part
 
     return np.maximum(upto(hi) - upto(lo), 0)
+
+
+def cover_split(first, second, lo, hi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inside each [lo, hi): the time covered by ``first``, by ``second``, and by both
+    (two disjoint sorted interval sets, as :func:`union` returns them).
+
+    ``second - both`` is the part of ``second`` that ``first`` does not hide. With the
+    compute kernels first and the communication kernels second, that is the exposed
+    communication, computed here once for :func:`gpuprof.distributed.comm_overlap`
+    (per step) and the ``communication_wait`` finding (over the window)."""
+    return (
+        covered(first, lo, hi),
+        covered(second, lo, hi),
+        covered(intersect(second, first), lo, hi),
+    )
 
 
 def overlap(iv, s: int, e: int) -> int:

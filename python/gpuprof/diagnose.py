@@ -24,6 +24,7 @@ from ._constants import (
 )
 from ._findings import Diagnosis, Finding
 from ._format import format_time
+from ._intervals import cover_split as _cover_split
 from ._intervals import covered as _covered
 from ._intervals import intersect as _intersect
 from ._intervals import overlap as _overlap
@@ -571,13 +572,13 @@ def _communication(v: _View):
     comm = v.gpu[v.gpu["category"] == "communication"]
     if not len(comm):
         return []
-    compute = _merged(v.gpu[v.gpu["category"] == "compute"], ("kernel",))
-    exposed = 0
-    total = 0
-    for c in comm:
-        d = int(c["end_ns"] - c["start_ns"])
-        total += d
-        exposed += d - _overlap(compute, int(c["start_ns"]), int(c["end_ns"]))
+    cm = _union(comm["start_ns"], comm["end_ns"])
+    if not len(cm[0]):
+        return []
+    k = v.gpu[(v.gpu["category"] == "compute") & (v.gpu["kind"] == "kernel")]
+    # the exposed communication of distributed.comm_overlap, over the window, not per step
+    _, total, hidden = _cover_split(_union(k["start_ns"], k["end_ns"]), cm, cm[0][0], cm[1][-1])
+    total, exposed = int(total), int(total - hidden)
     share = exposed / max(v.step_ns, 1)
     if share < 0.05:
         return []

@@ -18,6 +18,7 @@ import gpuprof
 import pytest
 from gpuprof import _gpuprof
 from gpuprof._results import Results
+from gpuprof.diagnose import diagnose
 from gpuprof.distributed import (
     collective_name,
     comm_overlap,
@@ -303,6 +304,24 @@ def test_comm_overlap_clips_to_the_step_and_counts_streams_once():
     assert ov["compute_ns"] == 250 * US
     assert ov["comm_ns"] == (STEP_US - 340) * US
     assert ov["overlap_ns"] == 10 * US
+
+
+def test_comm_overlap_and_the_communication_wait_finding_agree():
+    # two all-reduces on two streams overlap each other (counted once) and, for 100 us,
+    # the compute kernel: both answers come from _intervals.cover_split
+    def pattern(k):
+        return [(COMPUTE, 100, 300), (NCCL, 200, 500, 20), (NCCL, 400, 600, 21)]
+
+    res = results(rank_window(pattern, steps=3), 0, 1)
+    ov = comm_overlap(res)
+    assert (ov["comm_ns"] == 400 * US).all() and (ov["exposed_comm_ns"] == 300 * US).all()
+    assert ov["comm_ns"].tolist() == res.steps()["comm_ns"].tolist()
+    (f,) = [f for f in diagnose(res) if f.kind == "communication_wait"]
+    assert f.evidence == {
+        "comm_ns": int(ov["comm_ns"].sum()),
+        "exposed_comm_ns": int(ov["exposed_comm_ns"].sum()),
+    }
+    assert f.severity == pytest.approx(ov["exposed_comm_ns"].sum() / ov["step_ns"].sum())
 
 
 def test_comm_overlap_rejects_other_objects():

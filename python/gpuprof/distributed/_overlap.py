@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._intervals import cover_split as _cover_split
 from .._intervals import covered as _covered
-from .._intervals import intersect as _intersect
 from .._intervals import union as _union
 
 STEP_FIELDS = (
@@ -33,9 +33,7 @@ def _step_breakdown(steps, start, end, compute, comm, memory) -> np.ndarray:
     cu, cm, me = _union(*compute), _union(*comm), _union(*memory)
     busy = _union(np.concatenate([cu[0], cm[0], me[0]]), np.concatenate([cu[1], cm[1], me[1]]))
     out["step_ns"] = out["end_ns"] - out["start_ns"]
-    out["compute_ns"] = _covered(cu, start, end)
-    out["comm_ns"] = _covered(cm, start, end)
-    out["overlap_ns"] = _covered(_intersect(cm, cu), start, end)
+    out["compute_ns"], out["comm_ns"], out["overlap_ns"] = _cover_split(cu, cm, start, end)
     out["exposed_comm_ns"] = out["comm_ns"] - out["overlap_ns"]
     out["memcpy_ns"] = _covered(me, start, end)
     out["busy_ns"] = _covered(busy, start, end)
