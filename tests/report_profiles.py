@@ -7,11 +7,8 @@ report names the lines a user would see.
 """
 
 import numpy as np
-from gpuprof import _gpuprof
-from gpuprof._results import Results
+from timelines import US, C, Timeline
 
-C = _gpuprof._test_constants()
-US = 1000
 STEP = 1000 * US
 
 LAUNCH, STREAM_SYNC, MALLOC, FREE = 211, 131, 20, 22  # CUPTI runtime callback ids
@@ -69,71 +66,12 @@ def where(func) -> str:
     return f"train.py:{func.__code__.co_firstlineno}"
 
 
-def _key(cbid):
-    return _gpuprof._test_api_key(C["API_RUNTIME"], cbid)["key"]
-
-
-class _Timeline:
-    def __init__(self):
-        self.events, self.gpu, self.names, self.corr = [], [], [], 0
-
-    def ev(self, t, kind, *rest):
-        self.events.append((t, C[kind]) + rest)
-
-    def api(self, cbid, t, dur):
-        self.corr += 1
-        self.ev(t, "EV_API_ENTER", self.corr, _key(cbid))
-        self.ev(t + dur, "EV_API_EXIT", self.corr)
-        return self.corr
-
-    def kernel(self, corr, start, end, name, stream=7):
-        if name not in self.names:
-            self.names.append(name)
-        self.gpu.append(
-            dict(
-                kind=C["GPU_KERNEL"],
-                correlation=corr,
-                start_ns=start,
-                end_ns=end,
-                name_id=self.names.index(name),
-                stream=stream,
-                device=0,
-                registers=64,
-                grid_x=120,
-                block_x=256,
-            )
-        )
-
-    def memory(self, kind, corr, t, nbytes, address):
-        self.gpu.append(
-            dict(
-                kind=C[kind],
-                correlation=corr,
-                start_ns=t,
-                end_ns=t,
-                bytes=nbytes,
-                address=address,
-                device=0,
-                dst_mem=C["MEM_DEVICE"],
-            )
-        )
+class _Timeline(Timeline):
+    KERNEL = {"registers": 64, "grid_x": 120, "block_x": 256}
 
     def results(self, label, meta=None):
-        end = max([e[0] for e in self.events] + [g["end_ns"] for g in self.gpu]) + US
         ops = [(C["OP_PYTHON"], f.__code__, 0) for f in FUNCS] + [(C["OP_USER"], label, 0)]
-        raw = _gpuprof._test_aggregate(
-            ops, [(1, 101, self.events)], self.gpu, 0, end, self.names, 1
-        )
-        # libcupti names API calls only on a machine with the driver: name them here
-        for i, (kind, op) in enumerate(zip(raw["ops"]["kind"], raw["ops"]["op"])):
-            if kind == C["OP_CUDA_API"]:
-                raw["op_names"][i] = API_NAMES[int(op) & 0xFFFFF]
-        # device_properties given: occupancy never asks a live CUDA for them
-        return Results(
-            [raw],
-            cuda={"active": True, "mode": "callbacks", "error": None},
-            meta={"device_properties": [], "profile_memory": True, **(meta or {})},
-        )
+        return self.aggregate(ops, {"profile_memory": True, **(meta or {})}, API_NAMES)
 
 
 def training_results(steps=6, label="forward pass", meta=None, gemm_us=400, loader_us=300):

@@ -13,15 +13,15 @@ import time
 
 import gpuprof
 import pytest
+import timelines
 from gpuprof import _gpuprof
 from gpuprof import diagnose as diagnose_mod
 from gpuprof._accessors import ResultAccessors
 from gpuprof._results import Results
 from gpuprof.diagnose import Diagnosis, data_wait_per_step, diagnose, step_breakdown
+from timelines import US, C
 
-C = _gpuprof._test_constants()
 gpuprof.cuda_status()  # loads libcupti when present: API names come from it
-US = 1000
 STEP = 100 * US
 N_STEPS = 4
 T0 = 1 * US  # the first step's start; the window starts at 0
@@ -39,10 +39,6 @@ needs_classes = pytest.mark.skipif(not HAVE_CLASSES, reason="built without CUPTI
 FP32_GEMM = "ampere_sgemm_128x64_nn"
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 ELEMENTWISE = "_Z6kernelv"
-
-
-def key(cbid):
-    return _gpuprof._test_api_key(C["API_RUNTIME"], cbid)["key"]
 
 
 def api_name(cbid):
@@ -81,45 +77,11 @@ def loc(func):
     return f"{os.path.relpath(code.co_filename)}:{code.co_firstlineno}"
 
 
-class Timeline:
-    """One thread's events and the GPU's records, written in time order."""
-
-    def __init__(self):
-        self.events = []
-        self.gpu = []
-        self.names = []
-        self._corr = 0
-
-    def call(self, op, t):
-        self.events.append((t, C["EV_CALL"], op))
-
-    def ret(self, t):
-        self.events.append((t, C["EV_RETURN"], 0))
-
-    def api(self, cbid, t, dur):
-        self._corr += 1
-        self.events.append((t, C["EV_API_ENTER"], self._corr, key(cbid)))
-        self.events.append((t + dur, C["EV_API_EXIT"], self._corr))
-        return self._corr
+class Timeline(timelines.Timeline):
+    """One thread's events and the GPU's records, in steps of STEP ns."""
 
     def kernel(self, corr, start, end, name=ELEMENTWISE, stream=7, graph_id=0):
-        if name not in self.names:
-            self.names.append(name)
-        self.gpu.append(
-            dict(
-                kind=C["GPU_KERNEL"],
-                correlation=corr,
-                start_ns=start,
-                end_ns=end,
-                name_id=self.names.index(name),
-                stream=stream,
-                device=0,
-                registers=32,
-                grid_x=80,
-                block_x=256,
-                graph_id=graph_id,
-            )
-        )
+        super().kernel(corr, start, end, name, stream, graph_id)
 
     def launch(self, t, start, end, name=ELEMENTWISE, stream=7, dur=US // 2):
         """cudaLaunchKernel at t on the host; the kernel runs [start, end) on the GPU."""
@@ -135,17 +97,7 @@ class Timeline:
         return self
 
     def results(self):
-        end = max([e[0] for e in self.events] + [g["end_ns"] for g in self.gpu]) + US
-        ops = [(C["OP_PYTHON"], f.__code__, 0) for f in OPS]
-        raw = _gpuprof._test_aggregate(
-            ops, [(1, 101, self.events)], self.gpu, 0, end, self.names, 1
-        )
-        # device_properties given: occupancy never asks a live CUDA for them
-        return Results(
-            [raw],
-            cuda={"active": True, "mode": "callbacks", "error": None},
-            meta={"device_properties": []},
-        )
+        return self.aggregate([(C["OP_PYTHON"], f.__code__, 0) for f in OPS])
 
 
 def found(res, kind):
