@@ -9,7 +9,14 @@ import sys
 import time
 import traceback
 
-from ._common import _check_cuda_usable, _check_output_dir, _CliError, _flush, _run_program
+from ._common import (
+    _check_cuda_usable,
+    _check_output_dir,
+    _CliError,
+    _find_program,
+    _flush,
+    _run_program,
+)
 
 
 # -- on-demand capture (gpuprof._ondemand, docs/on-demand.md) --
@@ -86,12 +93,7 @@ def _run_on_demand(args) -> int:
         _check_trigger_dir(args.trigger_dir)
     if args.cuda:
         _check_cuda_usable("capture")
-    try:
-        program = _launch.find(args.target, args.module)
-    except _launch.LaunchError as e:
-        raise _CliError(str(e)) from None
-    if program.path0 not in sys.path[:1]:
-        sys.path.insert(0, program.path0)
+    program = _find_program(args)
     od = _ondemand.OnDemand(
         signal_=args.signal or "SIGUSR2",
         trigger_dir=args.trigger_dir,

@@ -110,6 +110,20 @@ def _check_cuda_usable(side: str) -> None:
         )
 
 
+def _find_program(args):
+    """The program that `run` is to start (a script, or -m module), with its folder
+    first on sys.path, as python itself puts it; a one-line error when not found."""
+    from .. import _launch
+
+    try:
+        program = _launch.find(args.target, args.module)
+    except _launch.LaunchError as e:
+        raise _CliError(str(e)) from None
+    if program.path0 not in sys.path[:1]:
+        sys.path.insert(0, program.path0)
+    return program
+
+
 def _run_program(program, code, argv, init_globals) -> int:
     """Run the program; return its exit code.
 

@@ -11,7 +11,14 @@ import traceback
 import warnings
 
 from ._capture import _run_on_demand
-from ._common import _check_cuda_usable, _check_output_dir, _CliError, _flush, _run_program
+from ._common import (
+    _check_cuda_usable,
+    _check_output_dir,
+    _CliError,
+    _find_program,
+    _flush,
+    _run_program,
+)
 
 
 def _profile_kwargs(args) -> dict:
@@ -143,12 +150,7 @@ def cmd_run(args) -> int:
     if args.on_demand or args.signal is not None or args.trigger_dir is not None:
         return _run_on_demand(args)  # -- on-demand capture --
     _check_run(args)
-    try:
-        program = _launch.find(args.target, args.module)
-    except _launch.LaunchError as e:
-        raise _CliError(str(e)) from None
-    if program.path0 not in sys.path[:1]:
-        sys.path.insert(0, program.path0)
+    program = _find_program(args)
     try:
         prof = gpuprof.profile(**_profile_kwargs(args))
     except (ValueError, TypeError, RuntimeError) as e:
