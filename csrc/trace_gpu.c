@@ -79,8 +79,9 @@ put_xyz(Out *o, const uint32_t v[3])
 
 static const Str gpu_activity_name = {"<gpu activity>", 14};
 
+/* One end of a flow of family `fam` ("ac2g", "blocked_call"). */
 static void
-put_flow(Out *o, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
+put_flow_of(Out *o, const char *fam, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
 {
     begin_event(o);
     if (ph == 's')
@@ -89,10 +90,20 @@ put_flow(Out *o, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
         PUT(o, "{\"ph\":\"f\",\"id\":");
     put_i64(o, id);
     put_lane_ts(o, pid, tid, ts);
+    PUT(o, ",\"cat\":\"");
+    out_bytes(o, fam, strlen(fam));
+    PUT(o, "\",\"name\":\"");
+    out_bytes(o, fam, strlen(fam));
     if (ph == 's')
-        PUT(o, ",\"cat\":\"ac2g\",\"name\":\"ac2g\"}");
+        PUT(o, "\"}");
     else
-        PUT(o, ",\"cat\":\"ac2g\",\"name\":\"ac2g\",\"bp\":\"e\"}");
+        PUT(o, "\",\"bp\":\"e\"}");
+}
+
+static void
+put_flow(Out *o, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
+{
+    put_flow_of(o, "ac2g", ph, id, pid, tid, ts);
 }
 
 /* ---- GPU projections of user annotations (trace-format 6.7) ----------------- */
@@ -406,6 +417,98 @@ write_gpu_op(const Ctx *c, Out *o, const Devices *devs, const Key *key, const Ap
     }
 }
 
+/* ---- blocked-call flows ---------------------------------------------------- */
+
+/* The outermost span of span a's thread that is open at ts: spans of a thread
+ * are contiguous and sorted by start, and a thread's top-level spans do not
+ * overlap, so the search stops at the first one before a. */
+static size_t
+outermost_at(const Ctx *c, size_t a, int64_t ts)
+{
+    size_t root = a;
+    for (size_t j = a; j-- > 0;) {
+        const GpSpanRow *s = &c->spans[j];
+        if (s->thread != c->spans[a].thread)
+            break;
+        if (s->start_ns <= ts && s->end_ns >= ts)
+            root = j;
+        if (s->depth == 0)
+            break;
+    }
+    return root;
+}
+
+/* The innermost span of `thread` open at ts (the latest-started one that
+ * contains it), or SIZE_MAX. [lo, hi) are the thread's spans. */
+static size_t
+innermost_at(const Ctx *c, size_t lo, size_t hi, int64_t ts)
+{
+    size_t l = lo, h = hi;
+    while (l < h) { /* first span starting after ts */
+        size_t m = l + (h - l) / 2;
+        if (c->spans[m].start_ns <= ts)
+            l = m + 1;
+        else
+            h = m;
+    }
+    for (size_t j = l; j-- > lo;) {
+        const GpSpanRow *s = &c->spans[j];
+        if (s->end_ns >= ts)
+            return j;
+        if (s->depth == 0)
+            break;
+    }
+    return SIZE_MAX;
+}
+
+/* One flow from the call that the stepping thread was blocked in to the
+ * outermost call of another thread that launched work for it (the kernels
+ * marked GP_GF_ROLLED_UP), once per such call. Both ends bind to slices the
+ * host part writes (every span of c->spans is one). */
+static int
+write_blocked_flows(const Ctx *c, Out *o, const Key *keys, size_t nk)
+{
+    if (c->n_steps == 0 || c->n_spans == 0)
+        return 0;
+    uint32_t step_thread = c->steps[0].thread;
+    size_t lo = SIZE_MAX, hi = 0;
+    uint8_t *done = NULL;
+    uint32_t id = 0;
+    for (size_t k = 0; k < nk; k++) {
+        const GpGpuEventRow *g = &c->gpu[keys[k].idx];
+        if (!(g->flags & GP_GF_ROLLED_UP) || keys[k].api == 0)
+            continue;
+        if (done == NULL) { /* the first one: the stepping thread's spans */
+            done = calloc(c->n_spans, 1);
+            if (done == NULL)
+                return -1;
+            for (size_t i = 0; i < c->n_spans; i++) {
+                if (c->spans[i].thread != step_thread)
+                    continue;
+                if (lo == SIZE_MAX)
+                    lo = i;
+                hi = i + 1;
+            }
+        }
+        size_t a = keys[k].api - 1;
+        int64_t ts = c->spans[a].start_ns;
+        size_t root = outermost_at(c, a, ts);
+        if (done[root] || lo == SIZE_MAX)
+            continue;
+        done[root] = 1;
+        size_t b = innermost_at(c, lo, hi, ts);
+        if (b == SIZE_MAX)
+            continue;
+        id++;
+        put_flow_of(o, "blocked_call", 's', id, c->pid, thread_tid(c, step_thread),
+                    rel(c, c->spans[b].start_ns));
+        put_flow_of(o, "blocked_call", 'f', id, c->pid, thread_tid(c, c->spans[root].thread),
+                    rel(c, c->spans[root].start_ns));
+    }
+    free(done);
+    return 0;
+}
+
 int
 gp_trace_gpu_write(const Ctx *c, Out *o, Devices *devs, const ApiUp *api_up, const Anns *anns,
                    int64_t *max_end)
@@ -536,7 +639,7 @@ gp_trace_gpu_write(const Ctx *c, Out *o, Devices *devs, const ApiUp *api_up, con
                 write_gpu_op(c, o, devs, &keys[k++], api_up, flowed);
         }
     }
-    rc = 0;
+    rc = write_blocked_flows(c, o, keys, nk);
 done:
     free(keys);
     free(corr);

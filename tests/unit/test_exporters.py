@@ -197,7 +197,8 @@ def assert_nested_per_lane(trace):
 
 
 def check_schema(trace, keys, text):
-    """Every checkable rule of trace-format.md section 11 (and sections 2-7)."""
+    """Every checkable rule of trace-format.md section 11 (and sections 2-7); returns the
+    ac2g flows by id."""
     events = trace["traceEvents"]
     # 1. metadata keys first, in order; baseTimeNanoseconds present; traceName last
     assert keys.index("traceEvents") > max(keys.index(k) for k in META_KEYS)
@@ -251,27 +252,34 @@ def check_schema(trace, keys, text):
         for (s0, e0), (s1, e1) in zip(sl, sl[1:], strict=False):
             if s0 == s1:
                 assert e0 >= e1, (lane, s0)
-    # 5. flows: pairs, bound exactly to an API slice and the GPU slice it produced
+    # 5. flows: pairs; ac2g bound exactly to an API slice and the GPU slice it produced,
+    # blocked_call from a host slice of one thread to a host slice of another
     by_pos = collections.defaultdict(list)
     for e in slices(trace):
         by_pos[(e["pid"], e["tid"], e["ts"])].append(e)
     flows = collections.defaultdict(dict)
     for e in events:
         if e["ph"] in "sf":
-            assert e["cat"] == e["name"] == "ac2g"
-            assert e["ph"] not in flows[e["id"]], "flow id used twice"
-            flows[e["id"]][e["ph"]] = e
+            assert e["cat"] == e["name"] and e["cat"] in ("ac2g", "blocked_call"), e
+            key = (e["cat"], e["id"])
+            assert e["ph"] not in flows[key], "flow id used twice"
+            flows[key][e["ph"]] = e
             bound = by_pos[(e["pid"], e["tid"], e["ts"])]
+            if e["ph"] == "f":
+                assert e["bp"] == "e"
+            if e["cat"] == "blocked_call":
+                assert e["pid"] == host_pid and bound, e
+                continue
             cats = (
                 {"cuda_runtime", "cuda_driver"}
                 if e["ph"] == "s"
                 else {"kernel", "gpu_memcpy", "gpu_memset"}
             )
             assert any(b["cat"] in cats and b["args"]["correlation"] == e["id"] for b in bound), e
-            if e["ph"] == "f":
-                assert e["bp"] == "e"
     for fid, pair in flows.items():
         assert set(pair) == {"s", "f"}, f"dangling flow half {fid}"
+        if fid[0] == "blocked_call":
+            assert pair["s"]["tid"] != pair["f"]["tid"], pair
     # External id and python ids
     ids = [e["args"]["Python id"] for e in slices(trace) if e["cat"] == "python_function"]
     assert len(ids) == len(set(ids))
@@ -290,7 +298,7 @@ def check_schema(trace, keys, text):
         if e["cat"] == "gpu_user_annotation":
             assert ranges[e["args"]["External id"]] == e["name"]
             assert (e["pid"], e["tid"]) in op_lanes
-    return flows
+    return {fid: pair for (fam, fid), pair in flows.items() if fam == "ac2g"}
 
 
 def check_python_parents(py):

@@ -310,3 +310,36 @@ def test_a_thread_already_running_before_the_call_does_not_roll_up():
     t = totals(res)
     assert t["custom_backward"] == (40, 40)
     assert t["run_backward"] == (0, 0) and t["train_step"] == (0, 0)
+
+
+def _flows(res, tmp_path, **kw):
+    import json
+
+    from gpuprof.exporters.chrome import export_chrome_trace
+
+    path = str(tmp_path / "trace.json")
+    export_chrome_trace(res, path, **kw)
+    events = json.load(open(path))["traceEvents"]
+    slices = {(e["tid"], e["ts"]): e["name"] for e in events if e.get("ph") == "X"}
+    flows = [e for e in events if e.get("cat") == "blocked_call"]
+    return flows, slices
+
+
+def test_the_trace_links_the_blocked_call_to_the_work_done_for_it(tmp_path):
+    # given: the helper's kernel rolled up under run_backward
+    res = blocked_in_backward(helper_call_ts=200)
+    # when: the window is written as a trace
+    flows, slices = _flows(res, tmp_path)
+    # then: one flow starts on the blocked call and ends on the helper's call, each
+    # bound to its slice (same thread and start)
+    assert [f["ph"] for f in flows] == ["s", "f"]
+    start, end = flows
+    assert start["id"] == end["id"] and end["bp"] == "e"
+    assert slices[(start["tid"], start["ts"])] == "run_backward"
+    assert slices[(end["tid"], end["ts"])].endswith("custom_backward")
+    assert (start["tid"], end["tid"]) == (101, 202)
+
+
+def test_no_flow_for_work_that_was_not_done_for_the_blocked_call(tmp_path):
+    flows, _ = _flows(blocked_in_backward(helper_call_ts=90), tmp_path)
+    assert flows == []
