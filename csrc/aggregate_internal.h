@@ -158,6 +158,32 @@ push_span(Agg *a, Entry *e, int64_t ts, uint8_t opkind, int32_t parent_span, int
     return 0;
 }
 
+/* The statistics of visible stack entry e ending at `end`: its op row's and
+ * call-tree node's self and total time, min and max, its row's count of open
+ * entries and its span's end; its self time is added to *self_sum. Both
+ * replay paths (replay.c, replay_thread.c) end entries with it. */
+static inline void
+close_entry_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *spans, const Entry *e,
+                  int64_t end, int64_t *self_sum)
+{
+    int64_t dur = end - e->start;
+    GpOpRow *r = &ops[e->row];
+    GpNodeRow *n = &nodes[e->node];
+    r->cpu_self_ns += e->self;
+    n->self_ns += e->self;
+    n->total_ns += dur;
+    *self_sum += e->self;
+    active[e->row]--;
+    if (e->outermost)
+        r->cpu_total_ns += dur;
+    if (dur < r->cpu_min_ns)
+        r->cpu_min_ns = dur;
+    if (dur > r->cpu_max_ns)
+        r->cpu_max_ns = dur;
+    if (e->span >= 0)
+        spans[e->span].end_ns = end;
+}
+
 /* ---- replay.c ------------------------------------------------------------ */
 
 /* The call-tree node table with room for about cap nodes. 0, or -1 when out of memory. */

@@ -237,22 +237,8 @@ remove_entry(Agg *a, size_t i, int64_t ts)
         if (i > 0)
             a->stack.v[i - 1].self += e->self;
     } else {
-        int64_t dur = ts - e->start;
-        GpOpRow *r = &a->t->ops.v[e->row];
-        GpNodeRow *n = &a->t->nodes.v[e->node];
-        r->cpu_self_ns += e->self;
-        n->self_ns += e->self;
-        n->total_ns += dur;
-        a->self_sum += e->self;
-        a->active.v[e->row]--;
-        if (e->outermost)
-            r->cpu_total_ns += dur;
-        if (dur < r->cpu_min_ns)
-            r->cpu_min_ns = dur;
-        if (dur > r->cpu_max_ns)
-            r->cpu_max_ns = dur;
-        if (e->span >= 0)
-            a->t->spans.v[e->span].end_ns = ts;
+        close_entry_stats(a->t->ops.v, a->t->nodes.v, a->active.v, a->t->spans.v, e, ts,
+                          &a->self_sum);
         if (GP_UNLIKELY(e->kind == E_API))
             a->launches.v[e->launch].exit_ns = ts;
         if (GP_UNLIKELY(e->kind == E_STEP))

@@ -187,22 +187,7 @@ replay_run(Agg *a, const GpEvent *ev, const GpEvent *stop, GpClockCursor *cur, i
                     if (p > sv)
                         p[-1].self += e->self;
                 } else {
-                    int64_t dur = last - e->start;
-                    GpOpRow *r = &ops[e->row];
-                    GpNodeRow *n = &nodes[e->node];
-                    r->cpu_self_ns += e->self;
-                    n->self_ns += e->self;
-                    n->total_ns += dur;
-                    self_sum += e->self;
-                    active[e->row]--;
-                    if (e->outermost)
-                        r->cpu_total_ns += dur;
-                    if (dur < r->cpu_min_ns)
-                        r->cpu_min_ns = dur;
-                    if (dur > r->cpu_max_ns)
-                        r->cpu_max_ns = dur;
-                    if (e->span >= 0)
-                        a->t->spans.v[e->span].end_ns = last;
+                    close_entry_stats(ops, nodes, active, a->t->spans.v, e, last, &self_sum);
                 }
                 continue;
             }
