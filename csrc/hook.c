@@ -227,13 +227,14 @@ gp_hook_follow_phase(PyObject *owner)
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
 #if PY_VERSION_HEX >= 0x030C0000
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
-         ts = PyThreadState_Next(ts)) {
-        if (ts->c_profilefunc != NULL && ts->c_profilefunc != profile_callback &&
-            !is_thread_bootstrap(ts->c_profileobj))
-            goto out; /* no per-thread setter here: leave every thread as it is */
-    }
-    PyEval_SetProfileAllThreads(recording ? profile_callback : NULL, recording ? owner : NULL);
+    /* No per-thread setter here: with another profiler on some thread,
+     * every thread is left as it is. */
+    int foreign = 0;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts))
+        foreign |= ts->c_profilefunc != NULL && ts->c_profilefunc != profile_callback &&
+                   !is_thread_bootstrap(ts->c_profileobj);
+    if (!foreign)
+        PyEval_SetProfileAllThreads(recording ? profile_callback : NULL, recording ? owner : NULL);
 #else
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts;
          ts = PyThreadState_Next(ts)) {
@@ -242,9 +243,7 @@ gp_hook_follow_phase(PyObject *owner)
         else if (!recording && ts->c_profilefunc == profile_callback)
             _PyEval_SetProfile(ts, NULL, NULL);
     }
-    goto out;
 #endif
-out:
     PyErr_Clear(); /* an audit hook's refusal leaves that thread as it was */
     PyErr_Restore(exc_type, exc_value, exc_tb);
 }
