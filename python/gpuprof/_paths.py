@@ -22,25 +22,25 @@ __all__ = [
     "user_location",
 ]
 
-_PACKAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 _library_cache: dict[str, bool] = {}
 
 
-def _library_roots() -> list[str]:
-    """Folders whose files are not the user's: installed packages (site-packages,
-    dist-packages), the standard library, and gpuprof itself."""
-    import site
-    import sysconfig
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose files are not the user's besides installed packages (which
+    is_library tells by their site-packages or dist-packages folder): the standard
+    library and gpuprof itself. Computed once."""
+    global _LIBRARY_ROOTS
+    if _LIBRARY_ROOTS is None:
+        import sysconfig
 
-    roots = [_PACKAGE_DIR]
-    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
-        with contextlib.suppress(KeyError):
-            roots.append(sysconfig.get_paths()[name])
-    for get in (site.getsitepackages, lambda: [site.getusersitepackages()]):
-        with contextlib.suppress(Exception):
-            roots += get()
-    roots += [p for p in sys.path if isinstance(p, str) and p.endswith(("-packages",))]
-    return [os.path.join(os.path.abspath(r), "") for r in roots if r]
+        paths = sysconfig.get_paths()
+        roots = [os.path.dirname(os.path.abspath(__file__))]
+        roots += [paths[k] for k in ("stdlib", "platstdlib") if paths.get(k)]
+        _LIBRARY_ROOTS = tuple(os.path.join(os.path.abspath(r), "") for r in roots)
+    return _LIBRARY_ROOTS
+
+
+_LIBRARY_ROOTS: tuple[str, ...] | None = None
 
 
 def import_roots() -> list[str]:
@@ -114,7 +114,7 @@ def is_library(file: str) -> bool:
             hit = (
                 f"{sep}site-packages{sep}" in file
                 or f"{sep}dist-packages{sep}" in file
-                or any(file.startswith(r) for r in _library_roots())
+                or file.startswith(_library_roots())
             )
         _library_cache[file] = hit
     return hit

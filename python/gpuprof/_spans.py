@@ -20,19 +20,26 @@ def span_at(spans: np.ndarray, thread: int, ts: int) -> int:
     return int(idx[np.argmax(spans["depth"][idx])])
 
 
+def _python_frames(spans: np.ndarray, ops: np.ndarray, i: int):
+    """(file, line, name) of each Python frame on the path from span i outward,
+    innermost first: at the call-site line of the innermost C call below it on that
+    path when there is one, else at its definition line."""
+    line = 0
+    while i >= 0:
+        if int(spans["kind"][i]) == OP_PYTHON:
+            row = int(spans["op_row"][i])
+            yield str(ops["file"][row]), line or int(ops["line"][row]), str(ops["name"][row])
+            line = 0
+        elif int(spans["line"][i]) > 0 and not line:
+            line = int(spans["line"][i])
+        i = int(spans["parent"][i])
+
+
 def python_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> tuple[str, int, str]:
     """(file, line, name) of the Python code under span i: its innermost Python
     ancestor, at the call-site line of the C call in between when there is one;
     ("", 0, "") when there is none."""
-    line = 0
-    while i >= 0:
-        row = int(spans["op_row"][i])
-        if int(spans["kind"][i]) == OP_PYTHON:
-            return str(ops["file"][row]), line or int(ops["line"][row]), str(ops["name"][row])
-        if int(spans["line"][i]) > 0 and not line:
-            line = int(spans["line"][i])
-        i = int(spans["parent"][i])
-    return "", 0, ""
+    return next(_python_frames(spans, ops, i), ("", 0, ""))
 
 
 def user_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> tuple[str, int, str, str, int]:
@@ -42,22 +49,12 @@ def user_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> tuple[str, int, s
     :func:`python_caller` lands (else "", 0). A user function's line is the call-site
     line of a C call it made directly, else its definition line (Python-to-Python call
     sites are not recorded). With no user code on the path: the library code alone."""
-    file, line, name = python_caller(spans, ops, i)
-    if not file or not is_library(file):
-        return file, line, name, "", 0
-    j = i
-    while j >= 0:  # up to the span of that library frame, then on to its ancestors
-        if int(spans["kind"][j]) == OP_PYTHON:
-            break
-        j = int(spans["parent"][j])
-    k = int(spans["parent"][j]) if j >= 0 else -1
-    while k >= 0:
-        ufile, uline, uname = python_caller(spans, ops, k)
-        if not ufile:
-            break
-        if not is_library(ufile):
-            return ufile, uline, uname, file, line
-        while k >= 0 and int(spans["kind"][k]) != OP_PYTHON:
-            k = int(spans["parent"][k])
-        k = int(spans["parent"][k]) if k >= 0 else -1
+    frames = _python_frames(spans, ops, i)
+    file, line, name = next(frames, ("", 0, ""))
+    if is_library(file):
+        for ufile, uline, uname in frames:
+            if not ufile:
+                break
+            if not is_library(ufile):
+                return ufile, uline, uname, file, line
     return file, line, name, "", 0
