@@ -291,7 +291,7 @@ on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
             gp_buffer_record_api(gp_clock_raw(), cb->correlationId, key, 0);
             if (GP_UNLIKELY(tls_sync.kind == GP_GPU_SYNC)) {
                 tls_sync.end_ns = gp_clock_now();
-                gp_cupti_activity_add(&tls_sync);
+                gp_cupti_store_add(&tls_sync);
                 tls_sync.kind = 0;
             }
         }
@@ -376,10 +376,10 @@ enable_api_records(void)
     if (st != GP_OK)
         return st;
     for (uint32_t cbid = 1; cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE; cbid++)
-        if (!gp_cupti_activity_traced(CUPTI_CB_DOMAIN_RUNTIME_API, cbid))
+        if (!gp_cupti_decode_traced(CUPTI_CB_DOMAIN_RUNTIME_API, cbid))
             gp_cupti.cuptiActivityEnableRuntimeApi(cbid, 0);
     for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++)
-        if (!gp_cupti_activity_traced(CUPTI_CB_DOMAIN_DRIVER_API, cbid))
+        if (!gp_cupti_decode_traced(CUPTI_CB_DOMAIN_DRIVER_API, cbid))
             gp_cupti.cuptiActivityEnableDriverApi(cbid, 0);
     return GP_OK;
 }

@@ -69,24 +69,65 @@ void gp_cupti_activity_session_begin(void);
  * gp_cuda_take_records. Control thread. */
 void gp_cupti_activity_session_end(void);
 
-/* In a forked child: a CUPTI thread of the parent may have held the lock at
- * fork; the child gets a fresh one and accepts no records (its CUDA is not
+/* In a forked child: a CUPTI thread of the parent may have held the locks at
+ * fork; the child gets fresh ones and accepts no records (its CUDA is not
  * the parent's). */
 void gp_cupti_activity_after_fork_child(void);
+
+/* ---- Decoding (cupti_decode.c) ----------------------------------------- */
+
+/* Decode the valid_bytes of a completed activity buffer into the session's
+ * records (gp_cupti_store_append); a record that cannot be read ends the
+ * walk and counts as dropped. Returns the number of records walked. On the
+ * CUPTI thread that completed the buffer; takes no lock while calling
+ * CUPTI. */
+uint64_t gp_cupti_decode_buffer(uint8_t *buffer, size_t valid_bytes);
+
+/* 1 when (domain, cbid) is one of the traced APIs below. Any thread. */
+int gp_cupti_decode_traced(CUpti_CallbackDomain domain, uint32_t cbid);
+
+/* ---- The session's records (cupti_store.c) ----------------------------- */
+
+/* Sync id of a record that waits on no event. */
+#define GP_CUPTI_NO_SYNC_ID UINT64_MAX
+
+/* Append n decoded records (rec[j], with CUPTI's kernel name name[j] or
+ * NULL, and the stream-wait-event sync id wait_sync[j] or
+ * GP_CUPTI_NO_SYNC_ID) after learning n_ev event records (sync id ->
+ * recording stream). Names are copied. Records that cannot be stored are
+ * counted as dropped. Any thread; takes cuda_lock. */
+void gp_cupti_store_append(const GpGpuRecord *rec, const char *const *name,
+                           const uint64_t *wait_sync, size_t n, const uint64_t *ev_sync,
+                           const uint32_t *ev_stream, size_t n_ev);
 
 /* Append a record made on the host (a sync from the API callbacks) to the
  * session's records, as if it came in a buffer. Any thread; takes
  * cuda_lock; dropped (and counted) outside a session or when full. */
-void gp_cupti_activity_add(const GpGpuRecord *r);
+void gp_cupti_store_add(const GpGpuRecord *r);
 
-/* 1 when (domain, cbid) is one of the traced APIs below. Any thread. */
-int gp_cupti_activity_traced(CUpti_CallbackDomain domain, uint32_t cbid);
+/* Add n to the records lost this session (gp_cuda_dropped). Any thread. */
+void gp_cupti_store_drop(uint64_t n);
+
+/* 1 between session begin and end, when completed buffers are decoded and
+ * kept. Any thread (atomic). */
+int gp_cupti_store_accepting(void);
+
+/* Session begin: forget untaken records, the dropped count and the
+ * event/context maps, and start accepting records. Control thread. */
+void gp_cupti_store_session_begin(void);
+
+/* Session end: stop accepting records, resolve the untaken ones and free
+ * the maps. Control thread. */
+void gp_cupti_store_session_end(void);
+
+/* In a forked child: a fresh cuda_lock, and no records accepted. */
+void gp_cupti_store_after_fork_child(void);
 
 /* ---- Traced CUDA APIs -------------------------------------------------- */
 
 /* The runtime and driver API entry points gpuprof follows, each with its
  * GP_APICLASS_*. One list drives the per-cbid callback enables
- * (cupti_callback.c), the activity-only filter (cupti_activity.c) and
+ * (cupti_callback.c), the activity-only filter (cupti_decode.c) and
  * gp_cuda_api_class (cupti_loader.c). Only cbids present in the CUDA 13.0
  * headers (CUPTI_API_VERSION 130001); whole domains are never enabled.
  * Entries are full enum names so that no cuda.h macro (cuMemcpyHtoD ->
