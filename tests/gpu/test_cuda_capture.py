@@ -12,16 +12,10 @@ import textwrap
 import gpuprof
 import numpy as np
 import pytest
+from gpu_helpers import cuda_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
 
 
 def _mlp(torch, width=256, depth=4):
@@ -45,7 +39,7 @@ def _train(torch, model, opt, x, steps, prof=None, item=False):
 
 
 def test_forward_backward_attribution():
-    torch = _torch()
+    torch = cuda_torch()
     model = _mlp(torch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 256, device="cuda")
@@ -74,7 +68,7 @@ def test_forward_backward_attribution():
 
 
 def test_kernels_never_start_before_their_launch():
-    torch = _torch()
+    torch = cuda_torch()
     x = torch.randn(1024, 1024, device="cuda")
     with gpuprof.profile(activities=CUDA) as prof:
         for _ in range(20):
@@ -94,7 +88,7 @@ def test_kernels_never_start_before_their_launch():
 
 
 def test_item_is_a_sync_point_with_its_line():
-    torch = _torch()
+    torch = cuda_torch()
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _mlp(torch, width=4096, depth=4)  # GPU-heavy: .item() waits for real work
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -120,7 +114,7 @@ def test_synchronizations_have_their_kind_stream_device_and_caller(cupti_sync_re
     # By default syncs come from the API callbacks; cuda_sync_events=True takes CUPTI's
     # SYNCHRONIZATION records. Either way each wait is a "sync" GPU event with its kind,
     # the stream it waited for, the device, and the op that made it.
-    torch = _torch()
+    torch = cuda_torch()
     x = torch.randn(2048, 2048, device="cuda")
     with gpuprof.profile(activities=CUDA, cuda_sync_events=cupti_sync_records) as prof:
         for _ in range(3):
@@ -181,7 +175,7 @@ def test_cupy_raw_kernel():
 
 
 def test_cuda_graph_replay():
-    torch = _torch()
+    torch = cuda_torch()
     x = torch.randn(512, 512, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -244,7 +238,7 @@ def test_fallback_after_torch_profiler_ran():
 def test_kernel_count_and_time_match_torch_profiler():
     # In a subprocess: torch.profiler keeps CUPTI's callbacks after it ran, which would put
     # every later GPU test of this process into activity-only mode.
-    _torch()
+    cuda_torch()
     r = _run("""
         import torch, gpuprof
         from torch.profiler import ProfilerActivity, profile

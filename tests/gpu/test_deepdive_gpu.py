@@ -20,6 +20,7 @@ import textwrap
 import gpuprof
 import numpy as np
 import pytest
+from gpu_helpers import cuda_torch
 from gpuprof import _gpuprof
 from gpuprof.occupancy import LIMITERS, theoretical_occupancy
 
@@ -138,13 +139,6 @@ def test_theoretical_occupancy_matches_the_driver(loads, static_smem):
 # -- PyTorch workloads ----------------------------------------------------------------------
 
 
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
 def _elementwise(torch):
     """A large elementwise op: 2 x 1 GiB of float32 read/written, ~no arithmetic."""
     x = torch.randn(256 * 1024 * 1024, device="cuda")
@@ -197,7 +191,7 @@ def _counters_or_skip(rep):
 
 
 def test_kernels_carry_theoretical_occupancy():
-    torch = _torch()
+    torch = cuda_torch()
     prof = _record(torch, _gemm(torch), n=1)
     k = prof.kernels()
     comp = k[k["category"] == "compute"]
@@ -221,7 +215,7 @@ def _top(rep):
 
 
 def test_elementwise_is_memory_bound_and_gemm_is_compute_bound():
-    torch = _torch()
+    torch = cuda_torch()
     step = _elementwise(torch)
     prof = _record(torch, step)
     before = prof.kernels().copy()
@@ -249,7 +243,7 @@ def test_elementwise_is_memory_bound_and_gemm_is_compute_bound():
 
 
 def test_deep_dive_explains_a_replay_that_launches_other_kernels():
-    torch = _torch()
+    torch = cuda_torch()
     prof = _record(torch, _gemm(torch), n=1)
     other = _elementwise(torch)
     rep = prof.deep_dive(top=1, replay=other)
@@ -279,7 +273,7 @@ _NCU_SCRIPT = textwrap.dedent("""\
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu (Nsight Compute) is not on PATH")
 @pytest.mark.parametrize("which", ["elementwise", "gemm"])
 def test_metrics_agree_with_nsight_compute(tmp_path, which):
-    torch = _torch()
+    torch = cuda_torch()
     step = _elementwise(torch) if which == "elementwise" else _gemm(torch)
     prof = _record(torch, step)
     mine = prof.deep_dive(top=1, replay=step)
@@ -306,7 +300,7 @@ def test_metrics_agree_with_nsight_compute(tmp_path, which):
 
 def test_capture_still_works_after_a_deep_dive():
     # the range profiler is torn down: a later profile records kernels as before
-    torch = _torch()
+    torch = cuda_torch()
     step = _elementwise(torch)
     prof = _record(torch, step, n=1)
     prof.deep_dive(top=1, replay=step)
@@ -318,7 +312,7 @@ def test_capture_still_works_after_a_deep_dive():
 
 @pytest.mark.skipif(shutil.which("ncu") is not None, reason="ncu is on PATH")
 def test_without_ncu_the_report_says_how_to_get_it():
-    torch = _torch()
+    torch = cuda_torch()
     prof = _record(torch, _elementwise(torch), n=1)
     rep = prof.deep_dive(top=1, command=[sys.executable, "-c", "pass"], backend="ncu")
     assert not rep.available and "ncu (Nsight Compute) is not on PATH" in rep.reason

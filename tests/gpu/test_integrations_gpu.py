@@ -15,6 +15,7 @@ import os
 
 import gpuprof
 import pytest
+from gpu_helpers import cuda_torch
 from gpuprof.integrations import _session
 
 pytestmark = pytest.mark.gpu
@@ -29,13 +30,6 @@ GPU_METRICS = {
     "gpuprof/kernels",
     "gpuprof/peak_memory_mib",
 }
-
-
-def _torch():
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA device (CPU-only build?)")
-    return torch
 
 
 @pytest.fixture(params=["per_window", "continuous"])
@@ -55,7 +49,7 @@ def check_gpu_rows(steps):
 
 
 def test_lightning_fit_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
-    torch = _torch()
+    torch = cuda_torch()
     L = pytest.importorskip("lightning", reason="Lightning is not installed")
     from gpuprof.integrations.lightning import GpuprofProfiler
     from lightning.pytorch.loggers import CSVLogger
@@ -116,7 +110,7 @@ def test_lightning_fit_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
 
 
 def test_hf_trainer_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
-    torch = _torch()
+    torch = cuda_torch()
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     pytest.importorskip("accelerate", reason="accelerate (needed by Trainer) is not installed")
     from gpuprof.integrations.transformers import GpuprofCallback
@@ -164,7 +158,7 @@ def test_hf_trainer_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
 
 
 def test_accelerate_loop_on_a_gpu_logs_the_cuda_metrics(tmp_path, mode):
-    torch = _torch()
+    torch = cuda_torch()
     pytest.importorskip("accelerate", reason="accelerate is not installed")
     from accelerate import Accelerator
     from accelerate.tracking import GeneralTracker

@@ -7,21 +7,15 @@ Marked `gpu`: skipped (with the loader's reason) where GPU capture is unusable.
 
 import gpuprof
 import pytest
+from gpu_helpers import cuda_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 MiB = 1 << 20
 
 
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
 def test_cuda_rows_columns_and_events():
-    torch = _torch()
+    torch = cuda_torch()
     torch.cuda.empty_cache()  # the allocation below must reach cudaMalloc
     x = torch.ones(256, 256, device="cuda")
     torch.cuda.synchronize()

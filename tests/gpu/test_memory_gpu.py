@@ -10,19 +10,13 @@ import time
 import gpuprof
 import numpy as np
 import pytest
+from gpu_helpers import cuda_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 MiB = 1 << 20
 BLOCK = 2 * MiB  # the caching allocator rounds large blocks to 2 MiB
 SIZE = 256 * MiB
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
 
 
 def _increments(curve, size):
@@ -54,7 +48,7 @@ def _cupy_held():
 
 
 def test_torch_allocations_make_three_steps_and_the_right_peak():
-    torch = _torch()
+    torch = cuda_torch()
     # given: CUDA and the allocator up, nothing cached, peak counter at the current value
     cupy_used, cupy_reserved = _cupy_held()
     torch.cuda.set_device(0)
@@ -106,7 +100,7 @@ def test_torch_allocations_make_three_steps_and_the_right_peak():
 
 
 def test_allocator_reserved_and_allocated():
-    torch = _torch()
+    torch = cuda_torch()
     torch.cuda.set_device(0)
     torch.ones(1, device="cuda:0").sum().item()
     torch.cuda.empty_cache()

@@ -9,15 +9,14 @@ import gpuprof  # noqa: I001  (first: see the module docstring)
 
 import numpy as np
 import pytest
+from gpu_helpers import cuda_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 
 
 def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
+    torch = cuda_torch()
     missed = gpuprof.cuda_status()["nvtx"]["missed"]
     assert "torch" not in missed, gpuprof.cuda_status()["nvtx"]["reason"]
     return torch

@@ -3,6 +3,7 @@ name (forward, data and weight gradients), bf16 autocast makes the finding go.""
 
 import gpuprof
 import pytest
+from gpu_helpers import cuda_torch
 from gpuprof import diagnose as diagnose_mod
 
 pytestmark = pytest.mark.gpu
@@ -10,9 +11,7 @@ CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 
 
 def _profile_convnet(amp: bool):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
+    torch = cuda_torch()
     nn = torch.nn
     torch.manual_seed(0)
     # convolutions take most of the GPU time, as in a ResNet's 3x3 stages (no batch

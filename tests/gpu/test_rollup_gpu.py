@@ -6,27 +6,10 @@ torch.compile. Each stays on its own thread and op, and rolls up into the totals
 import gpuprof
 import numpy as np
 import pytest
+from gpu_helpers import cuda_torch, share_under
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
-def _share_under(prof, fn_name):
-    """(cuda_total_ns of the function fn_name) / (kernel time of the window)."""
-    ops = prof.ops()
-    mine = [str(n).split(".")[-1] == fn_name for n in ops["name"]]  # qualified names
-    assert sum(mine) == 1, ops["name"]
-    total = int(ops[np.array(mine)]["cuda_total_ns"].sum())
-    ev = prof.gpu_events()
-    kernels = ev[ev["kind"] == "kernel"]
-    return total / int(np.sum(kernels["end_ns"] - kernels["start_ns"])), kernels
 
 
 def _profile(torch, train_step, steps=3):
@@ -43,7 +26,7 @@ def _profile(torch, train_step, steps=3):
 
 
 def test_a_custom_functions_python_backward_rolls_up_under_the_step():
-    torch = _torch()
+    torch = cuda_torch()
 
     class ScaledTanh(torch.autograd.Function):
         @staticmethod
@@ -67,7 +50,7 @@ def test_a_custom_functions_python_backward_rolls_up_under_the_step():
         opt.zero_grad()
 
     prof = _profile(torch, train_step)
-    share, kernels = _share_under(prof, "train_step")
+    share, kernels = share_under(prof, "train_step")
     rolled = kernels[kernels["rolled_up"]]
     # the backward's own kernels (tanh, pow, sub, mul) were launched on another thread
     assert len(rolled) >= 4, kernels[["name", "op_name", "thread"]]
@@ -82,7 +65,7 @@ def test_a_custom_functions_python_backward_rolls_up_under_the_step():
 
 
 def test_torch_compile_training_step_is_under_the_step_function():
-    torch = _torch()
+    torch = cuda_torch()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(512, 1024),
@@ -101,7 +84,7 @@ def test_torch_compile_training_step_is_under_the_step_function():
         opt.zero_grad(set_to_none=True)
 
     prof = _profile(torch, train_step)
-    share, kernels = _share_under(prof, "train_step")
+    share, kernels = share_under(prof, "train_step")
     # Inductor's backward runs as Python (CompiledFxGraph.__call__) on autograd's thread
     assert kernels["rolled_up"].any(), kernels[["name", "op_name", "thread"]]
     assert share >= 0.95, share

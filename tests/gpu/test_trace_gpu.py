@@ -8,17 +8,11 @@ import json
 
 import gpuprof
 import pytest
+from gpu_helpers import cuda_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
 
 
 def _profile(torch):
@@ -51,7 +45,7 @@ def _slices(trace, cat):
 
 
 def test_trace_of_a_gpu_run_links_every_kernel_to_its_launch(tmp_path):
-    prof = _profile(_torch())
+    prof = _profile(cuda_torch())
     path = tmp_path / "run.pt.trace.json"
     prof.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())
@@ -102,7 +96,7 @@ def test_trace_of_a_gpu_run_links_every_kernel_to_its_launch(tmp_path):
 
 
 def test_saved_gpu_profile_exports_the_same_trace(tmp_path):
-    prof = _profile(_torch())
+    prof = _profile(cuda_torch())
     prof.save(str(tmp_path / "run.gpuprof"))
     loaded = gpuprof.load(str(tmp_path / "run.gpuprof"))
     prof.export_chrome_trace(str(tmp_path / "live.json"))
@@ -136,7 +130,7 @@ def _launchers(trace):
 
 
 def test_thinned_trace_keeps_every_launch_and_its_python_calls(tmp_path):
-    prof = _profile(_torch())
+    prof = _profile(cuda_torch())
     prof.export_chrome_trace(str(tmp_path / "all.json"))
     prof.export_chrome_trace(str(tmp_path / "thin.json"), min_duration_us=50)
     full = json.loads((tmp_path / "all.json").read_text())

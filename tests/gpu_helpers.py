@@ -1,0 +1,25 @@
+"""Helpers shared by the GPU tests (tests/gpu): PyTorch on a CUDA device, and the share
+of a window's kernel time that a function's call owns."""
+
+import numpy as np
+import pytest
+
+
+def cuda_torch():
+    """PyTorch, or skip the test when it is not installed or sees no CUDA device."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device (CPU-only build?)")
+    return torch
+
+
+def share_under(prof, fn_name):
+    """(cuda_total_ns of the one function named fn_name) / (kernel time of the profile),
+    and the profile's kernels. fn_name is the last part of the qualified name."""
+    ops = prof.ops()
+    mine = np.array([str(n).split(".")[-1] == fn_name for n in ops["name"]])
+    assert mine.sum() == 1, ops["name"]
+    total = int(ops[mine]["cuda_total_ns"].sum())
+    ev = prof.gpu_events()
+    kernels = ev[ev["kind"] == "kernel"]
+    return total / int(np.sum(kernels["end_ns"] - kernels["start_ns"])), kernels
