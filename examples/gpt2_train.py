@@ -69,7 +69,7 @@ def main():
             prof.step()
     print(f"loss {torch.stack(losses).mean().item():.3f}")
 
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10))
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10))
     steps = prof.steps()
     step_ms = steps["cpu_ns"].mean() / 1e6
     print(f"recorded steps: {len(steps)}; mean step {step_ms:.2f} ms; "

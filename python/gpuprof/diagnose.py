@@ -9,6 +9,7 @@ against ``prof.ops()``, ``prof.steps()`` and ``prof.gpu_events()``.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -115,6 +116,21 @@ class _View:
         self.step_ns = int(steps["cpu_ns"].sum()) if len(steps) else self.window_ns
         self.n_steps = max(len(steps), 1)
         self.step_thread = int(steps["thread"][0]) if len(steps) else 0
+
+    @functools.cached_property
+    def data_waits(self) -> tuple[np.ndarray, int, int]:
+        """The spans in which the loop waited for data (:func:`data_wait_spans`), their
+        total ns, and the ns of them the GPU was busy through (its backlog)."""
+        sp = self.spans
+        idx = data_wait_spans(sp, self.ops, self.raw_ops, self.data_fetch)
+        if not len(idx):
+            return idx, 0, 0
+        wait = int((sp["end_ns"][idx] - sp["start_ns"][idx]).sum())
+        busy = 0
+        if len(self.gpu):
+            busy_iv = _merged(self.gpu, kinds=("kernel", "memcpy", "memset"))
+            busy = sum(_overlap(busy_iv, int(sp["start_ns"][i]), int(sp["end_ns"][i])) for i in idx)
+        return idx, wait, busy
 
     def caller(self, span_index: int) -> tuple[tuple, str, str]:
         """The user's line under span `span_index` (_spans.user_caller): a key that
@@ -322,18 +338,9 @@ def data_wait_per_step(results: Results, window: int = -1, data_fetch=()) -> np.
 def _data_stall(v: _View):
     ops = v.ops
     sp = v.spans
-    idx = data_wait_spans(sp, ops, v.raw_ops, v.data_fetch)
-    if not len(idx):
+    idx, wait, busy = v.data_waits
+    if not len(idx) or wait / max(v.step_ns, 1) < 0.05:
         return []
-    wait = int((sp["end_ns"][idx] - sp["start_ns"][idx]).sum())
-    share = wait / max(v.step_ns, 1)
-    if share < 0.05:
-        return []
-    # GPU idle while waiting for data
-    busy = 0
-    if len(v.gpu):
-        busy_iv = _merged(v.gpu, kinds=("kernel", "memcpy", "memset"))
-        busy = sum(_overlap(busy_iv, int(sp["start_ns"][i]), int(sp["end_ns"][i])) for i in idx)
     # Waiting for data costs the step only while the GPU has nothing queued:
     # a loader that the GPU's backlog covers is not a stall.
     severity = (wait - busy) / max(v.step_ns, 1)
@@ -410,7 +417,11 @@ def _launch_bound(v: _View):
     if not len(v.gpu) or not len(v.steps):
         return []
     busy = int(v.steps["gpu_busy_ns"].sum())
-    share_busy = busy / max(v.step_ns, 1)
+    # Time the loop stalled on data (the data-stall finding's) is not the launches'
+    # doing: how busy the GPU is is judged over the rest of the step.
+    _, wait, busy_in_wait = v.data_waits
+    launching_ns = max(v.step_ns - (wait - busy_in_wait), 1)
+    share_busy = min(busy / launching_ns, 1.0)
     k = v.gpu[v.gpu["kind"] == "kernel"]
     if len(k) < 10 or share_busy > 0.6:
         return []
@@ -426,7 +437,7 @@ def _launch_bound(v: _View):
     # its launch".
     short = float(((dur < launch_ns) & (k["graph_id"] == 0)).mean())
     per_step = len(k) / v.n_steps
-    severity = (1.0 - share_busy) * min(1.0, short + 0.25)
+    severity = (1.0 - share_busy) * launching_ns / max(v.step_ns, 1) * min(1.0, short + 0.25)
     if short < 0.3:
         return []
     return [
@@ -435,7 +446,8 @@ def _launch_bound(v: _View):
             severity,
             f"Launch-bound: {per_step:.0f} kernels per step, "
             f"{100 * short:.0f}% shorter than a launch "
-            f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step",
+            f"({format_time(launch_ns)}); the GPU is busy only {100 * share_busy:.0f}% of the step"
+            + (" outside the data stall" if launching_ns < v.step_ns else ""),
             {
                 "kernels_per_step": int(per_step),
                 "short_kernel_share": short,
@@ -507,6 +519,9 @@ def _mixed_precision(v: _View):
         return []
     compute = k[k["category"] == "compute"]
     total_gpu = int(k["total_ns"].sum())
+    # Shares are of the compute kernels' time: copies (a data-pipeline matter, with
+    # findings of their own) and communication are not what autocast changes.
+    kernel_ns = max(int(compute["total_ns"].sum()), 1)
     by_precision = dict.fromkeys(PRECISIONS, 0)
     by_family: dict[str, int] = {}
     slow_rows = []
@@ -520,19 +535,20 @@ def _mixed_precision(v: _View):
         if precision in _AMP_SAVES:
             slow_rows.append(row)
     slow_ns = by_precision["fp32"] + by_precision["tf32"]
-    share = slow_ns / max(total_gpu, 1)
+    share = slow_ns / kernel_ns
     if share < 0.25:
         return []
+    # what bf16 autocast could save, as a share of all GPU time, then of the step
     saved = sum(by_precision[p] * f for p, f in _AMP_SAVES.items()) / max(total_gpu, 1)
     busy_share = float(v.steps["gpu_busy_ns"].sum()) / max(v.step_ns, 1) if len(v.steps) else 1
     top = max(slow_rows, key=lambda r: int(r["total_ns"]))
     parts = [
-        f"{p.upper()} {100 * by_precision[p] / total_gpu:.0f}%"
+        f"{p.upper()} {100 * by_precision[p] / kernel_ns:.0f}%"
         for p in PRECISIONS
         if by_precision[p]
     ]
     families = ", ".join(
-        f"{f} {100 * ns / total_gpu:.0f}%"
+        f"{f} {100 * ns / kernel_ns:.0f}%"
         for f, ns in sorted(by_family.items(), key=lambda kv: -kv[1])
     )
     fp32_first = by_precision["fp32"] >= by_precision["tf32"]
@@ -550,10 +566,11 @@ def _mixed_precision(v: _View):
         Finding(
             "no_mixed_precision",
             saved * busy_share,
-            f"FP32/TF32 matrix kernels take {100 * share:.0f}% of GPU time ({', '.join(parts)} of "
-            f"GPU time by precision; {families} by kind; e.g. {str(top['name'])[:60]})",
+            f"FP32/TF32 matrix kernels take {100 * share:.0f}% of kernel time ({', '.join(parts)} "
+            f"by precision; {families} by kind; e.g. {str(top['name'])[:60]})",
             {
                 "matrix_ns": sum(by_family.values()),
+                "kernel_time_ns": kernel_ns,
                 "gpu_time_ns": total_gpu,
                 **{f"{p}_ns": by_precision[p] for p in PRECISIONS},
                 **{f"{f}_ns": ns for f, ns in by_family.items()},

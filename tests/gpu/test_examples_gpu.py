@@ -51,8 +51,22 @@ def _gpt2(tmp_path, *args):
     path = str(tmp_path / "gpt2.gpuprof")
     _run("gpt2_train.py", path, *args)
     prof = gpuprof.load(path)
-    assert prof.results.attributed_gpu_fraction > 0.999
+    _attributed_unless_launched_before(prof)
     return prof
+
+
+def _attributed_unless_launched_before(prof):
+    """Every kernel launched in the window has its Python op. Kernels the GPU still ran
+    from before the window (it runs behind the host when it is the bottleneck) have no
+    launch in it: they all come before the window's own (CUPTI's correlation ids grow)."""
+    ev = prof.gpu_events()
+    k = ev[ev["kind"] == "kernel"]
+    lost = k[k["op"] < 0]
+    print(f"{len(lost)} of {len(k)} kernels unattributed: {prof.results.attributed_gpu_fraction}")
+    if len(lost):
+        first_own = int(k[k["op"] >= 0]["correlation"].min())
+        late = lost[lost["correlation"] > first_own]
+        assert not len(late), (first_own, late[["name", "correlation", "thread", "stream"]][:20])
 
 
 def test_gpt2_at_batch_8_is_launch_bound(tmp_path):

@@ -365,6 +365,27 @@ def test_no_launch_bound_when_a_backlog_keeps_the_gpu_busy():
     assert found(res, "launch_bound") is None
 
 
+def test_no_launch_bound_when_the_idle_gpu_waits_on_data_instead():
+    """60 us of each step waiting in Loader.__next__ with an idle GPU, then 3.5-us kernels
+    behind 4-us launches: the GPU is busy most of the time the loop launches."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(NEXT, t0)
+        tl.ret(t0 + 60 * US)
+        tl.call(TRAIN, t0 + 60 * US)
+        t = t0 + 61 * US
+        for _ in range(8):
+            tl.launch(t, t + LAUNCH_NS, t + LAUNCH_NS + 3500, dur=LAUNCH_NS)
+            t += LAUNCH_NS + US // 2
+        tl.ret(t0 + 99 * US)
+
+    res = tl.steps(body).results()
+    assert res.steps()["gpu_busy_ns"].sum() / (N_STEPS * STEP) < 0.4  # idle, over the step
+    assert found(res, "data_stall") is not None
+    assert found(res, "launch_bound") is None
+
+
 def test_no_launch_bound_for_short_kernels_replayed_from_a_cuda_graph():
     # given the same 1-us kernels and the same idle GPU, all from one graph launch
     tl = Timeline()
@@ -513,6 +534,28 @@ def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(
 ):
     assert diagnose_mod.matrix_kernel_class(gemm_name) == (family, precision)
     assert found(matmul_profile(gemm_name), "no_mixed_precision") is None
+
+
+def test_no_mixed_precision_shares_are_of_kernel_time_not_of_copies_or_communication():
+    """15 us of FP32 GEMM and 15 us of other kernels per step, beside a 50-us all-reduce:
+    the GEMM is under a quarter of GPU time but half of the kernels' time."""
+    tl = Timeline()
+
+    def body(k, t0):
+        tl.call(TRAIN, t0 + 1 * US)
+        tl.launch(t0 + 2 * US, t0 + 3 * US, t0 + 18 * US, name=FP32_GEMM)
+        tl.launch(t0 + 3 * US, t0 + 18 * US, t0 + 33 * US)
+        tl.launch(t0 + 4 * US, t0 + 35 * US, t0 + 85 * US, name=NCCL, stream=9)
+        tl.ret(t0 + 97 * US)
+
+    f = found(tl.steps(body).results(), "no_mixed_precision")
+    assert f is not None
+    ev = f.evidence
+    assert ev["kernel_time_ns"] == N_STEPS * 30 * US and ev["gpu_time_ns"] == N_STEPS * 80 * US
+    assert ev["fp32_tf32_share"] == pytest.approx(0.5)
+    assert "50% of kernel time" in f.title and "FP32 50%" in f.title
+    # what autocast could save is still a share of all GPU time, then of the step
+    assert ev["amp_saving_share"] == pytest.approx(0.75 * 15 / 80)
 
 
 # ---- communication_wait -----------------------------------------------------------------
