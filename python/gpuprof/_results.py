@@ -409,7 +409,7 @@ class Results:
     def ops(self) -> np.ndarray:
         if len(self._windows) == 1:
             return self._windows[0].ops()
-        return _merge_rows(
+        return merge_rows(
             [w.ops() for w in self._windows],
             ("name", "file", "line", "kind"),
             mins=("cpu_min_ns",),
@@ -419,7 +419,7 @@ class Results:
     def kernels(self) -> np.ndarray:
         if len(self._windows) == 1:
             return self._windows[0].kernels()
-        return _merge_rows(
+        return merge_rows(
             [w.kernels() for w in self._windows],
             ("name", "device"),
             mins=("min_ns",),
@@ -547,29 +547,27 @@ class Results:
         }
 
 
-def _merge_rows(parts: list[np.ndarray], key: tuple[str, ...], mins=(), maxs=(), keep=()):
-    """Sum numeric fields of rows with equal keys across windows."""
-    out: dict[tuple, np.void] = {}
-    order: list[tuple] = []
-    dtype = parts[0].dtype
-    for arr in parts:
-        for row in arr:
-            k = tuple(row[f] for f in key)
-            if k not in out:
-                out[k] = row.copy()
-                order.append(k)
-                continue
-            acc = out[k]
-            for f in dtype.names:
-                if f in key or f in keep:
-                    continue
-                if f in mins:
-                    acc[f] = min(acc[f], row[f])
-                elif f in maxs:
-                    acc[f] = max(acc[f], row[f])
-                elif dtype[f].kind in "iuf":
-                    acc[f] = acc[f] + row[f]
-    res = np.zeros(len(order), dtype=dtype)
-    for i, k in enumerate(order):
-        res[i] = out[k]
-    return res
+def merge_rows(parts: list[np.ndarray], key: tuple[str, ...], mins=(), maxs=(), keep=()):
+    """One row per distinct ``key`` over the rows of ``parts`` (arrays of one dtype), in
+    order of first appearance: numeric fields summed, ``mins`` and ``maxs`` the least and
+    the greatest, ``keep`` and the key fields as the first row with that key has them."""
+    rows = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    ids: dict[tuple, int] = {}
+    group = np.fromiter(
+        (ids.setdefault(k, len(ids)) for k in zip(*(rows[f].tolist() for f in key))),
+        dtype=np.int64,
+        count=len(rows),
+    )
+    first = np.full(len(ids), len(rows), dtype=np.int64)
+    np.minimum.at(first, group, np.arange(len(rows)))
+    out = rows[first].copy()
+    for f in rows.dtype.names:
+        if f in key or f in keep or rows.dtype[f].kind not in "iuf":
+            continue
+        if f in mins or f in maxs:
+            acc, combine = rows[f][first], np.minimum if f in mins else np.maximum
+        else:
+            acc, combine = np.zeros_like(out[f]), np.add
+        combine.at(acc, group, rows[f])
+        out[f] = acc
+    return out

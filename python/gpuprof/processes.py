@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from ._paths import source_location
-from ._results import Results, _merge_rows
+from ._results import Results, merge_rows
 from .tables import KeyAverages
 
 __all__ = ["PROCESSES_DTYPE", "ProcessData", "worker_hotspot", "processes_array", "select"]
@@ -142,7 +142,7 @@ def _merge(parts: list[np.ndarray]) -> np.ndarray:
         return _empty_ops()
     if len(parts) == 1:
         return parts[0]
-    return _merge_rows(parts, _OPS_KEY, mins=("cpu_min_ns",), maxs=("cpu_max_ns",))
+    return merge_rows(parts, _OPS_KEY, mins=("cpu_min_ns",), maxs=("cpu_max_ns",))
 
 
 def _window_events(windows: list[dict]) -> tuple[int, int, int]:

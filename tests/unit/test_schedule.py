@@ -132,6 +132,29 @@ def test_acc_events_accumulates_cycles():
     assert row["calls"][0] == 3
 
 
+def test_accumulated_windows_merge_each_ops_figures():
+    sched = gpuprof.schedule(wait=0, warmup=1, active=1, repeat=3)
+    with gpuprof.profile(activities=CPU, schedule=sched, acc_events=True) as prof:
+        for i in range(8):
+            work(10 * (i + 1))  # a different time in every window
+            prof.step()
+    res = prof.results
+    assert len(res.windows) == 3
+    per = [res.window_ops(i) for i in range(3)]
+    rows = [w[w["name"] == "work"][0] for w in per]
+    merged = prof.ops()
+    row = merged[merged["name"] == "work"][0]
+    assert row["calls"] == sum(r["calls"] for r in rows) == 3
+    assert row["cpu_total_ns"] == sum(r["cpu_total_ns"] for r in rows)
+    assert row["cpu_min_ns"] == min(r["cpu_min_ns"] for r in rows)
+    assert row["cpu_max_ns"] == max(r["cpu_max_ns"] for r in rows)
+    assert (row["file"], row["line"], row["kind"]) == (rows[0]["file"], rows[0]["line"], "python")
+    # one row per op, in order of first appearance
+    names = [(n, f, ln) for n, f, ln in zip(merged["name"], merged["file"], merged["line"])]
+    assert len(set(names)) == len(names)
+    assert names[: len(per[0])] == list(zip(per[0]["name"], per[0]["file"], per[0]["line"]))
+
+
 def test_no_schedule_records_everything_and_marks_steps():
     with gpuprof.profile(activities=CPU) as prof:
         for _ in range(4):
