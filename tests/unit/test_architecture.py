@@ -43,6 +43,12 @@ LAYERS = {
     "gpuprof._host_sampler": "recording",
     "gpuprof._allocators": "recording",
     "gpuprof._subprocess": "recording",
+    "gpuprof._subprocess._current": "recording",
+    "gpuprof._subprocess._protocol": "recording",
+    "gpuprof._subprocess._pieces": "recording",
+    "gpuprof._subprocess._child": "recording",
+    "gpuprof._subprocess._hooks": "recording",
+    "gpuprof._subprocess._parent": "recording",
     "gpuprof._ondemand._capture": "recording",
     # results: the arrays from C and what reads them directly
     "gpuprof._results": "results",
