@@ -28,6 +28,7 @@ LAYERS = {
     "gpuprof._progress": "core",
     "gpuprof._ranks": "core",
     "gpuprof._output": "core",
+    "gpuprof._window_file": "core",
     "gpuprof._trace_read": "core",
     "gpuprof._spans": "core",
     "gpuprof._steps": "core",

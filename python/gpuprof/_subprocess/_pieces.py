@@ -1,10 +1,12 @@
 """Pieces on disk: one window of a child's recording, written by the child, read by
 the parent.
 
-A piece is a folder: one ``.npy`` per array of the raw window dict (no pickle) and
-``meta.json`` for the names and scalars; it is renamed into place complete. The
-parent memory-maps the large arrays (spans), so reading a piece costs little until
-it is used.
+A piece is a folder holding one window in the layout of ``gpuprof._window_file``
+(the one shared with saved profiles): one ``.npy`` entry per array (no pickle), and
+``meta.json`` with the child's details and, under ``raw``, the window's names
+and scalars. It is renamed into place complete. A folder rather than one file so
+that the parent can memory-map the large arrays (spans): reading a piece costs
+little until it is used.
 """
 
 from __future__ import annotations
@@ -13,30 +15,28 @@ import json
 import os
 import shutil
 
-import numpy as np
+from .. import _window_file
 
 __all__ = ["load_piece", "save_piece"]
 
 _MMAP_BYTES = 1 << 20  # arrays at least this large are memory-mapped when read back
+_WINDOW = "raw"  # meta.json's key for the window's names and scalars
 
 
 def save_piece(path: str, raw: dict, meta: dict) -> None:
-    """Write one window dict as a folder: one ``.npy`` per array (no pickle) and
-    ``meta.json`` for the rest. The folder appears at ``path`` complete or not at all."""
+    """Write one window dict and the child's ``meta`` as a piece folder, which
+    appears at ``path`` complete or not at all."""
     tmp = f"{path}.tmp"
-    scalars = {}
     try:
         os.mkdir(tmp)
-        for key, value in raw.items():
-            if isinstance(value, np.ndarray):
-                np.save(os.path.join(tmp, f"{key}.npy"), value, allow_pickle=False)
-            else:
-                scalars[key] = value
+        arrays: dict = {}
         doc = dict(meta)
-        doc["raw"] = scalars
-        # ensure_ascii keeps lone surrogates of odd file names intact through json.loads
+        doc[_WINDOW] = _window_file.split(raw, "", arrays)
+        for name, arr in arrays.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                _window_file.write_array(f, arr)
         with open(os.path.join(tmp, "meta.json"), "w", encoding="ascii") as f:
-            json.dump(doc, f, ensure_ascii=True)
+            f.write(_window_file.meta_json(doc, "gpuprof child process"))
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -55,35 +55,18 @@ def load_piece(path: str) -> tuple[dict, dict]:
     try:
         with open(os.path.join(path, "meta.json"), encoding="ascii") as f:
             doc = json.load(f)
-        raw = dict(doc.pop("raw"))
+        raw = dict(doc.pop(_WINDOW))
         for entry in os.listdir(path):
-            if not entry.endswith(".npy"):
+            parsed = _window_file.parse_entry(entry)
+            if parsed is None or parsed[0]:
                 continue
             file = os.path.join(path, entry)
-            big = os.path.getsize(file) >= _MMAP_BYTES
-            arr = np.load(file, mmap_mode="r" if big else None, allow_pickle=False)
-            arr.flags.writeable = False
-            raw[entry[:-4]] = arr
+            raw[parsed[1]] = _window_file.load_array(file, os.path.getsize(file) >= _MMAP_BYTES)
     except FileNotFoundError as e:
         raise ValueError(f"{name}: missing {os.path.basename(e.filename or '?')}") from None
     except (ValueError, KeyError, EOFError, TypeError, AttributeError, UnicodeError) as e:
         raise ValueError(f"{name}: {type(e).__name__}: {e}") from None
-    for key in (
-        "ops",
-        "nodes",
-        "kernels",
-        "gpu",
-        "steps",
-        "spans",
-        "threads",
-        "op_names",
-        "op_files",
-        "op_lines",
-        "kernel_names",
-        "window_start_ns",
-        "window_end_ns",
-        "dropped_events",
-    ):
-        if key not in raw:
-            raise ValueError(f"{name}: missing {key!r}")
+    missing = _window_file.missing_key(raw)
+    if missing is not None:
+        raise ValueError(f"{name}: missing {missing!r}")
     return raw, doc
