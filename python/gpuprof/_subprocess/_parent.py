@@ -19,6 +19,7 @@ import warnings
 from .._constants import ACT_RECORD as _RECORD
 from .._constants import ACT_RECORD_AND_SAVE as _RECORD_AND_SAVE
 from .._output import write_atomic
+from .._parts import Part
 from ..schedule import Schedule
 from . import _current, _hooks, _pieces
 from ._protocol import (
@@ -48,15 +49,20 @@ class ChildWindow:
         self.pieces = pieces  # raw window dicts, in recording order
 
 
-class ParentSession:
+class ParentSession(Part):
     """The parent's half: state file, waiting for children, reading their pieces.
 
-    Created by ``profile`` (subprocesses=True); every method is a no-op in a
-    forked copy of the parent (a child sees the parent's ``profile`` object too).
+    A part of ``profile`` (subprocesses=True; ``gpuprof._parts``); every hook is a
+    no-op in a forked copy of the parent (a child sees the parent's ``profile``
+    object too). ``to_processes`` turns the ChildWindow entries of the kept windows
+    into what ``results.subprocesses`` holds (``gpuprof.processes.group_children``).
     """
 
-    def __init__(self, prof):
+    steps = True  # children start recording before a parent step that records
+
+    def __init__(self, prof, to_processes):
         self.prof = prof
+        self.to_processes = to_processes
         self.pid = os.getpid()
         self.ctx: Ctx | None = None
         self.v = 0
@@ -68,13 +74,13 @@ class ParentSession:
         self.by_raw: dict[int, tuple[dict, list[ChildWindow]]] = {}
         self.skipped = 0  # child pieces that could not be read, over the session
         self.late = 0  # pieces that arrived after their window was collected
-        self.stopping = False  # profile.stop() is closing the last window
+        self.closing = False  # profile.stop() is closing the last window
 
     def _mine(self) -> bool:
         return self.ctx is not None and os.getpid() == self.pid
 
     # -- lifecycle (profile.start / stop) -------------------------------------------------
-    def begin(self) -> None:
+    def start(self, prof) -> None:
         """Before the C session starts: folder, state, hooks."""
         running = _current.parent
         if running is not None and running is not self and running._mine():
@@ -90,7 +96,7 @@ class ParentSession:
         self.handled = self.prof._core.windows
         self.by_raw = {}
         self.skipped = self.late = 0
-        self.stopping = False
+        self.closing = False
         # children forked at once must know whether step 0 records
         self._write_state(rec=int(bool(self._records_at(0))))
         _hooks.install_fork_hook()
@@ -98,16 +104,20 @@ class ParentSession:
         _current.ctx = self.ctx
         _current.parent = self
 
-    def started(self) -> None:
+    def started(self, prof) -> None:
         """After the C session started: tell children whether it records."""
         if self._mine():
-            self.sync()
+            self.after_step(prof)
 
-    def end(self) -> None:
+    def stopping(self, prof) -> None:
+        """The last window closes: no window follows it."""
+        self.closing = True
+
+    def stopped(self, prof) -> None:
         """After the C session stopped (its last window collected)."""
         if not self._mine():
             return
-        self.after_step()
+        self._catch_up()
         with contextlib.suppress(OSError):
             self._write_state(rec=0, alive=0)
         _hooks.unpatch()
@@ -144,7 +154,7 @@ class ParentSession:
             return int(sched(step)) in (_RECORD, _RECORD_AND_SAVE)
         return None
 
-    def before_step(self) -> None:
+    def before_step(self, prof) -> None:
         """Before a parent step that starts recording: children start first, so their
         recording covers the parent's window (the wait is outside it)."""
         if not self._mine() or self.rec:
@@ -158,13 +168,13 @@ class ParentSession:
                 return
             self._wait_for_children(v, ack_timeout_s())
 
-    def sync(self) -> None:
+    def after_step(self, prof) -> None:
         """After a parent step: the window may have ended without on_trace_ready
         (a schedule going from RECORD straight to NONE), and recording may have
         started or stopped."""
         if not self._mine():
             return
-        self.after_step()
+        self._catch_up()
         rec = int(self.prof._core.action in (_RECORD, _RECORD_AND_SAVE))
         if rec != self.rec:
             if rec:
@@ -174,20 +184,20 @@ class ParentSession:
             except OSError as e:
                 self._lost_folder(e)
 
-    def after_step(self) -> None:
+    def _catch_up(self) -> None:
         core = self.prof._core
         if core.windows > self.handled:
-            self.window_ended(core.result)
+            self.window_ended(self.prof, core.result)
 
     # -- the parent's window ended (profile._window_ready) -------------------------------
-    def window_ended(self, raw: dict | None) -> None:
+    def window_ended(self, prof, raw: dict | None) -> None:
         if not self._mine():
             return
         self.handled = self.prof._core.windows
         ended = self.win
         self.win += 1
         # a window that follows at once: children save this one and go on recording
-        rec_next = int(not self.stopping and bool(self._records_at(self.prof._core.step_num)))
+        rec_next = int(not self.closing and bool(self._records_at(self.prof._core.step_num)))
         try:
             v = self._write_state(rec=rec_next)
         except OSError as e:
@@ -372,3 +382,7 @@ class ParentSession:
             if entry is not None and entry[0] is raw:
                 out += entry[1]
         return out
+
+    def contribute(self, results) -> None:
+        """``results.subprocesses``: the children's data of the kept windows."""
+        results.subprocesses = self.to_processes(self.children_of(self.prof._windows))

@@ -77,7 +77,7 @@ def save(results: Results, path) -> str:
         "windows": windows,
     }
     # -- subprocesses: the children's windows (format 2) --
-    children = getattr(results, "subprocesses", None)
+    children = results.subprocesses
     if children is not None:
         doc["subprocesses"] = [
             {
@@ -94,7 +94,7 @@ def save(results: Results, path) -> str:
         ]
     # -- end subprocesses --
     # -- memory samples (format 3) --
-    samples = getattr(results, "memory_samples", None)
+    samples = results.memory_samples
     if samples is not None:
         doc["memory"] = _split_memory(results, samples, arrays)
     text = _window_file.meta_json(doc, "gpuprof.save()")
