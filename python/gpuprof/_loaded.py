@@ -61,7 +61,7 @@ class LoadedProfile(ResultAccessors):
     @property
     def subprocesses(self) -> bool:
         """Whether the recording profiled child processes (``subprocesses=True``)."""
-        return hasattr(self._results, "subprocesses")
+        return self._results.subprocesses is not None
 
     def processes(self):
         """One row per recorded process, the main process first, as

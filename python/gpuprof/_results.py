@@ -350,6 +350,7 @@ class Results:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("subprocesses", None)  # pickled before it was set here
         props = _DevicePropsOf(self)
         for w in self._windows:
             w._device_props = props
@@ -367,6 +368,9 @@ class Results:
         # host and allocator memory samples (profile_memory=True): the live sampler
         # (gpuprof._host_sampler.HostSampler) or the saved ones (SampleSnapshot)
         self.memory_samples = None
+        # the child processes (subprocesses=True): one gpuprof.processes.ProcessData
+        # per child, [] when none was recorded; None when they were not profiled
+        self.subprocesses = None
 
     def _device_props(self) -> list[dict]:
         """Device properties for occupancy: saved with the results, else the live

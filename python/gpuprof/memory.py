@@ -25,11 +25,10 @@ import html
 import math
 import os
 import re
-import warnings
 
 import numpy as np
 
-from ._allocators import ADAPTERS, ALLOCATOR_DTYPE, active_adapters
+from ._allocators import ADAPTERS, ALLOCATOR_DTYPE
 from ._constants import GPU_FREE, GPU_MALLOC, OP_CUDA_API
 from ._format import format_bytes as _format_bytes
 from ._host_sampler import HOST_DTYPE, HostSampler, SampleSnapshot
@@ -60,31 +59,7 @@ _DEVICE_RE = re.compile(r"cuda(?::(\d+))?\Z")
 _DEVICE_FORMS = "'cuda:N' (N = device index, e.g. 'cuda:0'), 'cuda' (= 'cuda:0') or 'cpu'"
 
 
-# -- sampler lifecycle (profile.start/stop) ------------------------------------------------
-def start_sampler(interval_s: float, owner=None) -> HostSampler | None:
-    """Start the host/allocator sampler; warn and return None if it cannot run.
-
-    Called while the profile hook is on: everything here and below must be
-    imported already (an import would record importlib's frames as ops).
-    """
-    try:
-        adapters = active_adapters()
-    except Exception as e:  # a half-imported framework must not stop the profile
-        warnings.warn(f"gpuprof: allocator adapters unavailable: {e!r}", stacklevel=3)
-        adapters = []
-    sampler = HostSampler(interval_s, adapters, owner=owner)
-    try:
-        sampler.start()
-    except Exception as e:
-        warnings.warn(
-            f"gpuprof: memory sampler not started ({e!r}); host and allocator "
-            "memory curves will be empty",
-            stacklevel=3,
-        )
-        return None
-    return sampler
-
-
+# -- samples (the sampler itself is a part of the profile: gpuprof._parts) ----------------
 def kept_samples(results: Results, sampler) -> SampleSnapshot | None:
     """The sampler's host and allocator samples inside the recorded windows, frozen
     (what a saved profile keeps); None without a sampler."""

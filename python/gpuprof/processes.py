@@ -157,7 +157,7 @@ def _window_events(windows: list[dict]) -> tuple[int, int, int]:
 
 def processes_array(results: Results) -> np.ndarray:
     """One row per process: the main process first, then each child by pid."""
-    children = getattr(results, "subprocesses", None) or []
+    children = results.subprocesses or []
     out = np.zeros(1 + len(children), dtype=PROCESSES_DTYPE)
     ev, dr, rec = _window_events(results.windows)
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
@@ -237,7 +237,7 @@ def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
     """
     _check_pid(pid)
     main_pid = int(results.meta.get("pid") or os.getpid())
-    children = getattr(results, "subprocesses", None) or []
+    children = results.subprocesses or []
     if pid is None or pid == "main" or (not isinstance(pid, str) and int(pid) == main_pid):
         return ProcessResults(
             results.windows, results.ops(), results.cuda, results.meta, f"process {main_pid} (main)"
@@ -406,7 +406,7 @@ def worker_hotspot(results: Results) -> dict:
             multiprocessing/queue/DataLoader machinery, over the same wall time
             (helper threads that only wait count nothing).
     """
-    children = [c for c in (getattr(results, "subprocesses", None) or []) if c.windows]
+    children = [c for c in (results.subprocesses or []) if c.windows]
     if not children:
         return {}
     busy, _waiting, wall = _worker_time([w for c in children for w in c.windows])

@@ -21,11 +21,12 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md
     _gpuprof,
     _monitoring,
     _nvtx,
+    _parts,
     _progress,
     _subprocess,
 )
-from . import memory as _memory  # imported here: start() must not import while hooked
-from . import processes as _processes  # -- subprocesses --
+from . import memory as _memory
+from . import processes as _processes
 from ._accessors import ResultAccessors
 from ._results import Results
 from .schedule import Schedule
@@ -290,10 +291,7 @@ class profile(ResultAccessors):
         self.acc_events = acc_events
         self.max_events = max_events
         self.cuda_sync_events = cuda_sync_events
-        # -- memory curves (gpuprof.memory) --
         self.memory_sample_interval_s = _memory.validate_interval(memory_sample_interval_s)
-        self._memory_sampler = None
-        # -- end memory curves --
         self._windows: list[dict] = []
         self._cuda_state: dict = {"active": False, "mode": "off", "error": cuda_off_reason}
         self._metadata: dict[str, str] = {}  # add_metadata(): top-level keys of the trace
@@ -336,14 +334,18 @@ class profile(ResultAccessors):
             capture_domain=capture_domain,
             cuda_sync_records=cuda_sync_events,
         )
-        # prof.step() is the C method itself: no Python frame of ours per step.
-        self.step = self._core.step
-        # -- subprocesses (gpuprof._subprocess): children follow the schedule --
         self.subprocesses = subprocesses
-        self._subprocs = _subprocess.ParentSession(self) if subprocesses else None
+        # The parts this profile composes (gpuprof._parts), called in this order, and
+        # in reverse on the way down: children follow the schedule; memory is sampled.
+        self._parts: list[_parts.Part] = []
         if subprocesses:
-            self.step = self._step_and_tell_children
-        # -- end subprocesses --
+            self._parts.append(_subprocess.ParentSession(self, _processes.group_children))
+        if profile_memory:
+            self._parts.append(_parts.MemorySampler(self.memory_sample_interval_s))
+        self._step_parts = [p for p in self._parts if p.steps]
+        # prof.step() is the C method itself unless a part follows the steps: no
+        # Python frame of ours per step.
+        self.step = self._step_with_parts if self._step_parts else self._core.step
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -358,10 +360,17 @@ class profile(ResultAccessors):
         self._windows = []
         self._partial = None
         self._windows_before = self._core.windows  # windows of earlier start()/stop() runs
-        # -- subprocesses: folder, state file and fork/spawn hooks before the hook goes on --
-        if self._subprocs is not None:
-            self._subprocs.begin()
-        # -- end subprocesses --
+        # before the hook goes on (parts may import here; e.g. the children's folder,
+        # state file and fork/spawn hooks)
+        begun: list[_parts.Part] = []
+        try:
+            for part in self._parts:
+                part.start(self)
+                begun.append(part)
+        except BaseException:
+            for part in reversed(begun):
+                part.stopped(self)
+            raise
         for ident in _kernel_threads():  # a notebook kernel's own threads: not the user's work
             _gpuprof._ignore_thread(ident)
         if self._monitoring:
@@ -372,11 +381,9 @@ class profile(ResultAccessors):
             self._core.start()
         except BaseException:
             self._unhook()
-            if self._subprocs is not None:  # -- subprocesses --
-                self._subprocs.end()
+            for part in reversed(self._parts):
+                part.stopped(self)
             raise
-        if self._subprocs is not None:  # -- subprocesses: children record when we do --
-            self._subprocs.started()
         if self.capture and self.capture.startswith("nvtx:"):  # -- capture ranges --
             nvtx = _nvtx.status()
             if nvtx["reason"]:
@@ -394,22 +401,14 @@ class profile(ResultAccessors):
         }
         if self._explicit_cuda and cuda["error"]:
             warnings.warn(f"gpuprof: GPU capture is off: {cuda['error']}", stacklevel=2)
-        # -- memory curves (gpuprof.memory): host RSS and allocator sampler --
-        if self.profile_memory:
-            if self._memory_sampler is not None:
-                self._memory_sampler.stop()
-            self._memory_sampler = _memory.start_sampler(self.memory_sample_interval_s, owner=self)
-        # -- end memory curves --
+        for part in self._parts:  # the hook is on: nothing may be imported now
+            part.started(self)
 
     def stop(self) -> None:
         """Stop profiling; a window still recording is closed and aggregated."""
         try:
-            # -- memory curves: the sampler stops first, its samples stay readable --
-            if self._memory_sampler is not None:
-                self._memory_sampler.stop()
-            # -- end memory curves --
-            if self._subprocs is not None:  # -- subprocesses: the last window, no next one --
-                self._subprocs.stopping = True
+            for part in reversed(self._parts):
+                part.stopping(self)
             # Only C calls until the window is closed: Python code here would be recorded.
             cut = self._cut_short()
             events = self._core.buffer_stats()["events"]
@@ -420,8 +419,8 @@ class profile(ResultAccessors):
                 self._warn_cut_short(*cut)
         finally:
             self._unhook()
-            if self._subprocs is not None:  # -- subprocesses: children stop, folder removed --
-                self._subprocs.end()
+            for part in reversed(self._parts):
+                part.stopped(self)
 
     def _unhook(self) -> None:
         if self._monitoring:
@@ -493,8 +492,9 @@ class profile(ResultAccessors):
             self._partial = self._core.result
         else:
             self._collect()
-        if self._subprocs is not None:  # -- subprocesses: collect the children's window --
-            self._subprocs.window_ended(self._core.result)
+        raw = self._core.result
+        for part in self._parts:
+            part.window_ended(self, raw)
         if self.on_trace_ready is not None and self._partial is None:
             self.on_trace_ready(self)
 
@@ -530,12 +530,25 @@ class profile(ResultAccessors):
                 "trace_metadata": dict(self._metadata),
             },
         )
-        res.memory_samples = self._memory_sampler  # -- memory curves --
-        # -- subprocesses: res.subprocesses, one gpuprof.processes.ProcessData per child --
-        if self._subprocs is not None:
-            res.subprocesses = _processes.group_children(self._subprocs.children_of(self._windows))
-        # -- end subprocesses --
+        for part in self._parts:
+            part.contribute(res)
         return res
+
+    def _part(self, kind: type[_parts.Part]) -> _parts.Part | None:
+        """This profile's part of that kind, or None."""
+        return next((p for p in self._parts if isinstance(p, kind)), None)
+
+    @property
+    def _memory_sampler(self):
+        """The live host/allocator sampler (profile_memory=True), else None."""
+        part = self._part(_parts.MemorySampler)
+        return part.sampler if part is not None else None
+
+    @property
+    def _subprocs(self) -> _subprocess.ParentSession | None:
+        """The child-process session (subprocesses=True), else None; its ``skipped``
+        and ``late`` counts are named in docs/subprocesses.md."""
+        return self._part(_subprocess.ParentSession)
 
     @property
     def dropped_events(self) -> int:
@@ -630,13 +643,16 @@ class profile(ResultAccessors):
             kernel_sequence=kernel_sequence,
         )
 
-    # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
-    def _step_and_tell_children(self) -> None:
-        """prof.step() with subprocesses=True: the C step, then the children learn
-        whether the parent records."""
-        self._subprocs.before_step()
+    def _step_with_parts(self) -> None:
+        """prof.step() when a part follows the steps (subprocesses=True: the children
+        learn whether the parent records)."""
+        for part in self._step_parts:
+            part.before_step(self)
         self._core.step()
-        self._subprocs.sync()
+        for part in self._step_parts:
+            part.after_step(self)
+
+    # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
 
     def processes(self):
         """One row per profiled process of the kept window(s), the main process first:

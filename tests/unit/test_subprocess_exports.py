@@ -280,7 +280,7 @@ def test_worker_lanes_share_the_parents_clock(pool_prof, tmp_path):
 def test_main_process_lanes_are_unchanged_by_children(pool_prof, tmp_path):
     res = pool_prof.results
     export_chrome_trace(res, tmp_path / "with.json")
-    del res.subprocesses
+    res.subprocesses = None
     export_chrome_trace(res, tmp_path / "without.json")
     with_, _ = read_trace(tmp_path / "with.json")
     without, _ = read_trace(tmp_path / "without.json")
@@ -346,7 +346,7 @@ def test_child_windows_are_cut_to_the_parents_window(window_res, tmp_path):
     try:
         export_chrome_trace(res, tmp_path / "t.json")
     finally:
-        del res.subprocesses
+        res.subprocesses = None
     trace, _ = read_trace(tmp_path / "t.json")
     sp = w["spans"]
     expect = (sp["end_ns"] - shift >= lo) & (sp["kind"] != 4)  # no step marker
@@ -421,7 +421,7 @@ def test_saved_profile_without_children(tmp_path):
         main_side(10)
     prof.save(tmp_path / "a.gpuprof")
     loaded = load(tmp_path / "a.gpuprof")
-    assert not loaded.subprocesses and not hasattr(loaded.results, "subprocesses")
+    assert not loaded.subprocesses and loaded.results.subprocesses is None
     with pytest.raises(RuntimeError, match="subprocesses=True"):
         loaded.ops(pid="workers")
     assert len(loaded.processes()) == 1

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import warnings
@@ -16,6 +17,7 @@ import warnings
 import gpuprof
 import pytest
 from gpuprof import _subprocess
+from gpuprof._subprocess import _current, _pieces
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuprof.__file__)))
@@ -89,17 +91,17 @@ def _session_hygiene(monkeypatch):
     """3.12+ warns about fork() with threads; the pools' helper threads are expected.
     Every session must leave no context and no folder behind."""
     folders = []
-    real_mkdtemp = _subprocess.tempfile.mkdtemp
+    real_mkdtemp = tempfile.mkdtemp
 
     def mkdtemp(*args, **kwargs):
         folders.append(real_mkdtemp(*args, **kwargs))
         return folders[-1]
 
-    monkeypatch.setattr(_subprocess.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
         yield
-    assert _subprocess._CTX is None, "a session left its subprocess context behind"
+    assert _current.ctx is None, "a session left its subprocess context behind"
     if folders:
         time.sleep(3 * _subprocess.POLL_S)  # children still alive have seen the session end
     # (tempfile is shared: multiprocessing's own folders go through it too)
@@ -291,13 +293,13 @@ def test_slow_saving_child_is_waited_for(monkeypatch):
     """A child that has answered is given time to finish saving (work_timeout_s)."""
     ack_s = 2.0 if os.environ.get("GPUPROF_UNDER_SANITIZER") else 0.2  # ASan: 5-10x slower
     monkeypatch.setenv("GPUPROF_SUBPROCESS_TIMEOUT_S", str(ack_s))
-    real_save = _subprocess._save_piece
+    real_save = _pieces.save_piece
 
     def slow_save(*args):
         time.sleep(3 * ack_s)  # runs in the child: as if it had millions of events
         real_save(*args)
 
-    monkeypatch.setattr(_subprocess, "_save_piece", slow_save)
+    monkeypatch.setattr(_pieces, "save_piece", slow_save)
     ctx = mp.get_context("fork")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -354,7 +356,7 @@ def test_piece_round_trip_keeps_every_array(tmp_path):
         crash_free_work(3)
     raw = prof.results.windows[0]
     path = str(tmp_path / "1.0.1.piece")
-    _subprocess._save_piece(path, raw, {"pid": 1, "how": "fork"})
+    _subprocess.save_piece(path, raw, {"pid": 1, "how": "fork"})
     back, meta = _subprocess.load_piece(path)
     assert meta["pid"] == 1 and meta["how"] == "fork"
     assert set(back) == set(raw)
@@ -494,12 +496,12 @@ def test_children_after_stop_are_not_profiled():
         folder = prof._subprocs.ctx.dir
         main_side(3)
     assert not os.path.exists(folder)
-    assert _subprocess._CTX is None
+    assert _current.ctx is None
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        ok = _subprocess._CHILD is None and sys.getprofile() is None
+        ok = _current.child is None and sys.getprofile() is None
         os.write(w, b"1" if ok else b"0")
         os._exit(0)
     os.close(w)

@@ -196,7 +196,7 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
     (pid = its OS pid, sorted after the main process), on the parent's time base,
     its calls cut to the parent's window. The caller writes them with part
     "open"/"append" before the parent's window with part "close"."""
-    children = getattr(results, "subprocesses", None) or []
+    children = results.subprocesses or []
     lo, hi = int(window["window_start_ns"]), int(window["window_end_ns"])
     main_pid = int(results.meta.get("pid") or os.getpid())
     id_base = len(window["spans"])

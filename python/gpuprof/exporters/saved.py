@@ -5,7 +5,8 @@ array of every window (``w0/spans.npy``, ``w0/gpu.npy``, ...), readable with
 ``numpy.load`` and no pickle, plus ``meta.json`` holding everything that is
 not an array: op names, files and lines, kernel names, the window's scalars,
 the CUDA capture state, thread and process names, device properties and the
-format version.
+format version. Each window is stored as ``gpuprof._window_file`` defines, the
+layout that child-process pieces share.
 
 Format version 2 adds the child processes of ``profile(subprocesses=True)``
 (docs/subprocesses.md): child ``j``'s window ``k`` is stored like a window of
@@ -31,6 +32,7 @@ import zipfile
 
 import numpy as np
 
+from .. import _window_file
 from .._results import Results
 from ..processes import ProcessData
 from .chrome import (
@@ -58,7 +60,7 @@ def save(results: Results, path) -> str:
 
     path = check_output_path(path, "save")
     arrays: dict[str, np.ndarray] = {}
-    windows = [_split_window(raw, f"w{i}/", arrays) for i, raw in enumerate(results.windows)]
+    windows = [_window_file.split(raw, f"w{i}", arrays) for i, raw in enumerate(results.windows)]
     meta = dict(results.meta)
     meta.setdefault("pid", os.getpid())
     meta.setdefault("process_name", program_name())
@@ -75,7 +77,7 @@ def save(results: Results, path) -> str:
         "windows": windows,
     }
     # -- subprocesses: the children's windows (format 2) --
-    children = getattr(results, "subprocesses", None)
+    children = results.subprocesses
     if children is not None:
         doc["subprocesses"] = [
             {
@@ -85,36 +87,24 @@ def save(results: Results, path) -> str:
                 "start_method": c.start_method,
                 "status": c.status,
                 "windows": [
-                    _split_window(raw, f"p{j}w{k}/", arrays) for k, raw in enumerate(c.windows)
+                    _window_file.split(raw, f"p{j}w{k}", arrays) for k, raw in enumerate(c.windows)
                 ],
             }
             for j, c in enumerate(children)
         ]
     # -- end subprocesses --
     # -- memory samples (format 3) --
-    samples = getattr(results, "memory_samples", None)
+    samples = results.memory_samples
     if samples is not None:
         doc["memory"] = _split_memory(results, samples, arrays)
-    # ensure_ascii keeps lone surrogates of labels intact through json.loads
-    text = json.dumps(doc, ensure_ascii=True, default=_json_default)
+    text = _window_file.meta_json(doc, "gpuprof.save()")
     with atomic_output(path, "save") as tmp:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
             zf.writestr("meta.json", text)
             for name, arr in arrays.items():
-                with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+                with zf.open(name, "w", force_zip64=True) as f:
+                    _window_file.write_array(f, arr)
     return path
-
-
-def _split_window(raw: dict, prefix: str, arrays: dict) -> dict:
-    """A window's arrays go to ``arrays`` under ``prefix``; the rest is returned."""
-    scalars = {}
-    for key, value in raw.items():
-        if isinstance(value, np.ndarray):
-            arrays[prefix + key] = value
-        else:
-            scalars[key] = value
-    return scalars
 
 
 def _split_memory(results: Results, samples, arrays: dict) -> dict:
@@ -123,12 +113,12 @@ def _split_memory(results: Results, samples, arrays: dict) -> dict:
     from ..memory import kept_samples
 
     kept = kept_samples(results, samples)
-    arrays["memory/host"] = kept.host_samples()
+    arrays[_window_file.entry_name(_MEMORY, "host")] = kept.host_samples()
     allocators = {}
     for name, per_device in kept.allocators().items():
         allocators[name] = sorted(per_device)
         for device, rows in per_device.items():
-            arrays[f"memory/{name}.{device}"] = rows
+            arrays[_window_file.entry_name(_MEMORY, f"{name}.{device}")] = rows
     return {
         "rss_source": kept.rss_source,
         "interval_s": kept.interval_s,
@@ -153,12 +143,6 @@ def _load_memory(meta: dict, entries: dict):
         dropped=meta.get("dropped", 0),
         errors=meta.get("errors"),
     )
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"gpuprof.save(): cannot store {type(o).__name__} {o!r} in meta.json")
 
 
 def read(path) -> Results:
@@ -193,15 +177,15 @@ def read(path) -> Results:
         child_windows = [[dict(w) for w in c["windows"]] for c in children or []]
         memory: dict[str, np.ndarray] = {}
         for name in zf.namelist():
-            if not name.endswith(".npy"):
+            entry = _window_file.parse_entry(name)
+            if entry is None:
                 continue
-            prefix, _, key = name[:-4].partition("/")
-            m = _ENTRY.fullmatch(prefix)
-            if m is None and prefix != "memory":
+            window, key = entry
+            m = _ENTRY.fullmatch(window)
+            if m is None and window != _MEMORY:
                 raise ValueError(f"gpuprof.load(): {path!r}: unexpected entry {name!r}")
             with zf.open(name) as f:
-                arr = np.lib.format.read_array(f, allow_pickle=False)
-            arr.flags.writeable = False
+                arr = _window_file.read_array(f)
             if m is None:
                 memory[key] = arr
                 continue
@@ -237,3 +221,4 @@ def read(path) -> Results:
 
 
 _ENTRY = re.compile(r"(?:p(\d+))?w(\d+)")  # w<k>: the main process; p<j>w<k>: child j
+_MEMORY = "memory"  # the memory samples' folder (format 3)
