@@ -518,7 +518,8 @@ def _mixed_precision(v: _View):
     if not len(k):
         return []
     compute = k[k["category"] == "compute"]
-    total_gpu = int(k["total_ns"].sum())
+    # GPU time: kernels, copies, memsets, communication; not the host's waits in syncs
+    total_gpu = int(k[k["category"] != "sync"]["total_ns"].sum())
     # Shares are of the compute kernels' time: copies (a data-pipeline matter, with
     # findings of their own) and communication are not what autocast changes.
     kernel_ns = max(int(compute["total_ns"].sum()), 1)

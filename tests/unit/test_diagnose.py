@@ -537,8 +537,9 @@ def test_no_mixed_precision_not_reported_for_tensor_core_or_other_kernels(
 
 
 def test_no_mixed_precision_shares_are_of_kernel_time_not_of_copies_or_communication():
-    """15 us of FP32 GEMM and 15 us of other kernels per step, beside a 50-us all-reduce:
-    the GEMM is under a quarter of GPU time but half of the kernels' time."""
+    """15 us of FP32 GEMM and 15 us of other kernels per step, beside a 50-us all-reduce
+    and a host sync: the GEMM is under a quarter of GPU time but half of the kernels'
+    time; the sync's wait is host time, in neither."""
     tl = Timeline()
 
     def body(k, t0):
@@ -546,9 +547,15 @@ def test_no_mixed_precision_shares_are_of_kernel_time_not_of_copies_or_communica
         tl.launch(t0 + 2 * US, t0 + 3 * US, t0 + 18 * US, name=FP32_GEMM)
         tl.launch(t0 + 3 * US, t0 + 18 * US, t0 + 33 * US)
         tl.launch(t0 + 4 * US, t0 + 35 * US, t0 + 85 * US, name=NCCL, stream=9)
+        sync = tl.api(STREAM_SYNC, t0 + 5 * US, 80 * US)
+        tl.gpu.append(
+            dict(kind=C["GPU_SYNC"], correlation=sync, start_ns=t0 + 5 * US, end_ns=t0 + 85 * US)
+        )
         tl.ret(t0 + 97 * US)
 
-    f = found(tl.steps(body).results(), "no_mixed_precision")
+    res = tl.steps(body).results()
+    assert "sync" in set(res.kernels()["category"])
+    f = found(res, "no_mixed_precision")
     assert f is not None
     ev = f.evidence
     assert ev["kernel_time_ns"] == N_STEPS * 30 * US and ev["gpu_time_ns"] == N_STEPS * 80 * US

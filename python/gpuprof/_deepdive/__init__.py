@@ -75,7 +75,7 @@ def _top_kernels(results, top: int) -> list[KernelDeepDive]:
     k = results.kernels()
     if len(k) == 0:
         return []
-    total = float(k["total_ns"].sum()) or 1.0
+    total = float(k[k["category"] != "sync"]["total_ns"].sum()) or 1.0  # GPU time, no syncs
     keep = np.nonzero(k["category"] == "compute")[0]
     order = keep[np.argsort(-k["total_ns"][keep], kind="stable")][:top]
     return [
