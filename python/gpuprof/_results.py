@@ -37,6 +37,7 @@ from ._constants import (
 )
 from ._constants import GPU_FREE as GPU_KIND_FREE
 from ._constants import GPU_MALLOC as GPU_KIND_MALLOC
+from ._constants import GPU_SYNC as GPU_KIND_SYNC
 
 __all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS", "complete_window"]
 
@@ -408,6 +409,28 @@ class Results:
         a = sum(w._raw["attributed_gpu_ns"] for w in self._windows)
         u = sum(w._raw["unattributed_gpu_ns"] for w in self._windows)
         return a / (a + u) if a + u else 1.0
+
+    @property
+    def launched_before_window_ns(self) -> int:
+        """GPU time (ns) of the activity that ran in a window but was launched before it
+        began: a GPU that runs behind the host is still busy with the launches of the
+        steps before the window. It has no Python op (its launch was not recorded);
+        CUPTI's correlation ids grow, so it is the unattributed activity whose id is
+        below every attributed one of the window."""
+        total = 0
+        for w in self._windows:
+            g = w._raw["gpu"]
+            own = g["op_row"] >= 0
+            if not own.any():
+                continue
+            early = (
+                ~own
+                & (g["correlation"] != 0)
+                & (g["correlation"] < g["correlation"][own].min())
+                & (g["kind"] != GPU_KIND_SYNC)
+            )
+            total += int((g["end_ns"][early] - g["start_ns"][early]).sum())
+        return total
 
     # -- arrays ---------------------------------------------------------------------
     def ops(self) -> np.ndarray:

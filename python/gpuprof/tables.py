@@ -537,9 +537,13 @@ def _footer(res: Results) -> list[str]:
     mode = res.cuda.get("mode", "off")
     if res.cuda.get("active"):
         frac = res.attributed_gpu_fraction
-        lines.append(
-            f"CUDA capture: {mode}; {100 * frac:.1f}% of GPU time attributed to a Python op"
-        )
+        line = f"CUDA capture: {mode}; {100 * frac:.1f}% of GPU time attributed to a Python op"
+        if frac < 1.0:
+            gpu_ns = sum(w["attributed_gpu_ns"] + w["unattributed_gpu_ns"] for w in res.windows)
+            before = res.launched_before_window_ns / max(gpu_ns, 1)
+            if before >= 0.0005:
+                line += f"; {100 * before:.1f}% was launched before recording began"
+        lines.append(line)
     elif res.cuda.get("error"):
         lines.append(f"CUDA capture: off ({res.cuda['error']})")
     else:

@@ -1,7 +1,8 @@
 """GPU attribution through the real C aggregation, fed synthetic records (no GPU needed)."""
 
 import gpuprof
-from gpuprof import _gpuprof
+import pytest
+from gpuprof import _gpuprof, tables
 from gpuprof._results import Results
 
 C = _gpuprof._test_constants()
@@ -175,6 +176,17 @@ def test_unmatched_records_before_the_window_are_dropped():
     assert ev["correlation"].tolist() == [98]
     assert ev["op"][0] == -1
     assert res.attributed_gpu_fraction == 0.0
+
+
+def test_activity_launched_before_the_window_is_told_apart():
+    # correlation 5 was launched before the window (its launch is not in it) and ran
+    # 20 ns in it; 7 is the window's own launch, 9 a later launch nobody recorded
+    res = run(main_thread_events(), [kernel(5, 20, 40), kernel(7, 200, 300), kernel(9, 300, 340)])
+    assert res.attributed_gpu_fraction == pytest.approx(100 / 160)
+    assert res.launched_before_window_ns == 20
+    footer = "\n".join(tables._footer(res))
+    assert "62.5% of GPU time attributed" in footer, footer
+    assert "12.5% was launched before recording began" in footer, footer
 
 
 def test_recursion_counts_gpu_total_once():
