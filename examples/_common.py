@@ -1,4 +1,5 @@
-"""Shared pieces of examples/slow_training.py and examples/fast_training.py."""
+"""Shared pieces of the examples: the slow and fast training loops' data and model, and
+the report every example prints."""
 
 import argparse
 import math
@@ -66,13 +67,15 @@ def args(default_batch: int, default_steps: int = 30):
     return p.parse_args()
 
 
-def report(prof, batch: int, started: float, save: str | None):
-    sort = "self_cuda_time_total"
-    print(prof.key_averages().table(sort_by=sort, row_limit=12))
+def report(prof, per_step: int, started: float, save: str | None, unit: str = "samples",
+           row_limit: int = 12):
+    """Print the op table, the step rate (per_step units per step) and the diagnosis;
+    save the profile when asked."""
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=row_limit))
     steps = prof.steps()
     step_ms = steps["cpu_ns"].mean() / 1e6
     print(f"recorded steps: {len(steps)}; mean step {step_ms:.2f} ms; "
-          f"{batch / step_ms * 1e3:,.0f} samples/s; wall {time.perf_counter() - started:.1f} s\n")
+          f"{per_step / step_ms * 1e3:,.0f} {unit}/s; wall {time.perf_counter() - started:.1f} s\n")
     print(prof.diagnose())
     if save:
         prof.save(save)

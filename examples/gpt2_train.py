@@ -13,10 +13,10 @@ docs/diagnosis.md shows what each printed on an H200.
 
 import argparse
 import time
-
 import gpuprof
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+from _common import report
 
 
 def parse_args():
@@ -69,16 +69,7 @@ def main():
             prof.step()
     print(f"loss {torch.stack(losses).mean().item():.3f}")
 
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10))
-    steps = prof.steps()
-    step_ms = steps["cpu_ns"].mean() / 1e6
-    print(f"recorded steps: {len(steps)}; mean step {step_ms:.2f} ms; "
-          f"{a.batch * a.seq / step_ms * 1e3:,.0f} tokens/s; "
-          f"wall {time.perf_counter() - started:.1f} s\n")
-    print(prof.diagnose())
-    if a.save:
-        prof.save(a.save)
-        print(f"saved {a.save}")
+    report(prof, a.batch * a.seq, started, a.save, unit="tokens", row_limit=10)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ docs/diagnosis.md shows what both printed on an H200.
 import argparse
 import io
 import time
-
 import gpuprof
 import numpy as np
 import torch
 import torchvision
 from PIL import Image
+from _common import report
 
 
 class Photos(torch.utils.data.Dataset):
@@ -91,15 +91,7 @@ def main():
                 break
     print(f"\nmean loss {running.item() / a.steps:.3f}" if a.fixed else "")
 
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10))
-    steps = prof.steps()
-    step_ms = steps["cpu_ns"].mean() / 1e6
-    print(f"recorded steps: {len(steps)}; mean step {step_ms:.2f} ms; "
-          f"{a.batch / step_ms * 1e3:,.0f} images/s; wall {time.perf_counter() - started:.1f} s\n")
-    print(prof.diagnose())
-    if a.save:
-        prof.save(a.save)
-        print(f"saved {a.save}")
+    report(prof, a.batch, started, a.save, unit="images", row_limit=10)
 
 
 if __name__ == "__main__":
