@@ -241,7 +241,9 @@ class _Window:
         idx = np.where(has_k, krow, len(kern))
         out["name"] = kernel_names[idx]
         out["category"] = kernel_cats[idx].astype("U13")
-        out["kind"] = [GPU_KINDS.get(int(k), "?") for k in g["kind"]]
+        codes = g["kind"].astype(np.intp)
+        kinds = np.array([GPU_KINDS.get(i, "?") for i in range(int(codes.max()) + 1)])
+        out["kind"] = kinds[codes]
         for f in (
             "start_ns",
             "end_ns",
