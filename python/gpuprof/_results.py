@@ -182,6 +182,7 @@ class _Window:
         self._device_props = device_props  # callable -> device_props() list, for occupancy
         self._ops = None
         self._kernels = None
+        self._op_names = None  # _op_display_names()
 
     @property
     def raw(self) -> dict:
@@ -233,7 +234,6 @@ class _Window:
         if len(g) == 0:
             return out
         kern = self.kernels()
-        ops = self.ops()
         krow = g["kernel_row"].astype(np.int64)
         has_k = krow < len(kern)
         kernel_names = np.array(list(kern["name"]) + ["<device memory>"], dtype=object)
@@ -262,15 +262,7 @@ class _Window:
         ):
             out[f] = g[f]
         out["op"] = g["op_row"]
-        op_names = np.array(
-            [
-                _display_name(n, f, ln, k)
-                for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
-            ]
-            + [None],
-            dtype=object,
-        )
-        out["op_name"] = op_names[np.where(g["op_row"] >= 0, g["op_row"], len(ops))]
+        out["op_name"] = self._op_display_names()[np.where(g["op_row"] >= 0, g["op_row"], -1)]
         out["blocked_thread"] = (g["flags"] & GF_BLOCKED_THREAD) != 0
         out["rolled_up"] = (g["flags"] & GF_ROLLED_UP) != 0
         return out
@@ -301,7 +293,6 @@ class _Window:
 
     def call_tree(self) -> np.ndarray:
         n = self._raw["nodes"]
-        ops = self.ops()
         out = np.zeros(len(n), dtype=CALL_TREE_DTYPE)
         for f in (
             "id",
@@ -315,16 +306,19 @@ class _Window:
         ):
             out[f] = n[f]
         out["op"] = n["op_row"]
-        names = np.array(
-            [
-                _display_name(a, b, c, d)
-                for a, b, c, d in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
-            ]
-            + [None],
-            dtype=object,
-        )
-        out["name"] = names[n["op_row"]] if len(n) else names[:0]
+        out["name"] = self._op_display_names()[n["op_row"]] if len(n) else None
         return out
+
+    def _op_display_names(self) -> np.ndarray:
+        """Each op row's name as the tables show it ("name (file:line)" for Python
+        functions), then None (index -1: no op)."""
+        if self._op_names is None:
+            ops = self.ops()
+            rows = zip(ops["name"], ops["file"], ops["line"], ops["kind"])
+            self._op_names = np.array(
+                [_display_name(n, f, ln, k) for n, f, ln, k in rows] + [None], dtype=object
+            )
+        return self._op_names
 
 
 class _DevicePropsOf:
