@@ -8,7 +8,7 @@ PYTEST_ARGS ?= -q
 # PyTorch's CPU build (a pinned version), for the command-line tests on real training scripts
 TORCH ?= torch==2.13.0
 
-.PHONY: help venv frameworks build demo test test-gpu bench lint lint-tools format asan valgrind docs clean
+.PHONY: help venv frameworks build demo test test-python test-gpu bench lint lint-tools format asan valgrind docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -40,6 +40,18 @@ demo: build  ## profile the bundled training loop and print its table and diagno
 
 test: build  ## run the test suite (GPU tests skip without a GPU)
 	$(VPY) -m pytest $(PYTEST_ARGS) tests
+
+# The unit tests on another CPython (PY=python3.12) in its own venv (.venv-py), with the
+# extension built in place beside the default one (their file names differ by ABI tag):
+# once with the default hook backend (sys.monitoring from 3.12) and once with the
+# profile-function one.
+test-python:  ## run tests/unit on another CPython: make test-python PY=python3.12
+	@test -n "$(PY)" || { echo "make test-python: name the interpreter, e.g. PY=python3.12"; exit 2; }
+	rm -rf .venv-py && $(PY) -m venv .venv-py
+	.venv-py/bin/python -m pip install -q "numpy>=2" "setuptools>=64" wheel pytest hypothesis "$(CUPTI_WHEEL)"
+	GPUPROF_WERROR=1 .venv-py/bin/python setup.py -q build_ext --inplace
+	PYTHONPATH=$(CURDIR)/python .venv-py/bin/python -m pytest $(PYTEST_ARGS) tests/unit
+	GPUPROF_HOOK=setprofile PYTHONPATH=$(CURDIR)/python .venv-py/bin/python -m pytest $(PYTEST_ARGS) tests/unit
 
 test-gpu: build  ## run only the GPU tests, failing if no GPU is usable
 	GPUPROF_REQUIRE_GPU=1 $(VPY) -m pytest $(PYTEST_ARGS) -m gpu tests
