@@ -11,7 +11,7 @@ import html
 import os
 
 from ._format import format_time
-from ._results import Results, _display_name
+from ._results import Results, display_name
 from .diagnose import diagnose
 
 __all__ = ["Comparison", "Delta", "build"]
@@ -138,7 +138,7 @@ def _op_times(res: Results, steps: int) -> dict[str, float]:
     for name, file, line, kind, self_ns in zip(
         ops["name"], ops["file"], ops["line"], ops["kind"], ops["cpu_self_ns"]
     ):
-        key = _display_name(str(name), str(file), int(line), str(kind))
+        key = display_name(str(name), str(file), int(line), str(kind))
         out[key] = out.get(key, 0.0) + float(self_ns) / steps
     return out
 

@@ -168,7 +168,7 @@ def outermost(parent: np.ndarray, key) -> np.ndarray:
 complete_window = _gpuprof._complete_window
 
 
-def _display_name(name: str, file: str, line: int, kind: str) -> str:
+def display_name(name: str, file: str, line: int, kind: str) -> str:
     if kind == "python":
         return f"{name} ({os.path.basename(file)}:{line})"
     return name
@@ -316,7 +316,7 @@ class _Window:
             ops = self.ops()
             rows = zip(ops["name"], ops["file"], ops["line"], ops["kind"])
             self._op_names = np.array(
-                [_display_name(n, f, ln, k) for n, f, ln, k in rows] + [None], dtype=object
+                [display_name(n, f, ln, k) for n, f, ln, k in rows] + [None], dtype=object
             )
         return self._op_names
 
@@ -546,6 +546,16 @@ class Results:
         if len(self._windows) == 1:
             return self._windows[0].call_tree()
         raise NotImplementedError("call_tree() of accumulated windows: read prof.windows[i]")
+
+    @property
+    def window_count(self) -> int:
+        """How many recorded windows these results hold."""
+        return len(self._windows)
+
+    def window(self, i: int = -1) -> _Window:
+        """Window ``i``'s arrays alone (``ops()``, ``kernels()``, ``gpu_events()``,
+        ``raw``...), for the analyses that work window by window."""
+        return self._windows[i]
 
     def window_ops(self, i: int = -1) -> np.ndarray:
         """The ops() rows of window ``i`` alone (what its spans' ``op_row`` index)."""

@@ -101,7 +101,7 @@ class _View:
     """What the checks share: arrays of the last window, steps, spans."""
 
     def __init__(self, res: Results, window: int = -1, data_fetch=()):
-        w = res._windows[window]
+        w = res.window(window)
         self.data_fetch = tuple(data_fetch)  # ops whose calls are waits for data
         self.res = res  # -- subprocesses: res.subprocesses, the child processes' windows --
         self.raw = w.raw
@@ -725,7 +725,7 @@ def step_breakdown(results: Results) -> np.ndarray:
         ``step_ns = end_ns - start_ns``.
     """
     parts = []
-    for wi in range(len(results._windows)):
+    for wi in range(results.window_count):
         v = _View(results, wi)
         st = v.steps
         out = np.zeros(len(st), dtype=STEP_BREAKDOWN_DTYPE)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._constants import OP_CUDA_API, SF_ENTERED
-from ._results import Results, _display_name
+from ._results import Results, display_name
 
 __all__ = ["EventList", "FunctionEvent", "Interval"]
 
@@ -93,7 +93,7 @@ class EventList:
         ops = results.window_ops(-1)
         self._spans = spans
         self._names = [
-            _display_name(n, f, ln, k)
+            display_name(n, f, ln, k)
             for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
         ]
         self._kinds = [str(k) for k in ops["kind"]]

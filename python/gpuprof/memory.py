@@ -114,7 +114,7 @@ def _device_name(index: int | None) -> str:
 
 # -- curves ------------------------------------------------------------------------------------
 def _windows(results: Results):
-    return results._windows
+    return [results.window(i) for i in range(results.window_count)]
 
 
 def _in_windows(ts: np.ndarray, results: Results) -> np.ndarray:

@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from ._format import TIME_UNITS, format_bytes, format_time
-from ._results import Results, _display_name, outermost
+from ._results import Results, display_name, outermost
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
 
@@ -163,7 +163,7 @@ class KeyAverages:
         self.rows = rows[keep]
         self.stacks = None if stacks is None else [s for s, k in zip(stacks, keep) if k]
         self.display = [
-            _display_name(n, f, ln, k)
+            display_name(n, f, ln, k)
             for n, f, ln, k in zip(
                 self.rows["name"], self.rows["file"], self.rows["line"], self.rows["kind"]
             )
@@ -232,7 +232,7 @@ class KeyAverages:
             rows["top_level"][j] = g["top_level"] and not context[op]
             stacks.append(
                 [
-                    _display_name(ops["name"][s], ops["file"][s], ops["line"][s], "python")
+                    display_name(ops["name"][s], ops["file"][s], ops["line"][s], "python")
                     for s in stack
                 ]
             )

@@ -29,7 +29,7 @@ from importlib import resources
 import numpy as np
 
 from .._paths import source_location
-from .._results import Results, _display_name
+from .._results import Results, display_name
 from ..tables import KeyAverages, format_time, op_columns
 from .chrome import _thread_names, atomic_output, check_output_path, program_name
 
@@ -585,7 +585,7 @@ def report_data(
         "version": __version__,
         "summary": summary,
         "op_names": [
-            _display_name(str(n), str(f), int(ln), str(k))
+            display_name(str(n), str(f), int(ln), str(k))
             for n, f, ln, k in zip(ops["name"], ops["file"], ops["line"], ops["kind"])
         ],
         "op_kinds": [str(k) for k in ops["kind"]],
