@@ -96,10 +96,11 @@ SAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-nam
 # I/O) can deadlock. The run is time-limited so such a hang fails, and says so.
 ASAN_TIMEOUT ?= 420
 # Not run under it: measurements a sanitizer distorts, RSS (ASan's quarantine,
-# shadow memory, untouched calloc pages) and wall-clock shares (a 2-5x slowdown);
-# (a worker's one-off, such as reading a source file for a warning, can outweigh its
-# 80 ms of planted work there); and CUPTI's host profiler API, whose libnvperf_host.so is dlopen'ed with
-# RTLD_DEEPBIND, which the sanitizer runtime refuses (google/sanitizers#611).
+# shadow memory, untouched calloc pages) and wall-clock shares (a 2-5x slowdown, under
+# which a worker's one-off, such as reading a source file for a warning, can outweigh
+# its 80 ms of planted work); and CUPTI's host profiler API, whose libnvperf_host.so
+# is dlopen'ed with RTLD_DEEPBIND, which the sanitizer runtime refuses
+# (google/sanitizers#611).
 ASAN_SKIP ?= memory_stays_flat_over_10000_steps or host_curve_rises_with_a_200mb_allocation \
 	or workers_hottest_function or data_stall_names_the_workers_function \
 	or every_metric_exists_on_every_chip
