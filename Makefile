@@ -93,8 +93,9 @@ SAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-nam
 # (children under the sanitizers take several times longer to answer the parent)
 # gcc 12's ASan runtime does not lock its allocator around fork(): a child forked
 # while another thread is inside malloc without the GIL (thread start or exit,
-# I/O) can deadlock. The run is time-limited so such a hang fails, and says so.
-ASAN_TIMEOUT ?= 420
+# I/O) can deadlock. The run is time-limited so such a hang fails, and says so; the
+# limit is 1.5x the slowest whole run seen on CI's machine (407 s, December 2026).
+ASAN_TIMEOUT ?= 600
 # Not run under it: measurements a sanitizer distorts, RSS (ASan's quarantine,
 # shadow memory, untouched calloc pages) and wall-clock shares (a 2-5x slowdown, under
 # which a worker's one-off, such as reading a source file for a warning, can outweigh
