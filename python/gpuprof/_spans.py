@@ -23,12 +23,16 @@ def span_at(spans: np.ndarray, thread: int, ts: int) -> int:
 def _python_frames(spans: np.ndarray, ops: np.ndarray, i: int):
     """(file, line, name) of each Python frame on the path from span i outward,
     innermost first: at the call-site line of the innermost C call below it on that
-    path when there is one, else at its definition line."""
+    path when there is one, else at its definition line; a module's code has none
+    (its line 1 is not where it runs), so its line is then 0, unknown."""
     line = 0
     while i >= 0:
         if int(spans["kind"][i]) == OP_PYTHON:
             row = int(spans["op_row"][i])
-            yield str(ops["file"][row]), line or int(ops["line"][row]), str(ops["name"][row])
+            name = str(ops["name"][row])
+            if not line and name != "<module>":
+                line = int(ops["line"][row])
+            yield str(ops["file"][row]), line, name
             line = 0
         elif int(spans["line"][i]) > 0 and not line:
             line = int(spans["line"][i])
@@ -48,7 +52,8 @@ def user_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> tuple[str, int, s
     gpuprof), then (file, line) of the library code it was running when that is where
     :func:`python_caller` lands (else "", 0). A user function's line is the call-site
     line of a C call it made directly, else its definition line (Python-to-Python call
-    sites are not recorded). With no user code on the path: the library code alone."""
+    sites are not recorded), else 0 for a module's top level. With no user code on the
+    path: the library code alone."""
     frames = _python_frames(spans, ops, i)
     file, line, name = next(frames, ("", 0, ""))
     if is_library(file):

@@ -35,6 +35,7 @@ SCRIPT = textwrap.dedent("""
     with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
         train_step()
         direct()
+        fakelib.work()
     w = prof.results._windows[-1]
     spans, ops = w.raw["spans"], w.ops()
     for i in range(len(spans)):
@@ -58,7 +59,7 @@ def test_the_users_line_is_outside_installed_packages(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
     )
     assert r.returncode == 0, r.stderr
-    via_lib, direct = [line.split("|") for line in r.stdout.splitlines()]
+    via_lib, direct, top_level = [line.split("|") for line in r.stdout.splitlines()]
     # then: the package's call is given to the user's function that called into it (its
     # definition line: Python-to-Python call sites are not recorded), with the
     # package's own line beside it
@@ -74,6 +75,15 @@ def test_the_users_line_is_outside_installed_packages(tmp_path):
     # and the script's own call is its own line, with no library part
     direct_line = SCRIPT.splitlines().index("    time.sleep(0)  # DIRECT LINE") + 1
     assert direct == [str(script), str(direct_line), "direct", "", "0"]
+    # and a call from the script's top level names the script without a line: a
+    # module's code has no definition line (its line 1 is not where the call was)
+    assert top_level == [
+        str(script),
+        "0",
+        "<module>",
+        str(site / "fakelib" / "__init__.py"),
+        str(lib_line),
+    ]
 
 
 def test_what_counts_as_library_code():
