@@ -137,8 +137,8 @@ typedef struct GpSpanRow {
     uint32_t thread;
     uint32_t correlation; /* CUDA API spans */
     int32_t node;
-    uint32_t site;  /* C calls: caller's f_lasti + 1 (0 unknown) */
-    int32_t line;   /* C calls: the caller's line, filled when results are built */
+    uint32_t site;  /* call site: caller's f_lasti + 1 (0 unknown; hook.c says which calls) */
+    int32_t line;   /* the call site's line in the caller, filled when results are built */
     uint16_t depth;
     uint8_t kind;   /* GP_OP_* of its op */
     uint8_t flags;  /* GP_SF_* */

@@ -30,10 +30,12 @@
 
 /* Event kinds (low 8 bits of GpEvent.kind). */
 enum {
-    GP_EV_CALL = 1,     /* Python frame entered: arg = op id */
-    GP_EV_RESUME,       /* generator/coroutine resumed: arg = op id (not a new call) */
+    GP_EV_CALL = 1,     /* Python frame entered: arg = op id, payload = call site or 0 */
+    GP_EV_RESUME,       /* generator/coroutine resumed: arg = op id (not a new call),
+                           payload = call site or 0 */
     GP_EV_RETURN,       /* Python frame left (return, yield or exception) */
-    GP_EV_CCALL,        /* C function called: arg = op id, payload = caller's f_lasti + 1 */
+    GP_EV_CCALL,        /* C function called: arg = op id, payload = caller's f_lasti + 1
+                           (its call site; 0 = unknown; Python frames: hook.c) */
     GP_EV_CRETURN,      /* C function returned or raised */
     GP_EV_RANGE_PUSH,   /* user range opened: arg = op id */
     GP_EV_RANGE_POP,    /* user range closed: arg = op id */
@@ -41,7 +43,8 @@ enum {
     GP_EV_STEP_END,     /* ProfilerStep#arg closed */
     GP_EV_API_ENTER,    /* CUDA API entered: arg = correlation id, kind >> 8 = api key */
     GP_EV_API_EXIT,     /* CUDA API left: arg = correlation id */
-    GP_EV_FRAME,        /* initial-stack frame (window start snapshot): arg = op id */
+    GP_EV_FRAME,        /* initial-stack frame (window start snapshot): arg = op id,
+                           payload = its caller's f_lasti + 1 then, or 0 */
     /* NVTX ranges (csrc/nvtx.c), written from any thread like API events. */
     GP_EV_NVTX_PUSH,    /* nvtx*RangePush*: arg = NVTX name id, payload = domain index */
     GP_EV_NVTX_POP,     /* nvtx*RangePop: payload = domain index */
@@ -77,6 +80,9 @@ typedef struct GpChunk {
     GpEvent ev[GP_CHUNK_EVENTS];
 } GpChunk;
 
+/* Depth up to which the hook remembers whose code each open Python frame is. */
+#define GP_SHADOW_DEPTH 1024
+
 typedef struct GpThreadBuf {
     struct GpThreadBuf *next_thread; /* registry list; registry mutex */
     /* Write cursor of the tail chunk: the next free slot and the chunk's end
@@ -93,6 +99,12 @@ typedef struct GpThreadBuf {
     uint64_t dropped;                /* owner thread */
     uint64_t drop_ts;                /* first dropped event's ts (raw clock), 0 if none */
     atomic_int writing;              /* non-GIL writers (CUDA callbacks) set it while writing */
+    /* The hook's view of the thread's open Python frames (owner thread, GIL): how
+     * many, and per depth whether the frame is the user's code (GP_OPF_LIBRARY
+     * clear) and whether it is in a C call. Set from the stack at each window's start
+     * (gp_hook_snapshot); it decides which calls have their caller's line recorded (hook.c). */
+    uint32_t py_depth;
+    uint8_t py_frames[GP_SHADOW_DEPTH]; /* per depth: 1 the user's code, | 2 in a C call */
 } GpThreadBuf;
 
 /* Recording phase, read on every hook call (relaxed). */

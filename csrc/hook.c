@@ -1,9 +1,11 @@
 /* The profile callback and per-thread hook installation.
  *
  * The callback does, per event: one relaxed load of the phase, one TLS read,
- * at most one intern lookup, one clock read and one 16-byte store. It never
- * creates Python objects (except on an op's first sight, in intern.c), never
- * calls Python code, never sets an exception and always returns 0.
+ * at most one intern lookup, one clock read and one 16-byte store, and for a
+ * Python frame one bit of the thread's shadow stack. It never calls Python
+ * code, never leaves an exception set and always returns 0; it creates Python
+ * objects only on an op's first sight (intern.c) and where the user's code
+ * calls into a library (user_call_site).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,6 +21,107 @@
 #include <string.h>
 
 static uint64_t intern_failures = 0; /* GIL */
+
+/* ---- the user's call sites -------------------------------------------------
+ * Findings name the user's line: the innermost line of the user's code on the
+ * path that did the work (docs/diagnosis.md). A C call records its call site
+ * always (the caller's instruction offset, cheap to read). A Python call
+ * records it where the user's code calls library code directly: the hook
+ * keeps, per thread, whether each open frame is the user's and whether it has
+ * a C call open (GpThreadBuf.py_frames), so the caller's frame is read
+ * at those few boundaries and not at every call. (Library code that a C call
+ * of the user's runs, as ndarray.sum runs numpy's _sum, needs no site: the C
+ * call's own is the user's line.) */
+
+enum { SHADOW_USER = 1, SHADOW_IN_C = 2 }; /* GpThreadBuf.py_frames */
+
+GP_INLINE int
+shadow_caller_is_user(const GpThreadBuf *tb)
+{
+    uint32_t d = tb->py_depth;
+    if (d == 0 || d > GP_SHADOW_DEPTH)
+        return 0; /* unknown: no site */
+    return tb->py_frames[d - 1] == SHADOW_USER;
+}
+
+GP_INLINE void
+shadow_push(GpThreadBuf *tb, uint8_t op_flags)
+{
+    uint32_t d = tb->py_depth++;
+    if (d < GP_SHADOW_DEPTH)
+        tb->py_frames[d] = (op_flags & GP_OPF_LIBRARY) ? 0 : SHADOW_USER;
+}
+
+GP_INLINE void
+shadow_pop(GpThreadBuf *tb)
+{
+    if (tb->py_depth > 0)
+        tb->py_depth--;
+}
+
+/* A C call opened (in_c 1) or closed (0) by the innermost Python frame. */
+GP_INLINE void
+shadow_c_call(GpThreadBuf *tb, int in_c)
+{
+    uint32_t d = tb->py_depth;
+    if (d == 0 || d > GP_SHADOW_DEPTH)
+        return;
+    if (in_c)
+        tb->py_frames[d - 1] |= SHADOW_IN_C;
+    else
+        tb->py_frames[d - 1] &= (uint8_t)~SHADOW_IN_C;
+}
+
+/* A frame's current instruction as a site payload: f_lasti + 1, 0 = unknown. */
+static uint32_t
+frame_site(PyFrameObject *frame)
+{
+    int lasti = PyFrame_GetLasti(frame);
+    return lasti >= 0 && lasti < 0xfffffe ? (uint32_t)lasti + 1 : 0;
+}
+
+/* The site in the caller of `frame` (its outer frame), or 0. */
+static uint32_t
+back_site(PyFrameObject *frame)
+{
+    PyFrameObject *back = PyFrame_GetBack(frame); /* new reference or NULL */
+    if (back == NULL)
+        return 0;
+    uint32_t site = frame_site(back);
+    Py_DECREF(back);
+    return site;
+}
+
+/* Whether a frame of op `op_flags` entered now has its call site recorded:
+ * library code called directly by the user's code. */
+GP_INLINE int
+wants_site(const GpThreadBuf *tb, uint8_t op_flags)
+{
+    return (op_flags & GP_OPF_LIBRARY) && shadow_caller_is_user(tb);
+}
+
+/* The call site of the frame entered now (wants_site), or 0. `frame` is the
+ * entered frame, or NULL for the thread's current one (a sys.monitoring
+ * callback: the started frame, or its caller where the started one is not yet
+ * complete). Keeps a pending exception (a generator resumed by throw()) as it
+ * is. */
+__attribute__((noinline)) static uint32_t
+user_call_site(PyFrameObject *frame, PyCodeObject *code)
+{
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    uint32_t site = 0;
+    if (frame != NULL) {
+        site = back_site(frame);
+    } else if ((frame = PyEval_GetFrame()) != NULL) { /* borrowed */
+        PyCodeObject *running = PyFrame_GetCode(frame);
+        site = running == code ? back_site(frame) : frame_site(frame);
+        Py_DECREF(running);
+    }
+    PyErr_Clear(); /* a frame object that could not be made: no site */
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return site;
+}
 
 /* Whether `self` is the private record a binding library hands its free
  * functions as their `self` (pybind11: a capsule, or since 3.0 a
@@ -92,18 +195,22 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
             intern_failures++;
             return 0;
         }
+        uint8_t flags = gp_intern.flags[op];
         uint32_t kind = GP_EV_CALL;
-        if (GP_UNLIKELY(gp_intern.flags[op] & GP_OPF_GENERATOR)) {
+        if (GP_UNLIKELY(flags & GP_OPF_GENERATOR)) {
             /* A generator frame's first entry is at or before its prologue's
              * RESUME (intern.c computes that offset per code object); later
              * entries resume after a yield or await, at higher offsets. */
             if (PyFrame_GetLasti(frame) > gp_intern.gen_lasti[op])
                 kind = GP_EV_RESUME;
         }
-        gp_buffer_push(tb, ts, op, kind);
+        uint32_t site = wants_site(tb, flags) ? user_call_site(frame, NULL) : 0;
+        shadow_push(tb, flags);
+        gp_buffer_push(tb, ts, op, GP_EV_MAKE(kind, site));
         break;
     }
     case PyTrace_RETURN:
+        shadow_pop(tb);
         gp_buffer_push(tb, ts, 0, GP_EV_RETURN);
         break;
     case PyTrace_C_CALL: {
@@ -121,6 +228,7 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
          * and users want the line that made them). 0 = unknown. */
         int lasti = PyFrame_GetLasti(frame);
         uint32_t site = lasti >= 0 && lasti < 0xfffffe ? (uint32_t)lasti + 1 : 0;
+        shadow_c_call(tb, 1);
         gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
         break;
     }
@@ -131,6 +239,7 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
          * which cfunc_key always names; a return whose call went unrecorded
          * (out of memory) closes nothing: the aggregation never looks past
          * the calling Python frame for it. */
+        shadow_c_call(tb, 0);
         gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);
         break;
     default:
@@ -288,8 +397,11 @@ gp_hook_snapshot(uint64_t ts)
     PyThreadState *self = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(self);
     size_t cap = 64;
-    uint32_t *ops = malloc(cap * sizeof(uint32_t));
-    if (ops == NULL) {
+    /* per running frame, innermost first: its op and its call site in its caller */
+    struct {
+        uint32_t op, site;
+    } *frames = malloc(cap * sizeof(*frames));
+    if (frames == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -298,22 +410,24 @@ gp_hook_snapshot(uint64_t ts)
         PyFrameObject *frame = PyThreadState_GetFrame(t); /* new reference or NULL */
         while (frame != NULL) {
             if (n == cap) {
-                uint32_t *grown = realloc(ops, cap * 2 * sizeof(uint32_t));
+                void *grown = realloc(frames, cap * 2 * sizeof(*frames));
                 if (grown == NULL) {
                     Py_DECREF(frame);
-                    free(ops);
+                    free(frames);
                     PyErr_NoMemory();
                     return -1;
                 }
-                ops = grown;
+                frames = grown;
                 cap *= 2;
             }
             PyCodeObject *code = PyFrame_GetCode(frame);
             uint32_t op = gp_intern_code(code);
             Py_DECREF(code);
-            if (op)
-                ops[n++] = op;
             PyFrameObject *back = PyFrame_GetBack(frame); /* new reference or NULL */
+            if (op) {
+                frames[n].op = op;
+                frames[n++].site = back != NULL ? frame_site(back) : 0;
+            }
             Py_DECREF(frame);
             frame = back;
         }
@@ -323,10 +437,14 @@ gp_hook_snapshot(uint64_t ts)
         if (tb == NULL)
             continue; /* a helper thread of ours (or out of memory: that thread goes unseen) */
         tb->has_python = 1;
-        while (n > 0)
-            gp_buffer_push(tb, ts, ops[--n], GP_EV_FRAME);
+        tb->py_depth = 0;
+        while (n > 0) {
+            n--;
+            shadow_push(tb, gp_intern.flags[frames[n].op]);
+            gp_buffer_push(tb, ts, frames[n].op, GP_EV_MAKE(GP_EV_FRAME, frames[n].site));
+        }
     }
-    free(ops);
+    free(frames);
     return 0;
 }
 
@@ -376,7 +494,7 @@ disable_or_none(void)
 }
 
 static PyObject *
-mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind)
+mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind, int want_site)
 {
     if (!recording())
         return disable_or_none();
@@ -391,7 +509,11 @@ mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind)
         intern_failures++;
         Py_RETURN_NONE;
     }
-    gp_buffer_push(tb, ts, op, kind);
+    uint8_t flags = gp_intern.flags[op];
+    uint32_t site =
+        want_site && wants_site(tb, flags) ? user_call_site(NULL, (PyCodeObject *)args[0]) : 0;
+    shadow_push(tb, flags);
+    gp_buffer_push(tb, ts, op, GP_EV_MAKE(kind, site));
     Py_RETURN_NONE;
 }
 
@@ -399,14 +521,14 @@ PyObject *
 gp_hook_mon_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    return mon_push_code(args, nargs, GP_EV_CALL);
+    return mon_push_code(args, nargs, GP_EV_CALL, 1);
 }
 
 PyObject *
 gp_hook_mon_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    return mon_push_code(args, nargs, GP_EV_RESUME);
+    return mon_push_code(args, nargs, GP_EV_RESUME, 1);
 }
 
 /* PY_THROW cannot be disabled: never return DISABLE for it. */
@@ -416,7 +538,7 @@ gp_hook_mon_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     (void)self;
     if (!recording())
         Py_RETURN_NONE;
-    PyObject *r = mon_push_code(args, nargs, GP_EV_RESUME);
+    PyObject *r = mon_push_code(args, nargs, GP_EV_RESUME, 0);
     Py_XDECREF(r);
     Py_RETURN_NONE;
 }
@@ -425,8 +547,10 @@ static void
 push_return(void)
 {
     GpThreadBuf *tb = gp_buffer_thread();
-    if (GP_LIKELY(tb != NULL))
+    if (GP_LIKELY(tb != NULL)) {
+        shadow_pop(tb);
         gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_RETURN);
+    }
 }
 
 /* PY_RETURN and PY_YIELD (local events: DISABLE allowed). */
@@ -481,6 +605,7 @@ gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         offset = -1;
     }
     uint32_t site = offset >= 0 && offset < 0xfffffe ? (uint32_t)offset + 1 : 0;
+    shadow_c_call(tb, 1);
     gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
     Py_RETURN_NONE;
 }
@@ -495,8 +620,10 @@ gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!recording() || nargs < 3 || !cfunc_key(args[2], NULL, &ml, &owner))
         Py_RETURN_NONE;
     GpThreadBuf *tb = gp_buffer_thread();
-    if (GP_LIKELY(tb != NULL))
+    if (GP_LIKELY(tb != NULL)) {
+        shadow_c_call(tb, 0);
         gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_CRETURN);
+    }
     Py_RETURN_NONE;
 }
 

@@ -22,10 +22,12 @@ gp_intern_init(void)
 {
     /* Set once at import; they survive sessions. */
     PyObject *prefix = gp_intern.hidden_prefix, *shown = gp_intern.shown_prefix;
+    PyObject *roots = gp_intern.library_roots;
     gp_intern_clear();
     memset(&gp_intern, 0, sizeof(gp_intern));
     gp_intern.hidden_prefix = prefix;
     gp_intern.shown_prefix = shown;
+    gp_intern.library_roots = roots;
     gp_intern.slots = calloc(INITIAL_SLOTS, sizeof(GpInternSlot));
     gp_intern.mask = INITIAL_SLOTS - 1;
     gp_intern.cap_ops = INITIAL_OPS;
@@ -69,10 +71,12 @@ gp_intern_clear(void)
     free((void *)gp_intern.methods);
     Py_XDECREF(gp_intern.labels);
     PyObject *prefix = gp_intern.hidden_prefix, *shown = gp_intern.shown_prefix;
+    PyObject *roots = gp_intern.library_roots;
     memset(&gp_intern, 0, sizeof(gp_intern));
-    /* The prefixes outlive sessions: they are set once at import. */
+    /* The prefixes and roots outlive sessions: they are set once at import. */
     gp_intern.hidden_prefix = prefix;
     gp_intern.shown_prefix = shown;
+    gp_intern.library_roots = roots;
 }
 
 static int
@@ -174,6 +178,37 @@ starts_with(PyObject *s, PyObject *prefix)
     return (int)r;
 }
 
+int
+gp_intern_is_library(PyObject *filename)
+{
+    const char *f = PyUnicode_Check(filename) ? PyUnicode_AsUTF8(filename) : NULL;
+    if (f == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (strncmp(f, "<frozen", 7) == 0)
+        return 1;
+    if (f[0] != '/')
+        return 0; /* "<string>", "<ipython-input-...>", a relative path: the user's */
+    if (strstr(f, "/site-packages/") != NULL || strstr(f, "/dist-packages/") != NULL)
+        return 1;
+    return starts_with(filename, gp_intern.library_roots);
+}
+
+int
+gp_intern_set_library_roots(PyObject *roots)
+{
+    int ok = PyTuple_Check(roots);
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(roots); i++)
+        ok = PyUnicode_Check(PyTuple_GET_ITEM(roots, i)); /* borrowed from the tuple */
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "the library roots must be a tuple of str");
+        return -1;
+    }
+    Py_XSETREF(gp_intern.library_roots, Py_NewRef(roots));
+    return 0;
+}
+
 static int
 is_hidden_code(PyCodeObject *code)
 {
@@ -228,7 +263,9 @@ gp_intern_code_slow(PyCodeObject *code)
     if (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
         flags |= GP_OPF_GENERATOR;
     if (is_hidden_code(code))
-        flags |= GP_OPF_HIDDEN;
+        flags |= GP_OPF_HIDDEN | GP_OPF_LIBRARY;
+    else if (gp_intern_is_library(code->co_filename))
+        flags |= GP_OPF_LIBRARY;
     uint32_t op = add_op(code, NULL, GP_OP_PYTHON, flags, Py_NewRef((PyObject *)code), NULL);
     if (op != 0 && (flags & GP_OPF_GENERATOR))
         gp_intern.gen_lasti[op] = first_entry_lasti(code);

@@ -39,6 +39,8 @@ typedef struct GpIntern {
     PyObject *labels; /* dict: label str -> op id (int) */
     PyObject *hidden_prefix; /* str, tuple of str or NULL: co_filename prefixes of hidden code */
     PyObject *shown_prefix; /* str or NULL: under hidden_prefix, but shown (bundled workloads) */
+    PyObject
+        *library_roots; /* tuple of str or NULL: folders of library code (gp_intern_is_library) */
 } GpIntern;
 
 extern GpIntern gp_intern;
@@ -98,6 +100,17 @@ uint32_t gp_intern_label(PyObject *label);
  * str: any of them) are hidden, except those under `shown` (a str, or NULL).
  * Both borrowed (references are taken). 0 / -1 with an exception. */
 int gp_intern_set_hidden_prefix(PyObject *prefix, PyObject *shown);
+
+/* Set the folders whose files are library code besides installed packages (the
+ * standard library, gpuprof): a tuple of str, each ending in a separator. Set
+ * once at import; outlives sessions. 0, or -1 with an exception. */
+int gp_intern_set_library_roots(PyObject *roots);
+
+/* Whether `filename` is library code rather than the user's: frozen
+ * ("<frozen ...>"), under a site-packages or dist-packages folder, or under a
+ * library root. Scripts, notebook cells and other names are the user's. The one
+ * definition of the rule: gpuprof._paths.is_library calls it. */
+int gp_intern_is_library(PyObject *filename);
 
 /* Describe op `op` for the tables: new references to name and file (str),
  * and the line (0 when none). 0 on success, -1 with an exception. */

@@ -39,6 +39,27 @@ mod_set_hidden_prefix(PyObject *module, PyObject *args)
 }
 
 static PyObject *
+mod_set_library_roots(PyObject *module, PyObject *roots)
+{
+    (void)module;
+    if (gp_intern_set_library_roots(roots) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_is_library(PyObject *module, PyObject *file)
+{
+    (void)module;
+    if (!PyUnicode_Check(file)) {
+        PyErr_Format(PyExc_TypeError, "_is_library: a file name (str) is needed, not %.100s",
+                     Py_TYPE(file)->tp_name);
+        return NULL;
+    }
+    return PyBool_FromLong(gp_intern_is_library(file));
+}
+
+static PyObject *
 mod_cuda_load(PyObject *module, PyObject *path)
 {
     (void)module;
@@ -171,6 +192,12 @@ static PyMethodDef module_methods[] = {
     {"_set_hidden_prefix", mod_set_hidden_prefix, METH_VARARGS,
      "(prefix, shown=None): code under prefix (a str or a tuple of str) is not shown, "
      "except under shown."},
+    {"_set_library_roots", mod_set_library_roots, METH_O,
+     "(roots): folders (a tuple of str ending in a separator) whose files are library code "
+     "besides installed packages."},
+    {"_is_library", mod_is_library, METH_O,
+     "_is_library(file) -> bool: library code rather than the user's (frozen, installed "
+     "packages, the library roots)."},
     {"cuda_load", mod_cuda_load, METH_O, "dlopen libcupti at path: (ok, reason)."},
     {"cuda_info", mod_cuda_info, METH_NOARGS,
      "compiled/loaded/version/reason/mode/parts of CUDA capture."},
@@ -224,6 +251,7 @@ static const struct {
     GP_CONST(OPF_HIDDEN),
     GP_CONST(OPF_GENERATOR),
     GP_CONST(OPF_NVTX),
+    GP_CONST(OPF_LIBRARY),
     GP_CONST(GPU_KERNEL),
     GP_CONST(GPU_MEMCPY),
     GP_CONST(GPU_MEMSET),

@@ -20,6 +20,7 @@ enum {
     GP_OPF_HIDDEN = 1,    /* gpuprof's own frames: time goes to the caller */
     GP_OPF_GENERATOR = 2, /* generator/coroutine code: resumes are not calls */
     GP_OPF_NVTX = 4,      /* GP_OP_USER row whose op is an NVTX name id (gp_nvtx_describe) */
+    GP_OPF_LIBRARY = 8,   /* Python code that is not the user's (gp_intern_is_library) */
 };
 
 /* Reserved op ids. */

@@ -443,7 +443,9 @@ gp_replay_event(Agg *a, const GpEvent *ev, int64_t ts)
         if (push_entry(a, ts, ek, ok, op, hidden, kind == GP_EV_CALL || kind == GP_EV_CCALL,
                        kind == GP_EV_FRAME) < 0)
             return -1;
-        if (kind == GP_EV_CCALL && a->want_spans) {
+        if (a->want_spans && GP_EV_PAYLOAD(ev->kind) != 0) {
+            /* the call site in the caller (hook.c): every C call, and a Python
+             * frame that the user's code entered in a library */
             int32_t span = a->stack.v[a->stack.n - 1].span;
             if (span >= 0)
                 a->t->spans.v[span].site = GP_EV_PAYLOAD(ev->kind);

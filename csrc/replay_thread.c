@@ -223,8 +223,7 @@ replay_run(Agg *a, const GpEvent *ev, const GpEvent *stop, GpClockCursor *cur, i
                             a->stack.n = (size_t)(p - sv);
                             return -1;
                         }
-                        if (kind == GP_EV_CCALL)
-                            a->t->spans.v[e->span].site = GP_EV_PAYLOAD(ev->kind);
+                        a->t->spans.v[e->span].site = GP_EV_PAYLOAD(ev->kind);
                     }
                     continue;
                 }

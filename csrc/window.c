@@ -160,8 +160,11 @@ done:
     return result;
 }
 
-/* Line of each C-call span's call site: the innermost Python span above it
- * is its caller. */
+/* Line of each call site (C calls, and Python frames entered from the user's
+ * code): the caller is the innermost Python span above the span that was still
+ * running when it started. (A range can outlive the frame that opened it, as the
+ * step range that an optimizer-step hook opens: the spans under it have that
+ * frame as an ancestor after it returned.) */
 static void
 resolve_call_sites(GpTables *t, PyObject *const *refs, const uint8_t *kinds, uint32_t n_ops)
 {
@@ -170,7 +173,7 @@ resolve_call_sites(GpTables *t, PyObject *const *refs, const uint8_t *kinds, uin
         if (s->site == 0)
             continue;
         int32_t p = s->parent;
-        while (p >= 0 && t->spans.v[p].kind != GP_OP_PYTHON)
+        while (p >= 0 && (t->spans.v[p].kind != GP_OP_PYTHON || t->spans.v[p].end_ns < s->start_ns))
             p = t->spans.v[p].parent;
         if (p < 0)
             continue;

@@ -16,7 +16,11 @@ from __future__ import annotations
 import os as _os
 import runpy as _runpy
 
-from . import _gpuprof, _nvtx  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
+from . import (
+    _gpuprof,
+    _nvtx,
+    _paths,
+)  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
 from ._cuda import cuda_status as _cuda_status
 from ._loaded import load
 from ._ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
@@ -83,6 +87,10 @@ _here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
 _gpuprof._set_hidden_prefix(
     (_here, _runpy.run_path.__code__.co_filename), _here + "workloads" + _os.sep
 )
+# Where library code lives besides installed packages (the standard library, gpuprof):
+# the user's line of a finding is outside it, and the hook records the line where the
+# user's code calls into it (gpuprof._paths.is_library).
+_gpuprof._set_library_roots(_paths.library_roots())
 
 # GPUPROF_ON_DEMAND=1: arm this process for `python -m gpuprof capture PID` (docs/on-demand.md).
 _arm_from_environment()

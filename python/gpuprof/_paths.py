@@ -13,28 +13,32 @@ import contextlib
 import os
 import sys
 
+from . import _gpuprof
+
 __all__ = [
     "import_roots",
     "display_files",
     "source_path",
     "source_location",
     "is_library",
+    "library_roots",
     "user_location",
 ]
 
 _library_cache: dict[str, bool] = {}
 
 
-def _library_roots() -> tuple[str, ...]:
+def library_roots() -> tuple[str, ...]:
     """Folders whose files are not the user's besides installed packages (which
     is_library tells by their site-packages or dist-packages folder): the standard
-    library and gpuprof itself. Computed once."""
+    library and gpuprof itself. Computed once; gpuprof's import hands them to the
+    extension, which applies the rule."""
     global _LIBRARY_ROOTS
     if _LIBRARY_ROOTS is None:
         import sysconfig
 
         paths = sysconfig.get_paths()
-        roots = [os.path.dirname(os.path.abspath(__file__))]
+        roots = [os.path.dirname(os.path.abspath(__file__))]  # gpuprof
         roots += [paths[k] for k in ("stdlib", "platstdlib") if paths.get(k)]
         _LIBRARY_ROOTS = tuple(os.path.join(os.path.abspath(r), "") for r in roots)
     return _LIBRARY_ROOTS
@@ -100,22 +104,11 @@ def source_location(file: str, line: int) -> str:
 def is_library(file: str) -> bool:
     """Whether ``file`` is library code rather than the user's: under site-packages or
     dist-packages, in the standard library, frozen (``<frozen ...>``), or gpuprof's own.
-    Scripts, notebooks' cells and everything else count as the user's."""
+    Scripts, notebooks' cells and everything else count as the user's. The rule is the
+    extension's, which the hook also applies to decide where to record call sites."""
     hit = _library_cache.get(file)
     if hit is None:
-        if not file:
-            hit = False
-        elif file.startswith("<frozen"):
-            hit = True
-        elif not os.path.isabs(file):
-            hit = False
-        else:
-            sep = os.sep
-            hit = (
-                f"{sep}site-packages{sep}" in file
-                or f"{sep}dist-packages{sep}" in file
-                or file.startswith(_library_roots())
-            )
+        hit = _gpuprof._is_library(file) if isinstance(file, str) else False
         _library_cache[file] = hit
     return hit
 

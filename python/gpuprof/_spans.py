@@ -22,18 +22,25 @@ def span_at(spans: np.ndarray, thread: int, ts: int) -> int:
 
 def _python_frames(spans: np.ndarray, ops: np.ndarray, i: int):
     """(file, line, name) of each Python frame on the path from span i outward,
-    innermost first: at the call-site line of the innermost C call below it on that
-    path when there is one, else at its definition line; a module's code has none
-    (its line 1 is not where it runs), so its line is then 0, unknown."""
+    innermost first. Its line is the call site that led on along the path: of the
+    frame below it when that call was recorded (every C call; a library function that
+    user code called; the frames running when the window opened), else of the
+    innermost C call below it; else its definition line, but 0 (unknown) for a
+    module's top level, whose line 1 is not where it runs. Ancestors that had returned
+    when span i started are not on its stack (a range can outlive the frame that opened
+    it, as the step range of an optimizer-step hook): they are passed over."""
     line = 0
+    started = int(spans["start_ns"][i]) if i >= 0 else 0
     while i >= 0:
-        if int(spans["kind"][i]) == OP_PYTHON:
+        if int(spans["end_ns"][i]) < started:
+            pass
+        elif int(spans["kind"][i]) == OP_PYTHON:
             row = int(spans["op_row"][i])
             name = str(ops["name"][row])
             if not line and name != "<module>":
                 line = int(ops["line"][row])
             yield str(ops["file"][row]), line, name
-            line = 0
+            line = int(spans["line"][i])  # where its caller called it, when recorded
         elif int(spans["line"][i]) > 0 and not line:
             line = int(spans["line"][i])
         i = int(spans["parent"][i])
@@ -50,10 +57,10 @@ def user_caller(spans: np.ndarray, ops: np.ndarray, i: int) -> tuple[str, int, s
     """The user's line under span i, by one rule for every report: (file, line, name)
     of the innermost Python code outside libraries (site-packages, the standard library,
     gpuprof), then (file, line) of the library code it was running when that is where
-    :func:`python_caller` lands (else "", 0). A user function's line is the call-site
-    line of a C call it made directly, else its definition line (Python-to-Python call
-    sites are not recorded), else 0 for a module's top level. With no user code on the
-    path: the library code alone."""
+    :func:`python_caller` lands (else "", 0). A user function's line is the line that
+    called on into the library (or a C function), where recorded; else its definition
+    line, or 0 at a module's top level. With no user code on the path: the library code
+    alone."""
     frames = _python_frames(spans, ops, i)
     file, line, name = next(frames, ("", 0, ""))
     if is_library(file):

@@ -39,8 +39,10 @@ class FunctionEvent:
     ``key``, ``id``, ``thread``, ``time_range``, ``cpu_time_total``,
     ``self_cpu_time_total``, ``device_time_total``, ``self_device_time_total``,
     ``cpu_parent``, ``cpu_children``, ``count``, ``input_shapes``, ``stack``), plus
-    ``kind`` (python, c, user, step, cuda_api), ``line`` (for a C call, the line
-    of its Python caller) and ``is_context`` (entered before the window opened)."""
+    ``kind`` (python, c, user, step, cuda_api), ``line`` (the line of the Python
+    caller that made the call: recorded for C calls, for library code called by the
+    user's code and for frames running when the window opened; else 0) and
+    ``is_context`` (entered before the window opened)."""
 
     def __init__(self, events: EventList, i: int):
         self._events = events
