@@ -2,7 +2,7 @@
  *
  * The callback does, per event: one relaxed load of the phase, one TLS read,
  * at most one intern lookup, one clock read and one 16-byte store, and for a
- * Python frame one bit of the thread's shadow stack. It never calls Python
+ * Python frame one byte of the thread's shadow stack. It never calls Python
  * code, never leaves an exception set and always returns 0; it creates Python
  * objects only on an op's first sight (intern.c) and where the user's code
  * calls into a library (user_call_site).
