@@ -72,12 +72,19 @@ shadow_c_call(GpThreadBuf *tb, int in_c)
         tb->py_frames[d - 1] &= (uint8_t)~SHADOW_IN_C;
 }
 
-/* A frame's current instruction as a site payload: f_lasti + 1, 0 = unknown. */
-static uint32_t
+/* An instruction offset (bytes) as an event's site payload: offset + 1, 0 =
+ * unknown (negative, or too large for the payload's 24 bits). */
+GP_INLINE uint32_t
+site_payload(long offset)
+{
+    return offset >= 0 && offset < 0xfffffe ? (uint32_t)offset + 1 : 0;
+}
+
+/* A frame's current instruction as a site payload. */
+GP_INLINE uint32_t
 frame_site(PyFrameObject *frame)
 {
-    int lasti = PyFrame_GetLasti(frame);
-    return lasti >= 0 && lasti < 0xfffffe ? (uint32_t)lasti + 1 : 0;
+    return site_payload(PyFrame_GetLasti(frame));
 }
 
 /* The site in the caller of `frame` (its outer frame), or 0. */
@@ -226,10 +233,8 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
         /* The call site: the caller's instruction offset, resolved to a line
          * only when results are built (sync points and launches are C calls,
          * and users want the line that made them). 0 = unknown. */
-        int lasti = PyFrame_GetLasti(frame);
-        uint32_t site = lasti >= 0 && lasti < 0xfffffe ? (uint32_t)lasti + 1 : 0;
         shadow_c_call(tb, 1);
-        gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
+        gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, frame_site(frame)));
         break;
     }
     case PyTrace_C_RETURN:
@@ -604,9 +609,8 @@ gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         offset = -1;
     }
-    uint32_t site = offset >= 0 && offset < 0xfffffe ? (uint32_t)offset + 1 : 0;
     shadow_c_call(tb, 1);
-    gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
+    gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site_payload(offset)));
     Py_RETURN_NONE;
 }
 

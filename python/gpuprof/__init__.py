@@ -16,11 +16,11 @@ from __future__ import annotations
 import os as _os
 import runpy as _runpy
 
-from . import (
+from . import (  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
     _gpuprof,
     _nvtx,
     _paths,
-)  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
+)
 from ._cuda import cuda_status as _cuda_status
 from ._loaded import load
 from ._ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
