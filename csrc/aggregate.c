@@ -173,6 +173,8 @@ done:
     free(a.stack.v);
     free(a.launches.v);
     free(a.stepmarks.v);
+    free(a.anchors.v);
+    free(a.carry.v);
     free(a.nodes.s);
     gp_u64map_free(&a.corr);
     gp_u64map_free(&a.nvtx_rows);

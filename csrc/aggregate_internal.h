@@ -43,7 +43,8 @@ vec_grow(void **v, size_t *cap, size_t need, size_t item)
 enum { E_PY = 1, E_C, E_RANGE, E_STEP, E_API, E_NVTX, E_NVTX_SE };
 
 typedef struct Entry {
-    int64_t start;
+    int64_t start;  /* this piece's start (a call cut at a step boundary goes on) */
+    int64_t origin; /* the call's start: its duration for min and max */
     int64_t self;
     uint32_t row;   /* op row, UINT32_MAX when hidden */
     int32_t node;
@@ -135,6 +136,12 @@ typedef struct Agg {
     uint32_t thread;      /* index of the thread being replayed */
     uint32_t buf_index;   /* its GpThreadBuf.index (NVTX range ends name it) */
     uint32_t pushes;      /* non-hidden entries pushed so far */
+    /* Steps as siblings (replay.c, "step boundaries"): per step begin of this
+     * thread, in order, the Python and C frames open through the whole step. */
+    GP_VEC(uint32_t) anchors;
+    size_t next_anchor;   /* the next step begin's index in anchors */
+    GP_VEC(Entry) carry;  /* entries cut at a step end, to go on above the next step */
+    int step_follows;     /* this step end's next event is the next step's begin */
     int64_t busy;         /* this thread's time with a non-empty stack */
     int64_t self_sum;
 } Agg;
@@ -169,6 +176,7 @@ close_entry_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *sp
     int64_t dur = end - e->start;
     GpOpRow *r = &ops[e->row];
     GpNodeRow *n = &nodes[e->node];
+    int64_t call = end - e->origin; /* the whole call, over all its pieces */
     r->cpu_self_ns += e->self;
     n->self_ns += e->self;
     n->total_ns += dur;
@@ -176,10 +184,10 @@ close_entry_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *sp
     active[e->row]--;
     if (e->outermost)
         r->cpu_total_ns += dur;
-    if (dur < r->cpu_min_ns)
-        r->cpu_min_ns = dur;
-    if (dur > r->cpu_max_ns)
-        r->cpu_max_ns = dur;
+    if (call < r->cpu_min_ns)
+        r->cpu_min_ns = call;
+    if (call > r->cpu_max_ns)
+        r->cpu_max_ns = call;
     if (e->span >= 0)
         spans[e->span].end_ns = end;
 }
@@ -196,11 +204,19 @@ int gp_replay_event(Agg *a, const GpEvent *ev, int64_t ts);
 /* End the stack entry i at ts and take it off the stack (from the middle too). */
 void gp_replay_remove_entry(Agg *a, size_t i, int64_t ts);
 
+/* Entries cut at a step end and not yet continued go on at ts (a step end
+ * with no begin after it). 0, or -1 when out of memory. */
+int gp_replay_flush_carry(Agg *a, int64_t ts);
+
 /* ---- replay_thread.c ------------------------------------------------------ */
 
 /* The NVTX range ends recorded on another thread than their start, by time.
  * 0, or -1 when out of memory. */
 int gp_replay_thread_foreign_ends(Agg *a, const GpClockMap *clock);
+
+/* Per step begin among one thread's events, the frames open through the
+ * whole step (a->anchors). 0, or -1 when out of memory. */
+int gp_replay_step_anchors(Agg *a, const GpWindowThread *tb);
 
 /* Replay every event of one thread into the tables; fills tr. 0, or -1 when
  * out of memory. */

@@ -179,6 +179,7 @@ push_entry(Agg *a, int64_t ts, uint8_t ekind, uint8_t opkind, uint32_t op, int h
         return -1;
     a->stack.n++;
     e->start = ts;
+    e->origin = ts;
     e->self = 0;
     e->kind = ekind;
     e->op = op;
@@ -352,6 +353,194 @@ reparent_nvtx(Agg *a, size_t i)
     return 0;
 }
 
+/* ---- step boundaries ------------------------------------------------------
+ *
+ * A step is the time between two prof.step() calls, and its entry must sit in
+ * the stack below everything that runs in it: steps are siblings, each one
+ * under the frames that stay open through it (the loop's function), as when
+ * prof.step() is written in the loop. prof.step() is often called deeper, from
+ * inside the optimizer's step (gpuprof run, the integrations, a capture): the
+ * frames between the loop and that call (train_step, Optimizer.step, its hook)
+ * straddle the boundary. They are cut there: the piece before ends with the
+ * old step, and the call goes on as a new piece (not a new call) inside the
+ * new one. How many frames stay open through each step is found by a first
+ * pass over the thread's events (gp_replay_step_anchors). */
+
+GP_INLINE int
+is_frame(const Entry *e)
+{
+    return e->kind == E_PY || e->kind == E_C;
+}
+
+/* End the piece of stack entry i at ts without ending the call (min and max
+ * per call wait for its last piece). A piece in which nothing happened (a
+ * frame of the window's first snapshot, right before the first step) is taken
+ * back: its span and a node made for it alone. */
+static int
+cut_entry(Agg *a, size_t i, int64_t ts)
+{
+    Entry *e = &a->stack.v[i];
+    if (e->hidden) {
+        if (i > 0)
+            a->stack.v[i - 1].self += e->self;
+        e->self = 0;
+        return 0;
+    }
+    GpTables *t = a->t;
+    a->active.v[e->row]--;
+    if (e->start == ts && e->self == 0) {
+        if (e->span >= 0 && (size_t)e->span + 1 == t->spans.n)
+            t->spans.n--;
+        else if (e->span >= 0)
+            t->spans.v[e->span].end_ns = ts;
+        GpNodeRow *n = &t->nodes.v[e->node];
+        if ((size_t)e->node + 1 == t->nodes.n && n->calls == 0 && n->total_ns == 0) {
+            if (nodemap_put(&a->nodes, node_key(n->parent, e->row, a->thread), NODE_GONE) < 0)
+                return -1;
+            t->nodes.n--;
+        }
+        return 0;
+    }
+    int64_t dur = ts - e->start;
+    GpOpRow *r = &t->ops.v[e->row];
+    GpNodeRow *n = &t->nodes.v[e->node];
+    r->cpu_self_ns += e->self;
+    n->self_ns += e->self;
+    n->total_ns += dur;
+    a->self_sum += e->self;
+    if (e->outermost)
+        r->cpu_total_ns += dur;
+    if (e->span >= 0)
+        t->spans.v[e->span].end_ns = ts;
+    e->self = 0;
+    return 0;
+}
+
+/* Cut entries [from, top) at ts and move them, in order, to the front of
+ * a->carry (they go on above what is pushed next). 0, or -1 when out of memory. */
+static int
+cut_to_carry(Agg *a, size_t from, int64_t ts)
+{
+    size_t k = a->stack.n - from;
+    if (k == 0)
+        return 0;
+    for (size_t i = a->stack.n; i-- > from;)
+        if (cut_entry(a, i, ts) < 0)
+            return -1;
+    if (vec_grow((void **)&a->carry.v, &a->carry.cap, a->carry.n + k, sizeof(Entry)) == NULL)
+        return -1;
+    memmove(&a->carry.v[k], a->carry.v, a->carry.n * sizeof(Entry));
+    memcpy(a->carry.v, &a->stack.v[from], k * sizeof(Entry));
+    a->carry.n += k;
+    a->stack.n = from;
+    return 0;
+}
+
+/* Push the continuation of a cut entry at ts: the same op, kind and call
+ * site, under whatever is now below it; no new call. */
+static int
+continue_entry(Agg *a, const Entry *old, int64_t ts)
+{
+    int64_t below = visible_below(a, (int64_t)a->stack.n - 1);
+    Entry *e = stack_slot(a);
+    if (e == NULL)
+        return -1;
+    a->stack.n++;
+    *e = *old;
+    e->start = ts;
+    e->self = 0;
+    e->span = -1;
+    if (e->hidden)
+        return 0;
+    const Entry *b = below >= 0 ? &a->stack.v[below] : NULL;
+    int32_t node = node_for(a, b ? b->node : -1, e->row);
+    if (node < 0)
+        return -1;
+    e->node = node;
+    e->seq = ++a->pushes;
+    e->outermost = a->active.v[e->row]++ == 0;
+    if (a->want_spans && old->span >= 0) {
+        GpSpanRow was = a->t->spans.v[old->span];
+        if (push_span(a, e, ts, was.kind, b ? b->span : -1, 0) < 0)
+            return -1;
+        GpSpanRow *s = &a->t->spans.v[e->span];
+        s->kind = was.kind;
+        s->site = was.site;
+        s->flags = was.flags;
+        s->correlation = was.correlation;
+    }
+    return 0;
+}
+
+/* Continue the first k carried entries, in order. */
+static int
+continue_carry(Agg *a, size_t k, int64_t ts)
+{
+    for (size_t i = 0; i < k; i++)
+        if (continue_entry(a, &a->carry.v[i], ts) < 0)
+            return -1;
+    memmove(a->carry.v, &a->carry.v[k], (a->carry.n - k) * sizeof(Entry));
+    a->carry.n -= k;
+    return 0;
+}
+
+int
+gp_replay_flush_carry(Agg *a, int64_t ts)
+{
+    return continue_carry(a, a->carry.n, ts);
+}
+
+static int
+step_end(Agg *a, uint32_t step, int64_t ts)
+{
+    int follows = a->step_follows;
+    a->step_follows = 0;
+    int64_t i = find_top(a, E_STEP, 0, 1, step);
+    if (i < 0)
+        return 0;
+    if (cut_to_carry(a, (size_t)i + 1, ts) < 0)
+        return -1;
+    remove_entry(a, (size_t)i, ts);
+    /* The next step's begin places what was cut above itself; else it goes
+     * on here. */
+    return follows ? 0 : gp_replay_flush_carry(a, ts);
+}
+
+static int
+step_begin(Agg *a, uint32_t step, int64_t ts)
+{
+    uint32_t anchor = a->next_anchor < a->anchors.n ? a->anchors.v[a->next_anchor++] : UINT32_MAX;
+    if ((int64_t)step + 1 == a->in->unclosed_step)
+        return gp_replay_flush_carry(a, ts); /* its end is stop()'s: no step */
+    /* The step goes right above the anchor-th frame of the stack with the
+     * carried entries on top. */
+    size_t n = a->stack.n, depth = 0, at = n + a->carry.n;
+    for (size_t i = 0; i < n + a->carry.n && anchor != UINT32_MAX; i++) {
+        if (depth == anchor) {
+            at = i;
+            break;
+        }
+        depth += is_frame(i < n ? &a->stack.v[i] : &a->carry.v[i - n]);
+    }
+    if (at <= n) {
+        if (cut_to_carry(a, at, ts) < 0)
+            return -1;
+    } else if (continue_carry(a, at - n, ts) < 0) {
+        return -1;
+    }
+    StepMark *m = VEC_PUSH(a->stepmarks);
+    if (m == NULL)
+        return -1;
+    m->step = step;
+    m->start_ns = ts;
+    m->end_ns = -1;
+    m->thread = a->thread;
+    if (push_entry(a, ts, E_STEP, GP_OP_STEP, GP_OPID_STEP, 0, 1, 0) < 0)
+        return -1;
+    a->stack.v[a->stack.n - 1].op = step;
+    return gp_replay_flush_carry(a, ts);
+}
+
 static int
 replay_other(Agg *a, const GpEvent *ev, int64_t ts)
 {
@@ -365,27 +554,10 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
             remove_entry(a, (size_t)i, ts);
         return 0;
     }
-    case GP_EV_STEP_BEGIN: {
-        if ((int64_t)ev->arg + 1 == a->in->unclosed_step)
-            return 0; /* its end is stop()'s, which finds no entry to close */
-        StepMark *m = VEC_PUSH(a->stepmarks);
-        if (m == NULL)
-            return -1;
-        m->step = ev->arg;
-        m->start_ns = ts;
-        m->end_ns = -1;
-        m->thread = a->thread;
-        if (push_entry(a, ts, E_STEP, GP_OP_STEP, GP_OPID_STEP, 0, 1, 0) < 0)
-            return -1;
-        a->stack.v[a->stack.n - 1].op = ev->arg;
-        return 0;
-    }
-    case GP_EV_STEP_END: {
-        int64_t i = find_top(a, E_STEP, 0, 1, ev->arg);
-        if (i >= 0)
-            remove_entry(a, (size_t)i, ts);
-        return 0;
-    }
+    case GP_EV_STEP_BEGIN:
+        return step_begin(a, ev->arg, ts);
+    case GP_EV_STEP_END:
+        return step_end(a, ev->arg, ts);
     case GP_EV_API_ENTER:
         return on_api_enter(a, ts, ev->arg, GP_EV_PAYLOAD(ev->kind));
     case GP_EV_API_EXIT: {

@@ -1,0 +1,183 @@
+"""One step structure, wherever prof.step() is called from (issue 32).
+
+``gpuprof run``, the integrations and on-demand captures end a step from inside the
+optimizer's step (its post-hook), frames deep into the training step. The results
+must be those of the same loop with ``prof.step()`` written after the optimizer step:
+steps are siblings under the loop's function, never nested in each other, and each
+``ProfilerStep#N`` slice spans its step's wall time on the stepping thread. The frames
+that straddle a boundary (the training step, the optimizer's step, its hook) are cut
+there: the piece before ends with the old step, the call goes on in the new one as the
+same call (no second call counted).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import gpuprof
+import pytest
+from gpuprof import ProfilerActivity
+
+CPU = [ProfilerActivity.CPU]
+
+
+def spin(n):
+    return sum(range(n))
+
+
+class Optimizer:
+    """An optimizer whose post-step hook may end the profiler's step, as PyTorch's
+    global optimizer hook does under ``gpuprof run``."""
+
+    def __init__(self, prof, hooked, stamps):
+        self.prof, self.hooked, self.stamps = prof, hooked, stamps
+
+    def step(self):
+        spin(20_000)
+        self._post_hooks()
+
+    def _post_hooks(self):
+        self.stamps.append(time.perf_counter_ns())
+        if self.hooked:
+            self.prof.step()
+
+
+def train_step(opt):
+    spin(120_000)  # forward and backward
+    opt.step()
+    spin(5_000)  # zero_grad, logging: after the optimizer step
+
+
+def loop(hooked, steps=8):
+    """The loop; with hooked=False prof.step() is written after each iteration."""
+    stamps = []
+    with gpuprof.profile(activities=CPU) as prof:
+        opt = Optimizer(prof, hooked, stamps)
+        for _ in range(steps):
+            spin(30_000)  # the loader
+            train_step(opt)
+            if not hooked:
+                prof.step()
+    return prof, stamps
+
+
+def stacks(prof, path):
+    prof.export_stacks(str(path))
+    return [line.rsplit(" ", 1)[0].split(";") for line in path.read_text().splitlines()]
+
+
+def below_step(frames):
+    """The frames under ProfilerStep*, with no line numbers."""
+    i = frames.index("ProfilerStep*")
+    return tuple(f.split("):_", 1)[-1] for f in frames[i + 1 :])
+
+
+def step_slices(prof, path):
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    return [e for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+
+
+def assert_nested(events):
+    """Slices on each (pid, tid) nest: none ends after the slice it starts in."""
+    lanes = {}
+    for e in events:
+        if e.get("ph") == "X":
+            lanes.setdefault((e["pid"], e["tid"]), []).append(e)
+    for lane in lanes.values():
+        lane.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_ = []
+        for e in lane:
+            while open_ and open_[-1]["ts"] + open_[-1]["dur"] <= e["ts"] + 1e-3:
+                open_.pop()
+            if open_:
+                parent = open_[-1]
+                assert e["ts"] + e["dur"] <= parent["ts"] + parent["dur"] + 1e-3, (
+                    f"{e['name']} overlaps the end of {parent['name']}"
+                )
+            open_.append(e)
+
+
+@pytest.fixture(scope="module")
+def both():
+    return loop(hooked=False), loop(hooked=True)
+
+
+def test_steps_ended_in_the_optimizers_hook_are_siblings_as_in_the_loop(both, tmp_path):
+    (hand, _), (hooked, _) = both
+    hand_stacks = stacks(hand, tmp_path / "hand.txt")
+    hooked_stacks = stacks(hooked, tmp_path / "hooked.txt")
+    for frames in hand_stacks + hooked_stacks:
+        assert frames.count("ProfilerStep*") <= 1, frames
+    # the step sits under the loop's function in both
+    for found in (hand_stacks, hooked_stacks):
+        callers = {f[f.index("ProfilerStep*") - 1] for f in found if "ProfilerStep*" in f}
+        assert len(callers) == 1 and callers.pop().endswith("_loop")
+    # and what runs in a step is the same call paths
+    hand_paths = {below_step(f) for f in hand_stacks if "ProfilerStep*" in f}
+    hooked_paths = {below_step(f) for f in hooked_stacks if "ProfilerStep*" in f}
+    hooked_paths -= {("train_step", "Optimizer.step", "Optimizer._post_hooks")}  # the hook
+    hand_paths -= {("train_step", "Optimizer.step", "Optimizer._post_hooks")}
+    assert hooked_paths == hand_paths
+
+
+def test_a_call_cut_at_a_step_boundary_is_one_call(both):
+    (hand, _), (hooked, _) = both
+    for prof in (hand, hooked):
+        ops = prof.ops()
+        row = ops[ops["name"] == "train_step"][0]
+        assert row["calls"] == 8
+        # min and max are of whole calls, not of the pieces on either side of a boundary
+        assert row["cpu_max_ns"] < 4 * row["cpu_min_ns"]
+        assert row["cpu_min_ns"] >= row["cpu_self_ns"] / row["calls"] / 2
+        call_tree = prof.call_tree()
+        steps = call_tree[call_tree["name"] == "ProfilerStep*"]
+        assert len(steps) == 1 and steps[0]["calls"] == 8
+
+
+def test_step_slices_span_the_measured_step(both, tmp_path):
+    for (prof, stamps), name in zip(both, ("hand", "hooked"), strict=True):
+        slices = step_slices(prof, tmp_path / f"{name}.json")
+        assert [s["name"] for s in slices] == [f"ProfilerStep#{i}" for i in range(len(slices))]
+        by_step = {int(s["name"].split("#")[1]): s["dur"] for s in slices}
+        # the optimizer's hook runs once a step, so its stamps measure steps 1..7
+        for n in range(1, 8):
+            measured_us = (stamps[n] - stamps[n - 1]) / 1e3
+            assert by_step[n] == pytest.approx(measured_us, rel=0.05), (name, n)
+
+
+def test_the_trace_nests_on_every_lane(both, tmp_path):
+    for (prof, _), name in zip(both, ("hand", "hooked"), strict=True):
+        path = tmp_path / f"{name}.json"
+        prof.export_chrome_trace(str(path))
+        assert_nested(json.loads(path.read_text())["traceEvents"])
+
+
+def test_a_step_begun_right_after_a_window_opens_has_no_empty_pieces(tmp_path):
+    """A schedule opens its window at a step boundary inside the hook: the frames then
+    running (the window's first snapshot) go on inside the first step, with no
+    zero-length piece before it."""
+    stamps = []
+    with gpuprof.profile(
+        activities=CPU, schedule=gpuprof.schedule(wait=1, warmup=1, active=3)
+    ) as prof:
+        opt = Optimizer(prof, True, stamps)
+        for _ in range(6):
+            spin(30_000)
+            train_step(opt)
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    assert_nested(events)
+    steps = [e for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert [s["name"] for s in steps] == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    first = steps[0]["ts"]
+    before = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "python_function" and e["ts"] < first
+    ]
+    assert all(e["dur"] > 0 for e in before), before
+    for frames in stacks(prof, tmp_path / "s.txt"):
+        assert frames.count("ProfilerStep*") <= 1
