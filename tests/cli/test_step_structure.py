@@ -1,0 +1,145 @@
+"""One step structure for every way of marking steps, on real PyTorch (issue 32).
+
+The same training loop, written as people write it, is profiled twice: unmodified under
+``python -m gpuprof run`` (steps end in PyTorch's optimizer-step hook, deep inside the
+training step) and with ``prof.step()`` written after each iteration. Both must give the
+same structure: steps are siblings under the loop's function, what runs inside a step
+is the same call paths, and each trace ``ProfilerStep#N`` slice spans the step's wall
+time as the optimizer's own post-step hook measured it. HTA and the TensorBoard
+profiler plugin read the trace's steps.
+"""
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from test_cli import PYTHONPATH, gpuprof, script
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs it)")
+
+SCHEDULE = ("--wait", "1", "--warmup", "1", "--active", "3")  # records steps 2, 3, 4
+RECORDED = [2, 3, 4]
+
+
+def stacks(path):
+    return [line.rsplit(" ", 1)[0].split(";") for line in open(path).read().splitlines()]
+
+
+def name(frame):
+    """A stacks frame without its file and line: ``torch_steps.py(29):_train_step`` ->
+    ``train_step``."""
+    return re.sub(r"^.*?\(\d+\):_", "", frame)
+
+
+def under_step(found):
+    """The call paths inside steps (names only, the step's caller dropped)."""
+    out = set()
+    for frames in found:
+        if "ProfilerStep*" in frames:
+            i = frames.index("ProfilerStep*")
+            out.add(tuple(name(f) for f in frames[i + 1 : i + 3]))
+    return out
+
+
+def step_slices(path):
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return {
+        int(e["name"].split("#")[1]): e
+        for e in events
+        if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")
+    }
+
+
+@pytest.fixture(scope="module", params=["sgd", "adamw"])
+def profiled(request, tmp_path_factory):
+    kind = request.param
+    tmp = tmp_path_factory.mktemp(kind)
+    run_dir, hand_dir = tmp / "run", tmp / "hand"
+    hand_dir.mkdir()
+    r = gpuprof(
+        "run", "--no-cuda", *SCHEDULE, "-o", str(run_dir), script("torch_steps.py"), kind,
+        str(tmp / "run_stamps.json"), timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    h = subprocess.run(
+        [sys.executable, script("torch_steps.py"), kind, str(tmp / "hand_stamps.json"),
+         "--hand", str(hand_dir)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=PYTHONPATH),
+    )  # fmt: skip
+    assert h.returncode == 0, h.stderr
+    (run_trace,) = run_dir.glob("*.pt.trace.json.gz")
+    (run_stacks,) = run_dir.glob("*.stacks.txt")
+    return {
+        "run": (stacks(run_stacks), run_trace, json.load(open(tmp / "run_stamps.json"))),
+        "hand": (
+            stacks(hand_dir / "hand.stacks.txt"),
+            hand_dir / "hand.pt.trace.json.gz",
+            json.load(open(tmp / "hand_stamps.json")),
+        ),
+    }
+
+
+def test_steps_are_siblings_under_the_loops_function(profiled):
+    for how, (found, _, _) in profiled.items():
+        assert found, how
+        for frames in found:
+            assert frames.count("ProfilerStep*") <= 1, (how, frames)
+        callers = {name(f[f.index("ProfilerStep*") - 1]) for f in found if "ProfilerStep*" in f}
+        assert callers == {"main"}, how
+
+
+def test_the_same_call_paths_run_inside_a_step(profiled):
+    run_paths = under_step(profiled["run"][0])
+    hand_paths = under_step(profiled["hand"][0])
+    assert ("train_step", "Optimizer.profile_hook_step.<locals>.wrapper") in hand_paths
+    assert ("train_step", "Module._wrapped_call_impl") in hand_paths
+    assert run_paths == hand_paths
+
+
+def test_step_slices_span_the_measured_steps(profiled):
+    for how, (_, trace_path, stamps) in profiled.items():
+        slices = step_slices(trace_path)
+        assert sorted(slices) == RECORDED, how
+        for n in RECORDED:
+            # step n ends at optimizer step n's post-hook, and began at step n-1's
+            measured_us = (stamps[n] - stamps[n - 1]) / 1e3
+            assert slices[n]["dur"] == pytest.approx(measured_us, rel=0.05), (how, n)
+
+
+def test_hta_finds_the_steps(profiled, tmp_path):
+    trace_mod = pytest.importorskip(
+        "hta.common.trace", reason="Holistic Trace Analysis is not installed"
+    )
+    _, trace_path, _ = profiled["run"]
+    (tmp_path / "t").mkdir()
+    os.symlink(trace_path, tmp_path / "t" / "rank0.pt.trace.json.gz")
+    t = trace_mod.Trace(trace_dir=str(tmp_path / "t"))
+    t.parse_traces(use_multiprocessing=False, use_memory_profiling=False)
+    assert t.get_iterations() == RECORDED
+    df = t.get_trace(0)
+    host = df[df["stream"] < 0]
+    # every host slice that starts inside the steps' span is in one of the steps
+    slices = step_slices(trace_path)
+    lo, hi = slices[2]["ts"], slices[4]["ts"] + slices[4]["dur"]
+    inside = host[(host["ts"] >= lo) & (host["ts"] < hi)]
+    assert len(inside) > 100
+    assert (inside["iteration"] >= 0).all()
+
+
+def test_tensorboard_plugin_reads_the_steps(profiled, tmp_path):
+    data = pytest.importorskip(
+        "torch_tb_profiler.profiler.data", reason="torch-tb-profiler is not installed"
+    )
+    from torch_tb_profiler.profiler.event_parser import ProfileRole
+
+    _, trace_path, stamps = profiled["run"]
+    run = data.RunProfileData.parse("w", "1", str(trace_path), str(tmp_path))
+    assert run.steps_names == [str(n) for n in RECORDED]
+    for n, cost in zip(RECORDED, run.steps_costs, strict=True):
+        measured_us = (stamps[n] - stamps[n - 1]) / 1e3
+        assert cost.costs[ProfileRole.Total] == pytest.approx(measured_us, rel=0.05)
