@@ -12,6 +12,8 @@ same call (no second call counted).
 
 from __future__ import annotations
 
+import glob
+import gzip
 import json
 import time
 
@@ -181,3 +183,76 @@ def test_a_step_begun_right_after_a_window_opens_has_no_empty_pieces(tmp_path):
     assert all(e["dur"] > 0 for e in before), before
     for frames in stacks(prof, tmp_path / "s.txt"):
         assert frames.count("ProfilerStep*") <= 1
+
+
+# -- the integrations: Lightning and Hugging Face end steps from their own hooks -----------
+
+
+def _recorded_structure(loaded, trace_path, stamps, tmp_path):
+    """What every way of marking steps must give: at most one step in any stack, each
+    step slice within 5% of the step the framework's own callback measured."""
+    for frames in stacks(loaded, tmp_path / "stacks.txt"):
+        assert frames.count("ProfilerStep*") <= 1, frames
+    with gzip.open(trace_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert_nested(events)
+    slices = [e for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert len(slices) == 2
+    first, last = sorted(slices, key=lambda s: s["ts"])
+    n = int(first["name"].split("#")[1])
+    measured_us = (stamps[n] - stamps[n - 1]) / 1e3
+    assert first["dur"] == pytest.approx(measured_us, rel=0.05)
+    # the callback's time for the last step also holds the window's close: a lower bound
+    assert 0.5 * first["dur"] < last["dur"] < (stamps[n + 1] - stamps[n]) / 1e3
+
+
+def test_lightning_steps_are_siblings_spanning_their_batches(tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (make frameworks)")
+    from test_integrations import fit, lightning_or_skip
+
+    L = lightning_or_skip()
+    from gpuprof.integrations.lightning import GpuprofProfiler
+
+    stamps = []
+
+    class BatchEnds(L.Callback):
+        def on_train_batch_end(self, *args):
+            stamps.append(time.perf_counter_ns())
+
+    profiler = GpuprofProfiler(schedule=gpuprof.schedule(wait=2, warmup=1, active=2, repeat=1))
+    real_fit_trainer = L.Trainer
+
+    def trainer_with_stamps(*args, **kwargs):
+        return real_fit_trainer(*args, callbacks=[BatchEnds()], **kwargs)
+
+    L.Trainer = trainer_with_stamps
+    try:
+        trainer = fit(L, tmp_path, profiler, sleep=0.005)
+    finally:
+        L.Trainer = real_fit_trainer
+    assert torch is not None and len(stamps) == 12
+    (trace,) = glob.glob(f"{trainer.log_dir}/fit.*.pt.trace.json.gz")
+    loaded = gpuprof.load(f"{trainer.log_dir}/fit.gpuprof")
+    _recorded_structure(loaded, trace, stamps, tmp_path)
+
+
+def test_hugging_face_trainer_steps_are_siblings_spanning_their_steps(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed (make frameworks)")
+    from test_integrations import hf_or_skip, hf_train
+
+    transformers = hf_or_skip()
+    from gpuprof.integrations.transformers import GpuprofCallback
+
+    stamps = []
+
+    class StepEnds(transformers.TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            stamps.append(time.perf_counter_ns())
+
+    cb = GpuprofCallback(schedule=gpuprof.schedule(wait=2, warmup=1, active=2, repeat=1))
+    hf_train(transformers, tmp_path, [cb, StepEnds()], sleep=0.005)
+    assert len(stamps) == 10
+    out = tmp_path / "hf"
+    (trace,) = glob.glob(str(out / "gpuprof-train.*.pt.trace.json.gz"))
+    loaded = gpuprof.load(str(out / "gpuprof-train.gpuprof"))
+    _recorded_structure(loaded, trace, stamps, tmp_path)
