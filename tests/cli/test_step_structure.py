@@ -143,3 +143,55 @@ def test_tensorboard_plugin_reads_the_steps(profiled, tmp_path):
     for n, cost in zip(RECORDED, run.steps_costs, strict=True):
         measured_us = (stamps[n] - stamps[n - 1]) / 1e3
         assert cost.costs[ProfileRole.Total] == pytest.approx(measured_us, rel=0.05)
+
+
+def test_a_capture_of_an_armed_job_has_the_same_structure(tmp_path):
+    """``gpuprof capture`` of an armed, unmodified PyTorch loop: its steps end in the
+    optimizer's hook too, and come out as siblings spanning their iterations."""
+    from test_on_demand_cli import TORCH_LOOP, Program
+
+    env = dict(
+        os.environ, GPUPROF_RUNTIME_DIR=str(tmp_path / "runtime"), OMP_NUM_THREADS="1",
+        PYTHONPATH=PYTHONPATH,
+    )  # fmt: skip
+    prog = Program(env, tmp_path / "stop", sys.executable, "-m", "gpuprof", "run",
+                   "--on-demand", TORCH_LOOP, str(tmp_path / "stop"))  # fmt: skip
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuprof", "capture", str(prog.pid), "--steps", "4",
+             "--wait", "--output", str(tmp_path / "cap")],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    finally:
+        code, _, err = prog.end()
+    assert code == 0, err
+    (stacks_path,) = (tmp_path / "cap").glob("*.stacks.txt")
+    found = stacks(stacks_path)
+    for frames in found:
+        assert frames.count("ProfilerStep*") <= 1, frames
+    assert {name(f[f.index("ProfilerStep*") - 1]) for f in found if "ProfilerStep*" in f} == {
+        "main"
+    }
+    (trace_path,) = (tmp_path / "cap").glob("*.pt.trace.json.gz")
+    with gzip.open(trace_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    slices = sorted(step_slices(trace_path).values(), key=lambda e: e["ts"])
+    assert len(slices) == 4
+    # the model's forward: one top-level call a step, so the time from one step's
+    # forward to the next is that step's length
+    forwards = sorted(
+        e["ts"]
+        for e in events
+        if e.get("cat") == "python_function"
+        and e["name"].endswith("Module._wrapped_call_impl")
+        and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in slices)
+        and not any(
+            p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] and p is not e
+            for p in events
+            if p.get("cat") == "python_function" and p["name"].endswith("_wrapped_call_impl")
+        )
+    )
+    assert len(forwards) == 4
+    for s, a, b in zip(slices[1:3], forwards[1:3], forwards[2:4], strict=True):
+        assert s["dur"] == pytest.approx(b - a, rel=0.05)
