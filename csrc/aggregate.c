@@ -173,7 +173,6 @@ done:
     free(a.stack.v);
     free(a.launches.v);
     free(a.stepmarks.v);
-    free(a.anchors.v);
     free(a.carry.v);
     free(a.nodes.s);
     gp_u64map_free(&a.corr);

@@ -136,10 +136,7 @@ typedef struct Agg {
     uint32_t thread;      /* index of the thread being replayed */
     uint32_t buf_index;   /* its GpThreadBuf.index (NVTX range ends name it) */
     uint32_t pushes;      /* non-hidden entries pushed so far */
-    /* Steps as siblings (replay.c, "step boundaries"): per step begin of this
-     * thread, in order, the Python and C frames open through the whole step. */
-    GP_VEC(uint32_t) anchors;
-    size_t next_anchor;   /* the next step begin's index in anchors */
+    /* Steps as siblings (replay.c, "step boundaries") */
     GP_VEC(Entry) carry;  /* entries cut at a step end, to go on above the next step */
     int step_follows;     /* this step end's next event is the next step's begin */
     int64_t busy;         /* this thread's time with a non-empty stack */
@@ -213,10 +210,6 @@ int gp_replay_flush_carry(Agg *a, int64_t ts);
 /* The NVTX range ends recorded on another thread than their start, by time.
  * 0, or -1 when out of memory. */
 int gp_replay_thread_foreign_ends(Agg *a, const GpClockMap *clock);
-
-/* Per step begin among one thread's events, the frames open through the
- * whole step (a->anchors). 0, or -1 when out of memory. */
-int gp_replay_step_anchors(Agg *a, const GpWindowThread *tb);
 
 /* Replay every event of one thread into the tables; fills tr. 0, or -1 when
  * out of memory. */

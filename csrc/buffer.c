@@ -398,6 +398,8 @@ clear_thread_locked(GpThreadBuf *tb)
 {
     tb->head = tb->tail = NULL;
     tb->cur = tb->end = NULL;
+    tb->step_begin = NULL; /* its chunk has gone with the window */
+    tb->step_min = 0;
     tb->dropped = 0;
     tb->drop_ts = 0;
 }

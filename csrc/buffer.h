@@ -104,6 +104,13 @@ typedef struct GpThreadBuf {
      * clear) and whether it is in a C call. Set from the stack at each window's start
      * (gp_hook_snapshot); it decides which calls have their caller's line recorded (hook.c). */
     uint32_t py_depth;
+    /* The open step (owner thread, GIL; hook.c, gp_hook_marker): its begin event in
+     * this window's chunks (NULL: none), py_depth there, and the fewest frames open
+     * since (0 while no step is open). Its end writes into the begin event how many
+     * frames below it returned, for the replay to place the step (replay.c). */
+    GpEvent *step_begin;
+    uint32_t step_depth;
+    uint32_t step_min;
     uint8_t py_frames[GP_SHADOW_DEPTH]; /* per depth: 1 the user's code, | 2 in a C call */
 } GpThreadBuf;
 

@@ -55,8 +55,11 @@ shadow_push(GpThreadBuf *tb, uint8_t op_flags)
 GP_INLINE void
 shadow_pop(GpThreadBuf *tb)
 {
-    if (tb->py_depth > 0)
+    if (tb->py_depth > 0) {
         tb->py_depth--;
+        if (GP_UNLIKELY(tb->py_depth < tb->step_min))
+            tb->step_min = tb->py_depth; /* a frame below the open step's begin returned */
+    }
 }
 
 /* A C call opened (in_c 1) or closed (0) by the innermost Python frame. */
@@ -461,7 +464,26 @@ gp_hook_marker(uint32_t kind, uint32_t arg)
     GpThreadBuf *tb = gp_buffer_thread();
     if (tb == NULL)
         return;
+    if (GP_EV_KIND(kind) == GP_EV_STEP_END && tb->step_begin != NULL) {
+        /* How many frames below the step's begin returned during the step (+1;
+         * 0 means unknown): the replay puts the step under the rest (replay.c,
+         * "step boundaries"). The begin event is this thread's and still in
+         * this window's chunks (clear_thread_locked forgets it with them). */
+        uint32_t popped = tb->step_depth - tb->step_min;
+        if (popped < (1u << 23))
+            tb->step_begin->kind = GP_EV_MAKE(GP_EV_STEP_BEGIN, popped + 1);
+    }
+    if (GP_EV_KIND(kind) == GP_EV_STEP_END) {
+        tb->step_begin = NULL;
+        tb->step_min = 0;
+    }
+    GpEvent *slot = tb->cur;
     gp_buffer_push(tb, gp_clock_raw(), arg, kind);
+    if (GP_EV_KIND(kind) == GP_EV_STEP_BEGIN) {
+        /* NULL when the event was dropped; a fresh chunk's first slot otherwise */
+        tb->step_begin = tb->cur != slot ? tb->cur - 1 : NULL;
+        tb->step_depth = tb->step_min = tb->py_depth;
+    }
 }
 
 uint64_t

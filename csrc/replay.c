@@ -363,14 +363,10 @@ reparent_nvtx(Agg *a, size_t i)
  * frames between the loop and that call (train_step, Optimizer.step, its hook)
  * straddle the boundary. They are cut there: the piece before ends with the
  * old step, and the call goes on as a new piece (not a new call) inside the
- * new one. How many frames stay open through each step is found by a first
- * pass over the thread's events (gp_replay_step_anchors). */
-
-GP_INLINE int
-is_frame(const Entry *e)
-{
-    return e->kind == E_PY || e->kind == E_C;
-}
+ * new one. How many Python frames below the step's begin returned before its
+ * end, the hook writes into the begin event's payload, plus one, when the step
+ * ends (hook.c, gp_hook_marker); 0 (a step begun or ended elsewhere, events
+ * dropped, a test's events) puts the step on top of the stack. */
 
 /* End the piece of stack entry i at ts without ending the call (min and max
  * per call wait for its last piece). A piece in which nothing happened (a
@@ -506,22 +502,33 @@ step_end(Agg *a, uint32_t step, int64_t ts)
     return follows ? 0 : gp_replay_flush_carry(a, ts);
 }
 
-static int
-step_begin(Agg *a, uint32_t step, int64_t ts)
+/* The stack position of a step begun with `popped` Python frames below it
+ * returning during the step (payload - 1), over the stack and the carried
+ * entries above it: right above the last Python frame that stays open. */
+static size_t
+step_position(const Agg *a, uint32_t payload)
 {
-    uint32_t anchor = a->next_anchor < a->anchors.n ? a->anchors.v[a->next_anchor++] : UINT32_MAX;
+    size_t n = a->stack.n, all = n + a->carry.n, py = 0;
+    if (payload == 0)
+        return all;
+    for (size_t i = 0; i < all; i++)
+        py += (i < n ? &a->stack.v[i] : &a->carry.v[i - n])->kind == E_PY;
+    uint32_t popped = payload - 1;
+    if (popped >= py)
+        return 0;
+    size_t keep = py - popped, seen = 0;
+    for (size_t i = 0; i < all; i++)
+        if ((i < n ? &a->stack.v[i] : &a->carry.v[i - n])->kind == E_PY && ++seen == keep)
+            return i + 1;
+    return all;
+}
+
+static int
+step_begin(Agg *a, uint32_t step, uint32_t payload, int64_t ts)
+{
     if ((int64_t)step + 1 == a->in->unclosed_step)
         return gp_replay_flush_carry(a, ts); /* its end is stop()'s: no step */
-    /* The step goes right above the anchor-th frame of the stack with the
-     * carried entries on top. */
-    size_t n = a->stack.n, depth = 0, at = n + a->carry.n;
-    for (size_t i = 0; i < n + a->carry.n && anchor != UINT32_MAX; i++) {
-        if (depth == anchor) {
-            at = i;
-            break;
-        }
-        depth += is_frame(i < n ? &a->stack.v[i] : &a->carry.v[i - n]);
-    }
+    size_t n = a->stack.n, at = step_position(a, payload);
     if (at <= n) {
         if (cut_to_carry(a, at, ts) < 0)
             return -1;
@@ -555,7 +562,7 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
         return 0;
     }
     case GP_EV_STEP_BEGIN:
-        return step_begin(a, ev->arg, ts);
+        return step_begin(a, ev->arg, GP_EV_PAYLOAD(ev->kind), ts);
     case GP_EV_STEP_END:
         return step_end(a, ev->arg, ts);
     case GP_EV_API_ENTER:

@@ -262,79 +262,6 @@ replay_run(Agg *a, const GpEvent *ev, const GpEvent *stop, GpClockCursor *cur, i
     return 0;
 }
 
-/* The first pass for steps as siblings (replay.c, "step boundaries"): the
- * frames of the stack as the replay keeps them (a return ends the innermost
- * Python frame and any C call above it; a C return only a C call on top; a
- * return from a frame entered before the window, unmatched, ends nothing),
- * and per step begin the fewest frames open until that step's end. Threads
- * that never begin a step cost one look at each event. */
-int
-gp_replay_step_anchors(Agg *a, const GpWindowThread *tb)
-{
-    a->anchors.n = 0;
-    a->next_anchor = 0;
-    a->carry.n = 0;
-    a->step_follows = 0;
-    int any = 0;
-    for (const GpChunk *c = tb->head; c && !any; c = c->next)
-        for (uint32_t k = 0; k < c->n && !any; k++)
-            any = GP_EV_KIND(c->ev[k].kind) == GP_EV_STEP_BEGIN;
-    if (!any)
-        return 0;
-    uint8_t *kinds = NULL; /* the frames: E_PY or E_C, innermost last */
-    size_t depth = 0, cap = 0, py = 0;
-    int64_t open = -1; /* anchors index of the step in progress */
-    int rc = -1;
-    for (const GpChunk *c = tb->head; c; c = c->next) {
-        for (uint32_t k = 0; k < c->n; k++) {
-            uint32_t kind = GP_EV_KIND(c->ev[k].kind);
-            switch (kind) {
-            case GP_EV_FRAME:
-            case GP_EV_CALL:
-            case GP_EV_RESUME:
-            case GP_EV_CCALL:
-                if (vec_grow((void **)&kinds, &cap, depth + 1, 1) == NULL)
-                    goto done;
-                kinds[depth++] = kind == GP_EV_CCALL ? E_C : E_PY;
-                py += kind != GP_EV_CCALL;
-                continue;
-            case GP_EV_RETURN:
-                if (py == 0)
-                    continue;
-                while (kinds[depth - 1] == E_C)
-                    depth--;
-                depth--;
-                py--;
-                break;
-            case GP_EV_CRETURN:
-                if (depth == 0 || kinds[depth - 1] != E_C)
-                    continue;
-                depth--;
-                break;
-            case GP_EV_STEP_BEGIN: {
-                uint32_t *v = VEC_PUSH(a->anchors);
-                if (v == NULL)
-                    goto done;
-                *v = (uint32_t)depth;
-                open = (int64_t)a->anchors.n - 1;
-                continue;
-            }
-            case GP_EV_STEP_END:
-                open = -1;
-                continue;
-            default:
-                continue;
-            }
-            if (open >= 0 && depth < a->anchors.v[open])
-                a->anchors.v[open] = (uint32_t)depth;
-        }
-    }
-    rc = 0;
-done:
-    free(kinds);
-    return rc;
-}
-
 int
 gp_replay_thread_run(Agg *a, const GpWindowThread *tb, GpThreadRow *tr, const GpClockMap *clock)
 {
@@ -345,10 +272,8 @@ gp_replay_thread_run(Agg *a, const GpWindowThread *tb, GpThreadRow *tr, const Gp
         return -1;
     }
     a->buf_index = tb->index;
-    if (gp_replay_step_anchors(a, tb) < 0) {
-        free(api);
-        return -1;
-    }
+    a->carry.n = 0;
+    a->step_follows = 0;
     a->stack.n = 0;
     a->busy = 0;
     a->self_sum = 0;

@@ -3,11 +3,11 @@
     python torch_steps.py OPTIMIZER STAMPS [--hand OUT_DIR]
 
 Trains a small MLP for 10 steps and writes, to the JSON file STAMPS, the time
-(perf_counter_ns) at which each optimizer step ended, from the optimizer's own
-post-step hook. With --hand the loop profiles itself as the README shows, with
-prof.step() written after each iteration, and writes its trace and stacks into
-OUT_DIR; without it, the loop is written with no thought of gpuprof (run it under
-``python -m gpuprof run``).
+(perf_counter_ns) at which each step ended where gpuprof ends it: without --hand
+from the optimizer's own post-step hook, as ``python -m gpuprof run`` does (the loop
+is written with no thought of gpuprof); with --hand right before the prof.step()
+written after each iteration, as the README shows (its trace and stacks go into
+OUT_DIR).
 """
 
 import json
@@ -45,7 +45,8 @@ def main(kind, stamps_path, hand_dir=None):
     )
     optimizer = make_optimizer(kind, model.parameters())
     stamps = []
-    optimizer.register_step_post_hook(lambda *_: stamps.append(time.perf_counter_ns()))
+    if hand_dir is None:
+        optimizer.register_step_post_hook(lambda *_: stamps.append(time.perf_counter_ns()))
     data = torch.utils.data.TensorDataset(torch.randn(10 * 256, 256), torch.randn(10 * 256, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=256)
     if hand_dir is None:
@@ -59,6 +60,7 @@ def main(kind, stamps_path, hand_dir=None):
         ) as prof:
             for x, y in loader:
                 train_step(model, optimizer, x, y)
+                stamps.append(time.perf_counter_ns())
                 prof.step()
         prof.export_chrome_trace(f"{hand_dir}/hand.pt.trace.json.gz")
         prof.export_stacks(f"{hand_dir}/hand.stacks.txt")
