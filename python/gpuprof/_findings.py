@@ -111,7 +111,7 @@ def headline(summary: dict, n_findings: int) -> list[str]:
         lines.append(
             "The checks look for the bottlenecks of GPU training loops (data stalls, "
             "syncs, launches, GPU idle time); without GPU activity, the findings are "
-            "where the CPU time goes (self time of all threads)."
+            "where the CPU time goes (self time of all threads, waiting left out)."
         )
     if not n_findings:
         basis = "step time" if s["steps"] else "recorded time"

@@ -689,6 +689,8 @@ def cpu_hot_paths(results: Results, window: int = -1) -> list[dict]:
     function doing the work, else your function's definition line; on paths with no
     code of yours (a library's own thread), the library's line. Ranges and steps
     (``record_function``, ``ProfilerStep*``) pass their time to the code around them.
+    Waiting is not CPU time: the ``idle`` ops (sleeps, lock acquires, polls, queue
+    gets) count neither in a line's time nor in the total.
 
     Returns:
         One dict per line, most CPU time first: ``location`` (as a finding's),
@@ -699,7 +701,9 @@ def cpu_hot_paths(results: Results, window: int = -1) -> list[dict]:
     w = results.window(window)
     raw = w.raw
     tree, ops, sp = raw["nodes"], w.ops(), raw["spans"]
-    node_self = tree["self_ns"].astype(np.int64)
+    # waiting is not CPU time: the idle ops' own time (a sleep, a lock) counts nowhere
+    waits = ops["idle"][tree["op_row"].astype(np.int64)]
+    node_self = np.where(waits, 0, tree["self_ns"]).astype(np.int64)
     total = int(node_self.sum())
     if not total or not len(sp):
         return []

@@ -58,3 +58,59 @@ def test_the_page_builds_the_diagnosis_header_from_the_headline():
     js = os.path.join(os.path.dirname(gp.__file__), "exporters", "html_assets", "report.js")
     page = open(js, encoding="utf-8").read()
     assert "d.headline" in page and '" recorded steps, "' not in page
+
+
+# -- waiting is not CPU time ------------------------------------------------------------------
+
+WAITS = ("time.sleep", "_thread.lock.acquire", "_thread.lock.__enter__", "select.", "posix.read")
+
+
+def table_names(stdout):
+    lines = stdout.split("\n")
+    rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
+    return [line.split("  ")[0] for line in lines[rules[1] + 1 : rules[2]]]
+
+
+def idle_line(stdout):
+    (line,) = [ln for ln in stdout.splitlines() if ln.startswith("Idle: ")]
+    return line
+
+
+def test_run_leaves_a_sleeping_thread_out_of_the_table_and_idle_shows_it():
+    r = gpuprof("run", "--no-cuda", script("sleepy_poller.py"))
+    assert r.returncode == 0, r.stderr
+    names = table_names(r.stdout)
+    assert names[0].startswith(("crunch.<locals>.<genexpr>", "sum")), r.stdout
+    assert not [n for n in names if n.startswith(WAITS)], r.stdout
+    line = idle_line(r.stdout)
+    assert "time.sleep" in line and line.endswith("key_averages(idle=True) shows it"), line
+    # the hot path is the work line, not the sleep
+    text = diagnosis(r.stdout)
+    assert f"sleepy_poller.py:{line_no('sleepy_poller.py', '# work line')}" in text, text
+    assert "time.sleep" not in text, text
+    # --idle: the waits are rows again
+    r = gpuprof("run", "--no-cuda", "--idle", script("sleepy_poller.py"))
+    assert r.returncode == 0, r.stderr
+    assert "time.sleep" in table_names(r.stdout), r.stdout
+    assert "(idle=True)" in idle_line(r.stdout)
+
+
+def test_run_dataloader_workers_top_row_is_work_not_the_feeders_waiting():
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    r = gpuprof("run", "--no-cuda", "--limit", "40", script("torch_workers.py"), "2", timeout=300)
+    assert r.returncode == 0, r.stderr
+    names = table_names(r.stdout)
+    assert not [n for n in names if n.startswith(WAITS)], r.stdout
+    assert not names[0].startswith(("Condition.wait", "Thread.join", "Event.wait")), r.stdout
+    assert "_thread.lock.acquire" in idle_line(r.stdout), r.stdout
+    r = gpuprof(
+        "run", "--no-cuda", "--idle", "--limit", "40", script("torch_workers.py"), "2", timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert "_thread.lock.acquire" in table_names(r.stdout), r.stdout
+
+
+def test_idle_with_on_demand_is_refused():
+    r = gpuprof("run", "--on-demand", "--idle", script("sleepy_poller.py"))
+    assert r.returncode == 2
+    assert "--idle cannot be combined with --on-demand" in r.stderr

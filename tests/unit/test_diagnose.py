@@ -870,16 +870,13 @@ def test_a_thread_pool_map_gets_no_data_stall():
     d = diagnose(prof.results)
     # then Executor.map's result iterator is no data loader
     assert_no_step_figures(d)
-    assert hot_paths(d), str(d)
-    # the workers' hashing is found on the line that does it, over several threads
-    lines = {f.location: f for f in hot_paths(d)}
-    hashing = [
-        p
-        for p in diagnose_mod.cpu_hot_paths(prof.results)
-        if p["location"].startswith(line_of(digest, "# hash"))
-    ]
-    assert hashing and hashing[0]["threads"] >= 1
-    assert all(f.title.startswith("CPU hot path: ") for f in lines.values())
+    # the hottest line is the workers' hashing, not their waiting for work (a queue
+    # get) or the main thread's waiting for results (a lock): waiting is not CPU time
+    hot = hot_paths(d)
+    assert hot, str(d)
+    assert hot[0].location in (line_of(digest, "def digest"), line_of(digest, "# hash")), str(d)
+    for f in hot:
+        assert not any(w in f.title for w in ("SimpleQueue.get", "lock.acquire")), str(d)
 
 
 CELL = """\

@@ -285,6 +285,7 @@
     add(sec, el("p", { "class": "muted", text: "The rows of prof.key_averages().table(): one per Python function, C function, " +
       "record_function range and CUDA API call. Click a column to sort; self columns count time while the op was innermost." }));
     add(sec, dataTable(D.ops, { id: "ops-table", placeholder: "filter ops by name" }));
+    if (D.ops.idle) add(sec, el("p", { "class": "muted small", text: D.ops.idle }));  // waiting left out
     return sec;
   }
   function kernelsSection() {
