@@ -293,12 +293,115 @@ is_hidden_owner(PyObject *owner)
     return name != NULL && strncmp(name, "gpuprof.", 8) == 0;
 }
 
+/* C functions that block their thread until something else happens: time spent in
+ * them is waiting, not computing (GP_OPF_WAIT; the tables leave it out unless asked,
+ * as py-spy does without --idle). Each is named by the module or the type that
+ * defines it, as CPython spells it, and its method name. Python functions that wait
+ * (Condition.wait, Event.wait, Thread.join, queue.Queue.get) do it in one of these. */
+static const struct {
+    const char *owner;
+    const char *name;
+} wait_calls[] = {
+    {"time", "sleep"},
+    {"_thread.lock", "acquire"},
+    {"_thread.lock", "acquire_lock"},
+    {"_thread.lock", "__enter__"},
+    {"_thread.RLock", "acquire"},
+    {"_thread.RLock", "__enter__"},
+    {"_thread._ThreadHandle", "join"}, /* Thread.join on 3.13+ */
+    {"_queue.SimpleQueue", "get"},
+    {"_multiprocessing.SemLock", "acquire"},
+    {"_multiprocessing.SemLock", "__enter__"},
+    {"select", "select"},
+    {"select.poll", "poll"},
+    {"select.epoll", "poll"},
+    {"select.devpoll", "poll"},
+    {"select.kqueue", "control"},
+    {"_socket.socket", "recv"},
+    {"_socket.socket", "recv_into"},
+    {"_socket.socket", "recvfrom"},
+    {"_socket.socket", "recvfrom_into"},
+    {"_socket.socket", "recvmsg"},
+    {"_socket.socket", "recvmsg_into"},
+    {"_socket.socket", "_accept"},
+    {"posix", "read"}, /* os.read: the pipes of multiprocessing and subprocess */
+    {"posix", "waitpid"},
+    {"posix", "wait"},
+    {"posix", "wait3"},
+    {"posix", "wait4"},
+    {"posix", "waitid"},
+    {"signal", "pause"},
+    {"signal", "sigwait"},
+    {"signal", "sigwaitinfo"},
+    {"signal", "sigtimedwait"},
+};
+
+static int
+has_method(const PyTypeObject *t, const PyMethodDef *ml)
+{
+    for (const PyMethodDef *m = t->tp_methods; m != NULL && m->ml_name != NULL; m++) {
+        if (m == ml)
+            return 1;
+    }
+    return 0;
+}
+
+/* The type on `owner`'s MRO whose method table holds `ml` (a method called on an
+ * instance of a subclass, such as socket.socket's recv), or NULL. Reads the types'
+ * static fields only: no Python code runs. */
+static const PyTypeObject *
+defining_type(const PyTypeObject *owner, const PyMethodDef *ml)
+{
+    if (has_method(owner, ml))
+        return owner;
+    PyObject *mro = owner->tp_mro; /* borrowed; NULL before PyType_Ready */
+    if (mro == NULL || !PyTuple_Check(mro))
+        return NULL;
+    for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(mro); i++) {
+        const PyTypeObject *t = (const PyTypeObject *)PyTuple_GET_ITEM(mro, i); /* borrowed */
+        if (has_method(t, ml))
+            return t;
+    }
+    return NULL;
+}
+
+/* Whether C function `ml` of `owner` (see cfunc_key in hook.c) is one of wait_calls.
+ * Runs once per distinct C function, when it is first interned. */
+static int
+is_wait_call(const PyMethodDef *ml, PyObject *owner)
+{
+    const char *owner_name = NULL;
+    int candidate = 0;
+    for (size_t i = 0; i < sizeof(wait_calls) / sizeof(wait_calls[0]) && !candidate; i++)
+        candidate = strcmp(ml->ml_name, wait_calls[i].name) == 0;
+    if (!candidate || owner == NULL)
+        return 0;
+    if (PyModule_Check(owner)) {
+        owner_name = PyModule_GetName(owner);
+        if (owner_name == NULL)
+            PyErr_Clear();
+    } else if (PyType_Check(owner)) {
+        const PyTypeObject *t = defining_type((const PyTypeObject *)owner, ml);
+        owner_name = t != NULL ? t->tp_name : NULL;
+    }
+    if (owner_name == NULL)
+        return 0;
+    for (size_t i = 0; i < sizeof(wait_calls) / sizeof(wait_calls[0]); i++) {
+        if (strcmp(ml->ml_name, wait_calls[i].name) == 0 &&
+            strcmp(owner_name, wait_calls[i].owner) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 uint32_t
 gp_intern_cfunc_slow(const PyMethodDef *ml, PyObject *owner)
 {
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     uint8_t flags = owner != NULL && is_hidden_owner(owner) ? GP_OPF_HIDDEN : 0;
+    if (is_wait_call(ml, owner))
+        flags |= GP_OPF_WAIT;
     uint32_t op = add_op(ml, owner, GP_OP_CFUNC, flags, Py_XNewRef(owner), ml);
     PyErr_Restore(exc_type, exc_value, exc_tb);
     return op;

@@ -24,6 +24,8 @@ class ResultAccessors:
         *,
         include_context: bool = False,
         group_by_overload_name=False,
+        idle: bool = False,
+        group_by_thread: bool = False,
     ):
         """Op statistics as a :class:`gpuprof.tables.KeyAverages`: ``.table()`` prints
         them, iterating gives one row object with torch.profiler's attribute names.
@@ -38,6 +40,13 @@ class ResultAccessors:
                 frames): 0 calls, context rather than results, left out by default.
             group_by_overload_name: accepted for torch.profiler code; C functions have
                 no overloads, so there is nothing to group.
+            idle: also show the time threads spent waiting (sleeps, lock acquires,
+                polls, queue gets: ``ops()["idle"]``), as py-spy's ``--idle``. Left out
+                by default: those rows are not shown, their time is not in the Self CPU
+                total, each op's CPU total is the time it computed, and a footer line
+                says how much waiting was left out.
+            group_by_thread: one row per op and thread, with a Thread column naming
+                each thread (``thread_names()``); combines with ``group_by_stack_n``.
         """
         from .tables import KeyAverages
 
@@ -62,12 +71,16 @@ class ResultAccessors:
                 group_by_stack_n,
                 self.profile_memory,
                 include_context=include_context,
+                idle=idle,
+                group_by_thread=group_by_thread,
             )
         return KeyAverages(
             self.results,
             group_by_stack_n=group_by_stack_n,
             show_memory=self.profile_memory,
             include_context=include_context,
+            idle=idle,
+            group_by_thread=group_by_thread,
         )
 
     def ops(self, pid=None):

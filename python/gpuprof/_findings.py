@@ -20,12 +20,16 @@ class Finding:
 
     Attributes:
         kind: "data_stall", "sync_point", "launch_bound", "gpu_idle", "no_mixed_precision",
-            "communication_wait", "memory_churn", or on merged ranks "straggler".
-        severity: share of recorded step time (0..1) the problem costs, estimated.
+            "communication_wait", "memory_churn", "cpu_hot_path" (a program without GPU
+            activity), or on merged ranks "straggler".
+        severity: share (0..1) of ``share_of`` the problem costs, estimated.
         title: one line saying what is wrong.
         evidence: the figures behind it (names match array fields where they come from one).
         location: "file:line" of the Python code responsible, when known.
         fix: what to change.
+        share_of: what ``severity`` is a share of: "step time" (the recorded steps'
+            wall time), "recorded time" (the window's, when it has no steps) or
+            "CPU time" (the self CPU time of every thread, as the table's Self CPU %).
     """
 
     kind: str
@@ -34,38 +38,41 @@ class Finding:
     evidence: dict
     location: str
     fix: str
+    share_of: str = "step time"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 class Diagnosis(list):
-    """Findings, most severe first. ``str()`` prints a report; ``to_dict()`` for machines."""
+    """Findings, most severe first; the CPU hot paths (shares of the CPU time, where the
+    time goes rather than a fault) after the others. ``str()`` prints a report;
+    ``to_dict()`` for machines."""
 
     def __init__(self, findings, summary: dict):
-        super().__init__(sorted(findings, key=lambda f: -f.severity))
+        super().__init__(sorted(findings, key=lambda f: (f.share_of == "CPU time", -f.severity)))
         self.summary = summary
 
     def kinds(self) -> list[str]:
         return [f.kind for f in self]
 
     def to_dict(self) -> dict:
-        return {"summary": dict(self.summary), "findings": [f.to_dict() for f in self]}
+        return {
+            "summary": dict(self.summary),
+            "headline": self.headline(),
+            "findings": [f.to_dict() for f in self],
+        }
+
+    def headline(self) -> list[str]:
+        """The lines between the title and the findings: what was recorded, and what
+        the checks could judge of it."""
+        return headline(self.summary, len(self))
 
     def __str__(self) -> str:
-        s = self.summary
-        lines = [
-            "gpuprof diagnosis",
-            "=" * 17,
-            f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
-            f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
-            + ("" if s["gpu"] else " (no GPU activity recorded)"),
-        ]
-        if not self:
-            lines.append("No bottleneck found: nothing costs more than 5% of step time.")
+        lines = ["gpuprof diagnosis", "=" * 17, *self.headline()]
         for i, f in enumerate(self, 1):
             lines.append("")
-            lines.append(f"{i}. [{100 * f.severity:4.1f}% of step time] {f.title}")
+            lines.append(f"{i}. [{100 * f.severity:4.1f}% of {f.share_of}] {f.title}")
             if f.location:
                 lines.append(f"   at {f.location}")
             ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f.evidence.items())
@@ -77,6 +84,39 @@ class Diagnosis(list):
         import html
 
         return f"<pre>{html.escape(str(self))}</pre>"
+
+
+def headline(summary: dict, n_findings: int) -> list[str]:
+    """The diagnosis's first lines for its ``summary``: the steps and how busy the GPU
+    was; without steps, how long the window was (a mean step of no steps is no figure);
+    without GPU activity, that the checks are about GPU training loops and that the
+    findings are where the CPU time goes."""
+    s = summary
+    if s["steps"]:
+        first = f"{s['steps']} recorded steps, {format_time(s['step_ns_mean'])} per step; "
+        first += (
+            f"GPU busy {100 * s['gpu_busy_share']:.1f}% of step time"
+            if s["gpu"]
+            else "no GPU activity recorded"
+        )
+    else:
+        first = f"No steps recorded: {format_time(s.get('window_ns', 0))} recorded; "
+        first += (
+            f"GPU busy {100 * s['gpu_busy_share']:.1f}% of it"
+            if s["gpu"]
+            else "no GPU activity recorded"
+        )
+    lines = [first]
+    if not s["gpu"]:
+        lines.append(
+            "The checks look for the bottlenecks of GPU training loops (data stalls, "
+            "syncs, launches, GPU idle time); without GPU activity, the findings are "
+            "where the CPU time goes (self time of all threads, waiting left out)."
+        )
+    if not n_findings:
+        basis = "step time" if s["steps"] else "recorded time"
+        lines.append(f"No bottleneck found: nothing costs more than 5% of {basis}.")
+    return lines
 
 
 def _fmt(key: str, v) -> str:

@@ -32,7 +32,9 @@ from ._constants import (
     GF_ROLLED_UP,
     GPU_KINDS,
     KERNEL_CATEGORIES,
+    OP_CFUNC,
     OP_KINDS,
+    OPF_WAIT,
     SF_ENTERED,
 )
 from ._constants import GPU_FREE as GPU_KIND_FREE
@@ -58,6 +60,9 @@ OPS_DTYPE = np.dtype(
         ("kernels", "i8"),
         ("cuda_mem_self_bytes", "i8"),
         ("cpu_mem_self_bytes", "i8"),
+        # a C function that blocks its thread (time.sleep, a lock's acquire, a poll):
+        # its time is waiting, which the tables leave out unless key_averages(idle=True)
+        ("idle", "?"),
     ]
 )
 
@@ -197,8 +202,9 @@ class _Window:
             out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
             out["line"] = self._raw["op_lines"]
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
-            for f in OPS_DTYPE.names[4:]:
+            for f in OPS_DTYPE.names[4:-1]:
                 out[f] = r[f]
+            out["idle"] = (r["kind"] == OP_CFUNC) & ((r["flags"] & OPF_WAIT) != 0)
             self._ops = out
         return self._ops
 
@@ -530,6 +536,40 @@ class Results:
 
         cuda = self._per_op(cuda_total, lambda a, b: a + b)
         return cuda, np.zeros(len(cuda), dtype=np.int64)
+
+    def op_idle_ns(self) -> np.ndarray:
+        """Per row of ``ops()``: the time its outermost calls spent waiting, in the
+        ``idle`` ops below them (all of an idle op's own time). ``cpu_total_ns`` less
+        this is the time the op computed; read from the call tree."""
+
+        def below(w):
+            tree = w._raw["nodes"]
+            idle = w.ops()["idle"]
+            out = np.zeros(len(idle), dtype=np.int64)
+            if not len(tree) or not idle.any():
+                return out
+            rows = tree["op_row"].astype(np.int64)
+            own = np.where(idle[rows], tree["self_ns"], 0).astype(np.int64)
+            if not own.any():
+                return out
+            sub = subtree_sums(tree["parent"], own)
+            outer = outermost(tree["parent"], rows)
+            np.add.at(out, rows[outer], sub[outer])
+            return out
+
+        return self._per_op(below, lambda a, b: a + b)
+
+    def idle_thread_idents(self) -> set[int]:
+        """The threads (by ident) that spent time waiting in an ``idle`` op."""
+        out: set[int] = set()
+        for w in self._windows:
+            tree = w._raw["nodes"]
+            if not len(tree):
+                continue
+            waited = w.ops()["idle"][tree["op_row"].astype(np.int64)] & (tree["self_ns"] > 0)
+            idents = w._raw["threads"]["ident"]
+            out.update(int(idents[t]) for t in np.unique(tree["thread"][waited]).tolist())
+        return out
 
     def gpu_events(self) -> np.ndarray:
         parts = [w.gpu_events() for w in self._windows]

@@ -40,6 +40,7 @@ from .processes import worker_hotspot as _worker_hotspot  # -- subprocesses --
 __all__ = [
     "STEP_BREAKDOWN_DTYPE",
     "Diagnosis",
+    "cpu_hot_paths",
     "Finding",
     "data_wait_per_step",
     "data_wait_spans",
@@ -102,6 +103,7 @@ class _View:
 
     def __init__(self, res: Results, window: int = -1, data_fetch=()):
         w = res.window(window)
+        self.window_index = window
         self.data_fetch = tuple(data_fetch)  # ops whose calls are waits for data
         self.res = res  # -- subprocesses: res.subprocesses, the child processes' windows --
         self.raw = w.raw
@@ -282,15 +284,17 @@ def data_wait_spans(
     )
     if not len(spans) or not (len(loader) or len(fetch)):
         return np.zeros(0, dtype=np.int64)
-    # Loader calls made directly under a step (the training loop's own fetch).
+    # Loader calls made directly under a step (the training loop's own fetch). Without
+    # steps there is no loop that waits for its input: a generator or an iterator's
+    # __next__ is then just code (a word count's generator expressions, a thread
+    # pool's map), never a data stall.
     step_rows = np.flatnonzero(ops["kind"] == "step")
+    if not len(step_rows):
+        return np.zeros(0, dtype=np.int64)
     under_step = np.isin(spans["op_row"], loader) & (spans["parent"] >= 0)
-    if len(step_rows):
-        parents = spans["parent"][under_step]
-        direct = np.flatnonzero(under_step)[np.isin(spans["op_row"][parents], step_rows)]
-    else:
-        direct = np.flatnonzero(under_step)
-    named = np.flatnonzero(np.isin(spans["op_row"], fetch))
+    parents = spans["parent"][under_step]
+    direct = np.flatnonzero(under_step)[np.isin(spans["op_row"][parents], step_rows)]
+    named = _inside_steps(spans, np.flatnonzero(np.isin(spans["op_row"], fetch)), step_rows)
     idx = np.union1d(direct, named)
     if not len(named) or len(idx) < 2:
         return idx
@@ -305,6 +309,24 @@ def data_wait_spans(
         keep.append(i)
         open_end[t] = int(spans["end_ns"][i])
     return np.asarray(keep, dtype=np.int64)
+
+
+def _inside_steps(spans: np.ndarray, idx: np.ndarray, step_rows: np.ndarray) -> np.ndarray:
+    """The spans of ``idx`` that start inside a step span of their own thread."""
+    if not len(idx):
+        return idx
+    steps = np.flatnonzero(np.isin(spans["op_row"], step_rows))
+    keep = np.zeros(len(idx), dtype=bool)
+    for t in np.unique(spans["thread"][idx]).tolist():
+        st = steps[spans["thread"][steps] == t]
+        mine = spans["thread"][idx] == t
+        if not len(st):
+            continue
+        starts, ends = spans["start_ns"][st], spans["end_ns"][st]
+        at = spans["start_ns"][idx[mine]]
+        k = np.searchsorted(starts, at, side="right") - 1  # a thread's steps follow each other
+        keep[mine] = (k >= 0) & (at < ends[np.maximum(k, 0)])
+    return idx[keep]
 
 
 def data_wait_per_step(results: Results, window: int = -1, data_fetch=()) -> np.ndarray:
@@ -392,11 +414,7 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
     for i in range(len(sp)):
         p = int(sp["parent"][i])
         inside[i] = i in roots or (p >= 0 and inside[p])
-    dur = (sp["end_ns"] - sp["start_ns"]).astype(np.int64)
-    nested = np.zeros(len(sp), dtype=np.int64)
-    has_parent = sp["parent"] >= 0
-    np.add.at(nested, sp["parent"][has_parent], dur[has_parent])
-    own = dur - nested  # self time: a loader's outer frames only pass the wait down
+    own = _span_self_ns(sp)  # a loader's outer frames only pass the wait down
     for i in np.flatnonzero(inside):
         if i in roots:
             continue
@@ -640,6 +658,153 @@ def _memory_churn(v: _View):
     ]
 
 
+# -- where the CPU time goes, for a program with no GPU activity --
+
+# A hot path is reported when the code under one user line takes this share of the CPU
+# time; at most this many are.
+_HOT_SHARE = 0.05
+_HOT_PATHS = 3
+# Call paths read for their user line, most self time first: together they hold all but
+# a sliver of the CPU time; the rest counts in the total only (reading each path's line
+# walks its frames in Python, a cost per distinct path).
+_HOT_COVER = 0.995
+_HOT_NODES = 2000
+
+
+def _span_self_ns(sp: np.ndarray) -> np.ndarray:
+    """Each span's own time: its duration less its children's."""
+    dur = (sp["end_ns"] - sp["start_ns"]).astype(np.int64)
+    nested = np.zeros(len(sp), dtype=np.int64)
+    has_parent = sp["parent"] >= 0
+    np.add.at(nested, sp["parent"][has_parent], dur[has_parent])
+    return dur - nested
+
+
+def cpu_hot_paths(results: Results, window: int = -1) -> list[dict]:
+    """Where the CPU time of one window goes, by the user's line.
+
+    Every call path's self time (``call_tree()`` nodes, all threads) is charged to the
+    user's line on it, found by the rule of every finding's location (see
+    docs/diagnosis.md): the line of your code that called on into the library or C
+    function doing the work, else your function's definition line; on paths with no
+    code of yours (a library's own thread), the library's line. Ranges and steps
+    (``record_function``, ``ProfilerStep*``) pass their time to the code around them.
+    Waiting is not CPU time: the ``idle`` ops (sleeps, lock acquires, polls, queue
+    gets) count neither in a line's time nor in the total.
+
+    Returns:
+        One dict per line, most CPU time first: ``location`` (as a finding's),
+        ``function`` (the user function it is in), ``self_ns`` (CPU time under the
+        line), ``share`` (of the window's self CPU time), ``ops`` (``[(label,
+        self_ns)]``, the ops that time was spent in, most first), ``threads``.
+    """
+    w = results.window(window)
+    raw = w.raw
+    tree, ops, sp = raw["nodes"], w.ops(), raw["spans"]
+    # waiting is not CPU time: the idle ops' own time (a sleep, a lock) counts nowhere
+    waits = ops["idle"][tree["op_row"].astype(np.int64)]
+    node_self = np.where(waits, 0, tree["self_ns"]).astype(np.int64)
+    total = int(node_self.sum())
+    if not total or not len(sp):
+        return []
+    # one span per node, the one with the most own time: the path, and the line the
+    # call was made from, that most of the node's time took
+    own = _span_self_ns(sp)
+    node = sp["node"].astype(np.int64)
+    ok = np.flatnonzero((node >= 0) & (node < len(tree)))
+    most = np.full(len(tree), -1, dtype=np.int64)
+    np.maximum.at(most, node[ok], own[ok])
+    best = ok[own[ok] == most[node[ok]]]
+    rep = np.full(len(tree), -1, dtype=np.int64)
+    rep[node[best]] = best  # one of the spans with the most own time, for each node
+    lines: dict[tuple, dict] = {}
+    covered = 0
+    for n in np.argsort(-node_self, kind="stable")[:_HOT_NODES].tolist():
+        ns = int(node_self[n])
+        if ns <= 0 or covered >= _HOT_COVER * total:
+            break
+        covered += ns
+        i = int(rep[n])
+        if i < 0:
+            continue
+        file, line, func, lib_file, lib_line = user_caller(sp, ops, i)
+        d = lines.setdefault(
+            (file, line),
+            {"function": func, "self_ns": 0, "ops": {}, "threads": set(), "lib": {}},
+        )
+        d["self_ns"] += ns
+        row = int(tree["op_row"][n])
+        if ops["kind"][row] in ("step", "user"):  # a range's own time is its caller's code
+            row = _python_row_above(sp, ops, i)
+        d["ops"][row] = d["ops"].get(row, 0) + ns
+        d["threads"].add(int(tree["thread"][n]))
+        lib = (lib_file, lib_line)
+        d["lib"][lib] = d["lib"].get(lib, 0) + ns
+    out = []
+    for (file, line), d in lines.items():
+        lib_file, lib_line = max(d["lib"], key=d["lib"].get)
+        by_op = sorted(d["ops"].items(), key=lambda kv: -kv[1])
+        out.append(
+            {
+                "location": user_location(file, line, lib_file, lib_line),
+                "function": d["function"],
+                "self_ns": d["self_ns"],
+                "share": d["self_ns"] / total,
+                "ops": [(_op_label(ops, r) if r >= 0 else "?", ns) for r, ns in by_op],
+                "threads": len(d["threads"]),
+            }
+        )
+    out.sort(key=lambda d: -d["self_ns"])
+    return out
+
+
+def _python_row_above(sp: np.ndarray, ops: np.ndarray, i: int) -> int:
+    """The op row of the innermost Python frame around span i (-1: none)."""
+    while i >= 0:
+        row = int(sp["op_row"][i])
+        if ops["kind"][row] == "python":
+            return row
+        i = int(sp["parent"][i])
+    return -1
+
+
+def _cpu_hot_path(v: _View):
+    """Without GPU activity the other checks have nothing to judge: the findings are
+    the user lines under which the CPU time goes."""
+    if len(v.gpu):
+        return []
+    out = []
+    for d in cpu_hot_paths(v.res, v.window_index)[:_HOT_PATHS]:
+        if d["share"] < _HOT_SHARE:
+            break
+        top = d["ops"][0][0]
+        inside = ", ".join(f"{label} {100 * ns / d['self_ns']:.0f}%" for label, ns in d["ops"][:3])
+        out.append(
+            Finding(
+                "cpu_hot_path",
+                d["share"],
+                f"CPU hot path: {d['location'].split(' (in ', 1)[0]}"
+                + (f" in {d['function']}" if d["function"] else "")
+                + f", {format_time(d['self_ns'])} of CPU time: {inside}",
+                {
+                    "self_ns": d["self_ns"],
+                    "cpu_share": d["share"],
+                    "hottest": top,
+                    "hottest_self_ns": d["ops"][0][1],
+                    "threads": d["threads"],
+                },
+                d["location"],
+                "Make the work under this line cheaper or do less of it: vectorize loops "
+                "over elements (NumPy, PyTorch), cache what is computed again, move work "
+                "out of the loop, or spread it over processes; "
+                "key_averages(group_by_stack_n=5).table() shows the paths into the "
+                "hottest calls.",
+                share_of="CPU time",
+            )
+        )
+    return out
+
+
 CHECKS = (
     _data_stall,
     _sync_points,
@@ -648,6 +813,7 @@ CHECKS = (
     _mixed_precision,
     _communication,
     _memory_churn,
+    _cpu_hot_path,
 )
 
 
@@ -670,10 +836,18 @@ def diagnose(results: Results, *, data_fetch=()) -> Diagnosis:
     findings = []
     for check in CHECKS:
         findings += check(v)
-    busy = int(v.steps["gpu_busy_ns"].sum()) if len(v.steps) else 0
+    if not len(v.steps):  # shares of the step time are of the window's time
+        for f in findings:
+            if f.share_of == "step time":
+                f.share_of = "recorded time"
+    if len(v.steps):
+        busy = int(v.steps["gpu_busy_ns"].sum())
+    else:
+        busy = sum(b - a for a, b in _merged(v.gpu, ("kernel", "memcpy", "memset")))
     summary = {
         "steps": len(v.steps),
-        "step_ns_mean": v.step_ns // v.n_steps,
+        "step_ns_mean": v.step_ns // v.n_steps if len(v.steps) else 0,
+        "window_ns": v.window_ns,
         "gpu_busy_share": busy / max(v.step_ns, 1),
         "gpu": bool(len(v.gpu)),
     }

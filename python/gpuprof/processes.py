@@ -296,6 +296,8 @@ def key_averages(
     group_by_stack_n: int,
     show_memory: bool,
     include_context: bool = False,
+    idle: bool = False,
+    group_by_thread: bool = False,
 ) -> KeyAverages:
     sel = select(results, pid, subprocesses)
     return KeyAverages(
@@ -303,6 +305,8 @@ def key_averages(
         group_by_stack_n=group_by_stack_n,
         show_memory=show_memory and pid in (None, "main"),
         include_context=include_context,
+        idle=idle,
+        group_by_thread=group_by_thread,
     )
 
 

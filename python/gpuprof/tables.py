@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from ._format import TIME_UNITS, format_bytes, format_time
-from ._results import Results, display_name, outermost
+from ._results import Results, display_name, outermost, subtree_sums
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
 
@@ -49,6 +49,7 @@ _EXTRA_FIELDS = [
     ("cpu_mem_total_bytes", "i8"),
     ("context", "?"),
     ("top_level", "?"),
+    ("thread", "i4"),  # row of results.threads() (group_by_thread), else -1
 ]
 
 
@@ -61,7 +62,7 @@ class KeyAverage:
     attribute names. Times are in microseconds (float) and memory in bytes, as in
     torch; ``count`` is the number of calls."""
 
-    def __init__(self, row, key: str, stack: list[str], kind: str):
+    def __init__(self, row, key: str, stack: list[str], kind: str, thread: str | None = None):
         us = 1e-3
         calls = int(row["calls"])
         self.key = key
@@ -82,6 +83,8 @@ class KeyAverage:
         self.stack = list(stack)
         self.is_user_annotation = kind == "user"
         self.is_context = bool(row["context"])
+        self.is_idle = bool(row["idle"])
+        self.thread = thread  # the thread's name, grouped by thread; else None
         self.flops = 0
         self.node_id = -1
         self.is_legacy = False
@@ -116,9 +119,15 @@ class KeyAverages:
 
     Rows are a structured array (``.rows``) with the ops() fields plus
     ``cuda_mem_total_bytes``/``cpu_mem_total_bytes`` (memory of the op and what it
-    called), ``context`` and ``top_level``; ``display`` holds the names shown.
-    Frames that were already running when recording began (``context``) are left
-    out unless ``include_context=True``.
+    called), ``context``, ``top_level`` and ``thread``; ``display`` holds the names
+    shown. Frames that were already running when recording began (``context``) are
+    left out unless ``include_context=True``.
+
+    Waiting is not CPU time: unless ``idle=True``, the rows of ops that block their
+    thread (``ops()["idle"]``: sleeps, lock acquires, polls, queue gets) are left out,
+    their time leaves the Self CPU total, and each op's CPU total is the time it
+    computed (``cpu_total_ns`` less the waits below it); a footer line says how much
+    waiting was left out. ``group_by_thread=True`` gives one row per op and thread.
     """
 
     def __init__(
@@ -127,6 +136,8 @@ class KeyAverages:
         group_by_stack_n: int = 0,
         show_memory: bool = False,
         include_context: bool = False,
+        idle: bool = False,
+        group_by_thread: bool = False,
     ):
         if (
             isinstance(group_by_stack_n, bool)
@@ -136,30 +147,52 @@ class KeyAverages:
             raise ValueError(
                 f"key_averages(): group_by_stack_n must be an int >= 0, got {group_by_stack_n!r}"
             )
-        if not isinstance(include_context, bool):
-            raise TypeError(
-                f"key_averages(): include_context must be a bool, got {include_context!r}"
-            )
+        for name, value in (
+            ("include_context", include_context),
+            ("idle", idle),
+            ("group_by_thread", group_by_thread),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"key_averages(): {name} must be a bool, got {value!r}")
         self._results = results
         self.group_by_stack_n = group_by_stack_n
         self.show_memory = show_memory
         self.include_context = include_context
+        self.idle = idle
+        self.group_by_thread = group_by_thread
         ops = results.ops()
         self.cuda = bool(results.cuda.get("active")) or bool((ops["cuda_total_ns"] != 0).any())
-        if group_by_stack_n:
-            rows, stacks = self._by_stack(group_by_stack_n)
+        if group_by_stack_n or group_by_thread:
+            rows, stacks = self._by_stack(group_by_stack_n, group_by_thread, idle)
+            if not group_by_stack_n:
+                stacks = None
         else:
             rows, stacks = _with_extra_fields(ops), None
             rows["context"] = results.context_rows()
             rows["top_level"] = results.top_level_rows()
             rows["cuda_mem_total_bytes"], rows["cpu_mem_total_bytes"] = results.op_memory()
+            rows["thread"] = -1
+            if not idle and (rows["idle"] & (rows["cpu_self_ns"] > 0)).any():
+                rows["cpu_total_ns"] -= results.op_idle_ns()  # what each op computed
+        # what waiting was left out (idle=False) or kept (idle=True), for the footer
+        waits = rows["idle"]
+        self.idle_self_ns = int(rows["cpu_self_ns"][waits].sum())
+        by_name: dict[str, int] = {}
+        for n, ns in zip(rows["name"][waits], rows["cpu_self_ns"][waits]):
+            by_name[str(n)] = by_name.get(str(n), 0) + int(ns)
+        self.idle_ops = sorted(((n, ns) for n, ns in by_name.items() if ns), key=lambda x: -x[1])
+        self.idle_threads = len(results.idle_thread_idents()) if self.idle_self_ns else 0
         # shares and the footer's totals cover the whole window, shown rows or not
-        self.total_self_cpu_ns = int(rows["cpu_self_ns"].sum())
+        # (waiting counts only with idle=True: it is not CPU time)
+        counted = np.ones(len(rows), dtype=bool) if idle else ~waits
+        self.total_self_cpu_ns = int(rows["cpu_self_ns"][counted].sum())
         self.total_self_cuda_ns = int(rows["cuda_self_ns"].sum())
         ctx = rows["context"]
         self.context_rows = int(ctx.sum())
         self.context_self_ns = int(rows["cpu_self_ns"][ctx].sum())
         keep = np.ones(len(rows), dtype=bool) if include_context else ~ctx
+        if not idle:
+            keep &= ~waits
         self.rows = rows[keep]
         self.stacks = None if stacks is None else [s for s, k in zip(stacks, keep) if k]
         self.display = [
@@ -168,16 +201,18 @@ class KeyAverages:
                 self.rows["name"], self.rows["file"], self.rows["line"], self.rows["kind"]
             )
         ]
+        self.thread_names = _thread_labels(results) if group_by_thread else []
         # what was measured, for the columns shown and the sort fallback
         self.cuda_memory = show_memory and (
             bool(results.cuda.get("active")) or bool((rows["cuda_mem_self_bytes"] != 0).any())
         )
         self.cpu_memory = show_memory and bool((rows["cpu_mem_self_bytes"] != 0).any())
 
-    def _by_stack(self, n: int):
-        """Group call-tree nodes by (op, nearest n Python callers). A group's total
-        time and memory count each outermost node once (recursion is not counted
-        again inside itself)."""
+    def _by_stack(self, n: int, by_thread: bool = False, idle: bool = True):
+        """Group call-tree nodes by (op, nearest n Python callers), and by thread with
+        ``by_thread``. A group's total time and memory count each outermost node once
+        (recursion is not counted again inside itself); without ``idle`` its total
+        leaves out the waits below it."""
         res = self._results
         tree = res.call_tree()
         ops = res.ops()
@@ -193,8 +228,14 @@ class KeyAverages:
                 if is_py[op_of[p]]:
                     stack.append(int(op_of[p]))
                 p = parent[p]
-            keys.append((int(op_of[i]), tuple(stack)))
+            keys.append((int(op_of[i]), tuple(stack), int(tree["thread"][i]) if by_thread else -1))
         outer = outermost(parent, keys)
+        waits = np.where(ops["idle"][op_of], tree["self_ns"], 0) if not idle else None
+        wait_sub = (
+            subtree_sums(parent, waits)
+            if waits is not None and waits.any()
+            else np.zeros(len(tree), dtype=np.int64)
+        )
         mem_self, mem_sub = res.node_memory()
         top = (parent < 0) | context[op_of[np.maximum(parent, 0)]]
         groups: dict[tuple, dict] = {}
@@ -218,16 +259,17 @@ class KeyAverages:
             g["cuda_mem_self_bytes"] += int(mem_self[i])
             g["top_level"] = g["top_level"] or bool(top[i])
             if outer[i]:
-                g["cpu_total_ns"] += int(tree["total_ns"][i])
+                g["cpu_total_ns"] += int(tree["total_ns"][i]) - int(wait_sub[i])
                 g["cuda_total_ns"] += int(tree["cuda_total_ns"][i])
                 g["cuda_mem_total_bytes"] += int(mem_sub[i])
         rows = _with_extra_fields(ops[:0], len(groups))
         stacks = []
-        for j, ((op, stack), g) in enumerate(groups.items()):
+        for j, ((op, stack, thread), g) in enumerate(groups.items()):
             for f in ops.dtype.names:
                 rows[f][j] = ops[f][op]
             for f, v in g.items():
                 rows[f][j] = v
+            rows["thread"][j] = thread
             rows["context"][j] = context[op]
             rows["top_level"][j] = g["top_level"] and not context[op]
             stacks.append(
@@ -237,6 +279,23 @@ class KeyAverages:
                 ]
             )
         return rows, stacks
+
+    def idle_note(self, unit: str | None = None) -> str | None:
+        """The footer line on waiting: how much the table left out (the default) or
+        shows (``idle=True``), in how many threads and in which ops; None when no
+        thread waited."""
+        if not self.idle_self_ns:
+            return None
+        n = self.idle_threads
+        ops = ", ".join(f"{name} {format_time(ns, unit)}" for name, ns in self.idle_ops[:3])
+        more = f", {len(self.idle_ops) - 3} more" if len(self.idle_ops) > 3 else ""
+        waited = (
+            f"{format_time(self.idle_self_ns, unit)} of waiting in {n} "
+            f"thread{'s' if n != 1 else ''} ({ops}{more})"
+        )
+        if self.idle:
+            return f"Idle: {waited} shown and counted in the totals (idle=True)"
+        return f"Idle: {waited} left out; key_averages(idle=True) shows it"
 
     # -- torch.profiler's EventList of FunctionEventAvg ---------------------------------
     def __len__(self) -> int:
@@ -254,6 +313,7 @@ class KeyAverages:
             self.display[i],
             self.stacks[i] if self.stacks is not None else [],
             str(self.rows["kind"][i]),
+            self.thread_names[self.rows["thread"][i]] if self.group_by_thread else None,
         )
 
     def __iter__(self):
@@ -397,6 +457,19 @@ class KeyAverages:
         )._repr_html_()
 
 
+def _thread_labels(results: Results) -> list[str]:
+    """The name of each row of ``results.threads()``, as ``thread_names()`` has it; a
+    name that two threads share gets the thread's row number beside it."""
+    names = results.thread_names()
+    labels = [
+        names.get(int(ident), f"thread {i}") for i, ident in enumerate(results.threads()["ident"])
+    ]
+    seen: dict[str, int] = {}
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+    return [f"{lab} [{i}]" if seen[lab] > 1 else lab for i, lab in enumerate(labels)]
+
+
 def _with_extra_fields(rows: np.ndarray, n: int | None = None) -> np.ndarray:
     """``rows`` (ops() fields) copied into the KeyAverages dtype, or n zero rows."""
     dtype = np.dtype(rows.dtype.descr + [f for f in _EXTRA_FIELDS if f[0] not in rows.dtype.names])
@@ -467,12 +540,18 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None, no
     total_self_cpu = float(ka.total_self_cpu_ns)
     total_self_cuda = float(ka.total_self_cuda_ns)
     numeric = op_columns(ka, unit)
-    cols = [("Name", None)] + [(title, "r") for title, _, _ in numeric]
+    cols = [("Name", None)]
+    if ka.group_by_thread:
+        cols += [("Thread", None)]
+    cols += [(title, "r") for title, _, _ in numeric]
     if ka.stacks is not None:
         cols += [("Source Location", None)]
     lines_cells = []
     for i in order:
-        cells = [_cut(ka.display[i], name_w)] + [fmt(values[i]) for _, values, fmt in numeric]
+        cells = [_cut(ka.display[i], name_w)]
+        if ka.group_by_thread:
+            cells += [_cut(ka.thread_names[ka.rows["thread"][i]], name_w)]
+        cells += [fmt(values[i]) for _, values, fmt in numeric]
         if ka.stacks is not None:
             stack = ka.stacks[i]
             cells += [_cut(stack[0] if stack else "", src_w)]
@@ -487,6 +566,8 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None, no
             f"recording began ({format_time(ka.context_self_ns, unit)} self CPU); "
             f"key_averages(include_context=True) shows them"
         )
+    if ka.idle_self_ns:
+        footer.append(ka.idle_note(unit))
     if note:
         footer.append(note)
     footer += _footer(ka._results)

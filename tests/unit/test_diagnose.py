@@ -662,6 +662,7 @@ def test_findings_are_ranked_by_severity():
     assert d.summary == {
         "steps": N_STEPS,
         "step_ns_mean": STEP,
+        "window_ns": T0 + N_STEPS * STEP + T0,  # the window closes 1 us after the last step
         "gpu_busy_share": pytest.approx(65 / 100),
         "gpu": True,
     }
@@ -672,7 +673,16 @@ def test_to_dict_round_trips_through_json():
     data = d.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert [f["kind"] for f in data["findings"]] == d.kinds()
-    assert set(data["findings"][0]) == {"kind", "severity", "title", "evidence", "location", "fix"}
+    assert set(data["findings"][0]) == {
+        "kind",
+        "severity",
+        "title",
+        "evidence",
+        "location",
+        "fix",
+        "share_of",
+    }
+    assert data["headline"] == d.headline()
     for f in data["findings"]:
         assert type(f["severity"]) is float
         assert all(type(v) in (int, float, str) for v in f["evidence"].values()), f
@@ -765,3 +775,208 @@ def test_step_breakdown_numbers_the_window_of_each_step():
     rows = step_breakdown(both)
     assert rows["window"].tolist() == [0] * N_STEPS + [1] * N_STEPS
     assert rows["data_wait_ns"][:N_STEPS].tolist() == [40 * US] * N_STEPS
+
+
+# ---- findings that fit the program: no steps, no GPU ------------------------------------
+#
+# Programs that are not GPU training loops, profiled as `python -m gpuprof run` profiles
+# them: no prof.step(), no GPU. A generator or an iterator there is just code, never a
+# data stall, and the diagnosis says where the CPU time goes instead.
+
+import collections  # noqa: E402
+import hashlib  # noqa: E402
+import random  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+from gpuprof._paths import source_location  # noqa: E402
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+
+
+def line_of(func, text):
+    """file:line (as a finding names it) of the line of func's source holding text."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(func)
+    (k,) = [i for i, s in enumerate(lines) if text in s]
+    return source_location(func.__code__.co_filename, first + k)
+
+
+def make_corpus(n_lines, rng):
+    return [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(n_lines)]  # corpus
+
+
+def count_words(corpus):
+    counts = collections.Counter()
+    for line in corpus:
+        counts.update(w.lower() for w in line.split())  # count
+    return counts
+
+
+def digest(i):
+    h = hashlib.sha256()
+    for k in range(100):
+        h.update(f"{i}:{k}".encode())  # hash
+    return h.hexdigest()
+
+
+def hot_paths(d):
+    return [f for f in d if f.kind == "cpu_hot_path"]
+
+
+def assert_no_step_figures(d):
+    """No data stall, and no "0 recorded steps, N per step" anywhere: the shares are of
+    the recorded time (or the CPU time), and the header says there were no steps."""
+    text = str(d)
+    assert "data_stall" not in d.kinds(), text
+    assert d.summary["steps"] == 0 and d.summary["step_ns_mean"] == 0
+    assert "recorded steps" not in text and "per step" not in text, text
+    assert "of step time" not in text, text
+    assert d.headline()[0].startswith("No steps recorded: "), text
+    assert all(f.share_of in ("recorded time", "CPU time") for f in d)
+
+
+def test_a_word_count_gets_its_hot_line_not_a_data_stall():
+    # given a word count: generator expressions inside list comprehensions over a corpus
+    with gpuprof.profile() as prof:
+        counts = count_words(make_corpus(4000, random.Random(0)))
+    assert sum(counts.values()) == 4000 * 12
+    d = diagnose(prof.results)
+    # then the generator expressions are no input pipeline, and no step figures appear
+    assert_no_step_figures(d)
+    # and the findings say where the CPU time goes, by the user's line
+    assert not d.summary["gpu"]
+    assert any("GPU training loops" in line for line in d.headline())
+    assert "No bottleneck found" not in str(d)
+    hot = hot_paths(d)
+    assert hot and hot[0] is d[0]
+    assert hot[0].location == line_of(make_corpus, "# corpus"), str(d)
+    assert hot[0].share_of == "CPU time" and 0.05 <= hot[0].severity <= 1
+    assert line_of(count_words, "# count") in [f.location for f in hot]
+    # every figure can be checked against the arrays: the hot line's time is self CPU time
+    total = int(prof.call_tree()["self_ns"].sum())
+    assert hot[0].evidence["self_ns"] == pytest.approx(hot[0].severity * total)
+    ops = prof.ops()
+    choice = ops[ops["name"] == "Random.choice"]
+    assert hot[0].evidence["self_ns"] >= int(choice["cpu_self_ns"].sum())
+
+
+def test_a_thread_pool_map_gets_no_data_stall():
+    # given a hashing job through ThreadPoolExecutor.map, consumed by list()
+    with gpuprof.profile() as prof:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            out = list(pool.map(digest, range(600)))
+    assert len(out) == 600
+    d = diagnose(prof.results)
+    # then Executor.map's result iterator is no data loader
+    assert_no_step_figures(d)
+    # the hottest line is the workers' hashing, not their waiting for work (a queue
+    # get) or the main thread's waiting for results (a lock): waiting is not CPU time
+    hot = hot_paths(d)
+    assert hot, str(d)
+    assert hot[0].location in (line_of(digest, "def digest"), line_of(digest, "# hash")), str(d)
+    for f in hot:
+        assert not any(w in f.title for w in ("SimpleQueue.get", "lock.acquire")), str(d)
+
+
+CELL = """\
+words = [w for line in corpus for w in line.split()]
+lengths = sum(len(w) for w in words if w.isalpha())  # cell line 2
+longest = max((len(w), w) for w in words)
+"""
+
+
+def test_a_notebook_cell_generator_expression_is_no_data_stall():
+    # given a notebook-style cell: code compiled under a kernel's cell file name and run
+    # by exec, with generator expressions over a corpus at its top level
+    cell_file = "/tmp/ipykernel_4242/2718281828.py"
+    code = compile(CELL, cell_file, "exec")
+    ns = {"corpus": make_corpus(3000, random.Random(1))}
+    with gpuprof.profile() as prof:
+        exec(code, ns)
+    assert ns["lengths"] > 0
+    d = diagnose(prof.results)
+    assert_no_step_figures(d)
+    # the hot paths name the cell's lines
+    hot = hot_paths(d)
+    assert hot, str(d)
+    cell_lines = {source_location(cell_file, n) for n in (1, 2, 3)}
+    assert hot[0].location.split(" (in ")[0] in cell_lines, str(d)
+
+
+def test_a_cpu_bound_window_names_the_call_that_takes_its_time():
+    def crunch():
+        total = 0
+        for _ in range(20):
+            total += sum(range(100_000))  # sum line
+        return total
+
+    with gpuprof.profile() as prof:
+        crunch()
+    d = diagnose(prof.results)
+    assert "No bottleneck found" not in str(d)
+    f = d[0]
+    assert f.kind == "cpu_hot_path"
+    assert f.location == line_of(crunch, "# sum line")
+    assert f.evidence["hottest"] == "sum"
+    ops = prof.ops()
+    assert f.evidence["hottest_self_ns"] == int(ops[ops["name"] == "sum"]["cpu_self_ns"][0])
+    assert f"[{100 * f.severity:4.1f}% of CPU time] {f.title}" in str(d)
+
+
+def test_no_data_stall_without_steps_in_a_gpu_profile():
+    # given the loader profile's events without any step: __next__ under train code
+    tl = Timeline()
+    for k in range(N_STEPS):
+        t0 = T0 + k * STEP
+        tl.call(TRAIN, t0)
+        tl.call(NEXT, t0 + 1 * US)
+        tl.ret(t0 + LOADER_WAIT)
+        tl.launch(t0 + 41 * US, t0 + 42 * US, t0 + 60 * US)
+        if HAVE_CLASSES:  # and a host sync, which needs no steps to be found
+            tl.api(STREAM_SYNC, t0 + 43 * US, 20 * US)
+        tl.ret(t0 + 95 * US)
+    d = diagnose(tl.results())
+    # then there is no loop that waits for its input, and no step figure
+    assert_no_step_figures(d)
+    assert d.summary["gpu"] and d.headline()[0].endswith("of it")
+    assert not hot_paths(d)  # with GPU activity the GPU checks judge the window
+    if HAVE_CLASSES:
+        assert d.kinds() == ["sync_point"]
+        assert "% of recorded time] Host blocked" in str(d)
+    else:
+        assert "nothing costs more than 5% of recorded time" in str(d)
+
+
+def test_a_loop_that_waits_for_its_batches_inside_steps_still_stalls():
+    # the same iterator: a data stall when the steps wait for it, none without steps
+    with gpuprof.profile() as prof:
+        for _ in SlowBatches(4):
+            busy()
+            prof.step()
+    d = diagnose(prof.results)
+    assert d.kinds()[0] == "data_stall", str(d)
+    # the hot paths of its CPU time come after the problems, whatever their shares
+    assert d[0].share_of == "step time"
+    kinds = d.kinds()
+    assert kinds == sorted(kinds, key=lambda k: k == "cpu_hot_path")
+    with gpuprof.profile() as prof:
+        for _ in SlowBatches(4):
+            busy()
+    assert "data_stall" not in diagnose(prof.results).kinds()
+
+
+def test_a_named_fetch_after_the_last_step_is_not_a_wait():
+    batches = SlowBatches(3)
+    with gpuprof.profile() as prof:
+        for _ in range(2):
+            busy()
+            prof.step()
+        with gpuprof.record_function("fetch"):  # after the last step: in no step
+            next(batches)
+    spans = prof.results.spans()
+    raw = prof.results.windows[-1]
+    assert not len(data_wait_per_step(prof.results, data_fetch=("fetch",)).nonzero()[0])
+    assert not len(
+        diagnose_mod.data_wait_spans(spans, prof.ops(), raw["ops"], data_fetch=("fetch",))
+    )

@@ -105,3 +105,43 @@ def test_threads_of_a_notebook_kernel_are_left_out():
     assert "sorted" not in names and "_kernel_loop" not in names
     assert "sum" in names
     assert len(prof.results.threads()) == 1
+
+
+WORD_CELLS = [
+    "import random\nimport gpuprof\n\n"
+    "rng = random.Random(0)\n"
+    "corpus = [' '.join(rng.choice('abcdefgh') * 3 for _ in range(10)) for _ in range(3000)]",
+    "with gpuprof.profile() as prof:\n"
+    "    letters = sum(len(w) for line in corpus for w in line.split())\n"
+    "    vowels = [sum(1 for ch in w if ch in 'aeiou') for w in corpus]",
+    "print(prof.diagnose())",
+]
+
+
+def test_a_generator_expression_in_a_notebook_cell_is_no_data_stall():
+    """Issue 32: a cell's generator expressions, profiled with no steps, got an input
+    pipeline stall with a DataLoader fix; now they get the cell's hot lines."""
+    nbformat = pytest.importorskip(
+        "nbformat", reason="nbformat is not installed (pip install nbclient ipykernel)"
+    )
+    nbclient = pytest.importorskip(
+        "nbclient", reason="nbclient is not installed (pip install nbclient ipykernel)"
+    )
+    pytest.importorskip("ipykernel", reason="ipykernel is not installed (pip install ipykernel)")
+    if os.environ.get("GPUPROF_UNDER_SANITIZER"):
+        pytest.skip("the Jupyter kernel's own C extensions would fail make asan")
+    # given three cells run in a fresh kernel of this interpreter
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in WORD_CELLS])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    printed = "".join(
+        o.get("text", "") for o in nb.cells[2].outputs if o.get("output_type") == "stream"
+    )
+    # then the diagnosis has no data stall and no step figures, but the hot paths, at the
+    # profiled cell's lines
+    assert "gpuprof diagnosis" in printed, nb.cells[2].outputs
+    assert "Input pipeline stall" not in printed and "per step" not in printed, printed
+    assert "No steps recorded" in printed, printed
+    hot = re.findall(r"CPU hot path: (\S+):(\d+) ", printed)
+    assert hot, printed
+    assert all("ipykernel_" in f for f, _ in hot), printed  # the cell's file
+    assert {int(n) for _, n in hot} <= {2, 3}, printed

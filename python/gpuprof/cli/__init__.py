@@ -194,6 +194,13 @@ def _parser() -> argparse.ArgumentParser:
     outp.add_argument(
         "--limit", type=_positive, default=20, metavar="N", help="rows of the table (default: 20)"
     )
+    outp.add_argument(
+        "--idle",
+        action="store_true",
+        help="also show the time threads spent waiting (sleeps, lock acquires, polls, "
+        "queue gets) in the table, as key_averages(idle=True) (default: off, a footer "
+        "line says how much was left out)",
+    )
     # -- on-demand capture (docs/on-demand.md) --
     ond = r.add_argument_group(
         "on-demand capture",

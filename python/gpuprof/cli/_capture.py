@@ -80,6 +80,7 @@ def _run_on_demand(args) -> int:
         ("--with-stack", args.with_stack or None),
         ("--sort", args.sort),
         ("--limit", None if args.limit == 20 else args.limit),
+        ("--idle", args.idle or None),
         ("--trace-min-us", args.trace_min_us or None),
     ]
     for flag, value in given:

@@ -320,7 +320,8 @@ def _report_run(prof, results, args, counter, source, out) -> None:
     sort = args.sort or (
         "self_cuda_time_total" if results.cuda.get("active") else "self_cpu_time_total"
     )
-    print(prof.key_averages().table(sort_by=sort, row_limit=args.limit), file=out)
+    table = prof.key_averages(idle=args.idle).table(sort_by=sort, row_limit=args.limit)
+    print(table, file=out)
     if prof.subprocesses:  # -- subprocesses --
         _report_processes(prof, args, out)
     recorded = f"{len(results.steps())} recorded"

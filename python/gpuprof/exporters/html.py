@@ -145,7 +145,7 @@ def op_table(ka: KeyAverages) -> dict:
         where = source_location(str(r["file"][i]), int(r["line"][i])) if kind == "python" else ""
         tips.append(f"{r['name'][i]} ({kind}){' at ' + where if where else ''}")
     default = [c[0] for c in columns].index("Self CUDA" if ka.cuda else "Self CPU")
-    return _table(columns, rows, keys, default, tips)
+    return _table(columns, rows, keys, default, tips) | {"idle": ka.idle_note()}
 
 
 def _kernel_table(kernels: np.ndarray) -> dict:

@@ -61,6 +61,8 @@
   function fmtMs(ns) { return "+" + (ns / 1e6).toFixed(1) + " ms"; }
   function pct(x) { return (100 * x).toFixed(1) + "%"; }
   function severity(s) { return s >= 0.2 ? "high" : s >= 0.05 ? "medium" : "low"; }
+  // a finding's level: a CPU hot path is where the time goes, not a fault (no red)
+  function level(f) { return f.kind === "cpu_hot_path" ? "info" : severity(f.severity); }
   function niceStep(range, n) {
     var raw = range / Math.max(n, 1), mag = Math.pow(10, Math.floor(Math.log10(raw || 1)));
     var f = raw / mag;
@@ -188,15 +190,14 @@
   // ---- diagnosis ------------------------------------------------------------------------------
   function diagnosisSection() {
     var d = D.diagnosis, sec = section("diagnosis", "Diagnosis"), sm = d.summary;
-    add(sec, el("p", { "class": "muted", text: sm.steps + " recorded steps, " + fmtTime(sm.step_ns_mean) +
-      " per step; GPU busy " + pct(sm.gpu_busy_share) + " of step time" +
-      (sm.gpu ? "" : " (no GPU activity recorded)") + ". Findings are ranked by the share of step time each costs." }));
-    if (!d.findings.length)
-      add(sec, el("p", { "class": "finding none", text: "No bottleneck found: nothing costs more than 5% of step time." }));
+    // the lines prof.diagnose() prints above its findings (Diagnosis.headline())
+    var head = d.headline.slice(), none = d.findings.length ? null : head.pop();
+    add(sec, el("p", { "class": "muted", text: head.join(" ") + " Findings are ranked by the share each costs." }));
+    if (none) add(sec, el("p", { "class": "finding none", text: none }));
     d.findings.forEach(function (f, i) {
-      var lvl = severity(f.severity);
+      var lvl = level(f);
       var card = el("div", { "class": "finding " + lvl, "data-kind": f.kind },
-        el("h3", null, el("span", { "class": "badge " + lvl, text: lvl + " \u00b7 " + pct(f.severity) + " of step time" }),
+        el("h3", null, el("span", { "class": "badge " + lvl, text: lvl + " \u00b7 " + pct(f.severity) + " of " + f.share_of }),
           (i + 1) + ". " + f.title, el("span", { "class": "kind", text: f.kind })),
         f.location ? el("div", { "class": "where" }, "at ", el("code", { text: f.location })) : null,
         el("dl", { "class": "evidence" }, f.evidence_text.map(function (kv) {
@@ -284,6 +285,7 @@
     add(sec, el("p", { "class": "muted", text: "The rows of prof.key_averages().table(): one per Python function, C function, " +
       "record_function range and CUDA API call. Click a column to sort; self columns count time while the op was innermost." }));
     add(sec, dataTable(D.ops, { id: "ops-table", placeholder: "filter ops by name" }));
+    if (D.ops.idle) add(sec, el("p", { "class": "muted small", text: D.ops.idle }));  // waiting left out
     return sec;
   }
   function kernelsSection() {
@@ -614,7 +616,7 @@
       var box = el("div", null, el("h3", { text: C.labels[k] }));
       if (!d.findings || !d.findings.length) add(box, el("p", { "class": "muted", text: "no findings" }));
       (d.findings || []).forEach(function (f) {
-        var lvl = severity(f.severity);
+        var lvl = level(f);
         add(box, el("div", { "class": "finding " + lvl, "data-kind": f.kind }, el("h3", null, el("span", { "class": "badge " + lvl, text: pct(f.severity) }), f.title),
           f.location ? el("div", { "class": "where" }, "at ", el("code", { text: f.location })) : null));
       });
