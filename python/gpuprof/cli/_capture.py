@@ -74,6 +74,7 @@ def _run_on_demand(args) -> int:
         ("--delay", args.delay),
         ("--duration", args.duration),
         ("--capture-range", args.capture_range),
+        ("--whole-run", args.whole_run or None),
         ("--output", args.output),
         ("--memory", args.memory or None),
         ("--subprocesses", args.subprocesses or None),

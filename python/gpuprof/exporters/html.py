@@ -30,6 +30,7 @@ import numpy as np
 
 from .._paths import source_location
 from .._results import Results, display_name
+from .._steps import startup_note
 from ..tables import KeyAverages, format_time, op_columns
 from .chrome import _thread_names, atomic_output, check_output_path, program_name
 
@@ -227,6 +228,12 @@ def _summary(results: Results, title: str | None) -> dict:
     else:
         capture = f"off ({cuda['error']})" if cuda.get("error") else "off"
     program = str(meta.get("process_name") or program_name())
+    notes = []
+    startup = (meta.get("trace_metadata") or {}).get("gpuprof_startup")  # run's default
+    if startup:
+        note = startup_note(json.loads(startup))
+        if note:
+            notes.append(note[0].upper() + note[1:] + ".")
     return {
         "title": title or f"gpuprof report: {program}",
         "program": program,
@@ -238,6 +245,7 @@ def _summary(results: Results, title: str | None) -> dict:
         "step_ns_mean": float(steps["cpu_ns"].mean()) if len(steps) else 0.0,
         "cuda_capture": capture,
         "warnings": warnings,
+        "notes": notes,
     }
 
 

@@ -182,6 +182,7 @@
       fact("CUDA capture", s.cuda_capture),
       fact("written", s.created + " by gpuprof " + D.version)));
     s.warnings.forEach(function (w) { add(sec, el("div", { "class": "warning", text: w })); });
+    (s.notes || []).forEach(function (n) { add(sec, el("p", { "class": "muted", text: n })); });
     return sec;
   }
 
