@@ -194,6 +194,15 @@ def _parser() -> argparse.ArgumentParser:
         "call)",
     )
     outp.add_argument(
+        "--trace-max-events",
+        type=_natural,
+        default=1_000_000,
+        metavar="N",
+        help="write at most about N events into the trace: the first and the last steps, "
+        "half of N each; the steps between are left out, and the header and a line on "
+        "stderr say which; 0 writes every event (default: 1000000, about 12 MB)",
+    )
+    outp.add_argument(
         "--sort",
         type=_sort_key,
         metavar="KEY",

@@ -82,6 +82,7 @@ def _run_on_demand(args) -> int:
         ("--sort", args.sort),
         ("--limit", None if args.limit == 20 else args.limit),
         ("--trace-min-us", args.trace_min_us or None),
+        ("--trace-max-events", None if args.trace_max_events == 1_000_000 else 1),
     ]
     for flag, value in given:
         if value is not None:

@@ -247,11 +247,17 @@ def _finish_run(prof, args, counter, source, window, out, code: int, startup=Non
     note = _startup_note(prof, startup)
     if results is not None and args.output:
         try:
-            for path in _write_outputs(prof, args.output, args.trace_min_us):
-                print(f"gpuprof: wrote {path}", file=sys.stderr)
+            _write_outputs(prof, args.output, args.trace_min_us, args.trace_max_events or None)
         except OSError as e:
             print(f"gpuprof: error: writing --output {args.output!r} failed: {e}", file=sys.stderr)
             failed = True
+        except KeyboardInterrupt:  # a second Ctrl-C: the files written so far stay
+            print(
+                "gpuprof: interrupted while writing --output; the files named above are "
+                "complete, the others were not written",
+                file=sys.stderr,
+            )
+            return 130
     _flush(sys.stdout)
     if results is not None:
         try:
@@ -346,24 +352,56 @@ def _startup_note(prof, startup) -> str | None:
     return f"gpuprof: {startup_note(header)}"
 
 
-def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
+def _write_outputs(
+    prof, out_dir: str, trace_min_us: float = 0.0, trace_max_events: int | None = None
+) -> list[str]:
+    """Write the trace, the saved profile, the stacks and report.html into ``out_dir``,
+    each file named on stderr once it is complete; the trace keeps at most about
+    ``trace_max_events`` events, and a line says what it left out."""
+    from ..exporters.chrome import trace_budget
+
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"{os.uname().nodename}_{os.getpid()}")
+    trace = stem + ".pt.trace.json.gz"
     outputs = [
         (
-            stem + ".pt.trace.json.gz",
-            lambda p: prof.export_chrome_trace(p, min_duration_us=trace_min_us),
+            trace,
+            lambda p: prof.export_chrome_trace(
+                p, min_duration_us=trace_min_us, max_events=trace_max_events
+            ),
         ),
         (stem + ".gpuprof", prof.save),
         (stem + ".stacks.txt", prof.export_stacks),
+        # -- html report (docs/report.md): beside the trace, which it links --
+        (os.path.join(out_dir, "report.html"), lambda p: prof.export_html(p, trace=trace)),
     ]
-    # -- html report (docs/report.md): beside the trace, which it links --
-    outputs.append(
-        (os.path.join(out_dir, "report.html"), lambda p: prof.export_html(p, trace=outputs[0][0]))
-    )
+    cut = trace_budget(prof.results, trace_max_events, min_duration_us=trace_min_us)
+    if cut is not None:
+        print(f"gpuprof: {_budget_line(cut, trace_max_events)}", file=sys.stderr)
     for path, write in outputs:
         write(path)
+        print(f"gpuprof: wrote {path}", file=sys.stderr, flush=True)
     return [path for path, _ in outputs]
+
+
+def _budget_line(cut: dict, max_events: int) -> str:
+    """What the trace left out to stay within --trace-max-events."""
+    if cut["steps"] is not None:
+        first, last = cut["steps"]
+        what = (
+            f"steps {first}-{last} ({cut['n_steps']:,} of {cut['total_steps']:,})"
+            if last != first
+            else f"step {first} (of {cut['total_steps']:,})"
+        )
+    else:
+        what = "a stretch in the middle of the run"
+    return (
+        f"the trace keeps {cut['events'] - cut['omitted_events']:,} of "
+        f"{cut['events']:,} events (--trace-max-events {max_events:,}): it leaves out "
+        f"{what}, {cut['omitted_events']:,} events, and keeps the steps before and "
+        "after; the tables, the saved profile and the report count every step; "
+        "--trace-max-events 0 writes every event"
+    )
 
 
 def _report_run(prof, results, args, counter, source, out, startup_apart=False) -> None:
