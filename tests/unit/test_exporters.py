@@ -661,6 +661,24 @@ def test_max_events_without_steps_keeps_the_start_and_the_end(tmp_path):
     assert kept[0] == works[0] and kept[-1] == works[-1] and len(kept) < len(works)
 
 
+def test_max_events_on_gpu_work_keeps_memory_events_and_whole_flows(tmp_path):
+    res = synthetic_gpu_results()
+    export_chrome_trace(res, tmp_path / "all.json")
+    full, _, _ = read_trace(tmp_path / "all.json")
+    export_chrome_trace(res, tmp_path / "t.json", max_events=12)
+    trace, keys, text = read_trace(tmp_path / "t.json")
+    flows = check_schema(trace, keys, text)
+    assert all(set(f) == {"s", "f"} for f in flows.values())  # no arrow without its ends
+    assert trace["gpuprof_omitted_steps"] == [1, 1]
+    lo, hi = trace["gpuprof_omitted_us"]
+    assert not [e for e in slices(trace) if lo <= e["ts"] and e["ts"] + e["dur"] <= hi]
+    # (the GPU lanes also draw projections of the annotations, which are no records)
+    assert 0 < trace["gpuprof_omitted_events"] <= len(slices(full)) - len(slices(trace))
+    # the allocation and the free stay, so the memory counter still adds up
+    counters = lambda t: [e for e in t["traceEvents"] if e["ph"] == "C"]  # noqa: E731
+    assert counters(trace) == counters(full) and len(counters(full)) == 2
+
+
 @pytest.mark.parametrize(
     "bad, exc",
     [(0, ValueError), (1, ValueError), (2.5, TypeError), ("9", TypeError), (True, TypeError)],
