@@ -123,23 +123,34 @@ class ResultAccessors:
 
         return diagnose(self.results)
 
-    def export_chrome_trace(self, path, *, min_duration_us: float = 0.0) -> str:
+    def export_chrome_trace(
+        self, path, *, min_duration_us: float = 0.0, max_events: int | None = None
+    ) -> str:
         """Write the last recorded window as a Chrome/Perfetto trace (``.gz`` compresses);
         opens in Perfetto, chrome://tracing, TensorBoard and HTA. ``min_duration_us``
         leaves out shorter calls that launched no CUDA work, and counts them in the
-        file's header. See docs/traces.md."""
+        file's header; ``max_events`` keeps about that many events, those of the first
+        and the last steps, and says in the header which steps it left out (default
+        None: every event). See docs/traces.md."""
         from .exporters.chrome import export_chrome_trace
 
         results = self.results
-        with progress(f"writing {path}", len(results.spans())):
-            return export_chrome_trace(results, path, min_duration_us=min_duration_us)
+        n = len(results.spans()) + len(results.windows[-1]["gpu"])
+        if max_events is not None and isinstance(max_events, int):
+            n = min(n, max_events)
+        with progress(f"writing {path}", n):
+            return export_chrome_trace(
+                results, path, min_duration_us=min_duration_us, max_events=max_events
+            )
 
     def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
         """Write collapsed stacks for flame graphs; ``metric`` is
         ``"self_cpu_time_total"`` or ``"self_cuda_time_total"``."""
         from .exporters.stacks import export_stacks
 
-        return export_stacks(self.results, path, metric)
+        results = self.results
+        with progress(f"writing {path}", sum(len(w["nodes"]) for w in results.windows)):
+            return export_stacks(results, path, metric)
 
     def export_html(self, path, *, trace=None, title: str | None = None) -> str:
         """Write one self-contained HTML report (no network needed to open it): the
@@ -153,9 +164,11 @@ class ResultAccessors:
         processes = self.processes() if self.subprocesses else None  # -- subprocesses --
         # a live profile's memory sampler holds the allocator and host curves
         sampler = getattr(self, "_memory_sampler", None)
-        return export_html(
-            self.results, path, sampler=sampler, processes=processes, trace=trace, title=title
-        )
+        results = self.results
+        with progress(f"writing {path}", len(results.spans())):
+            return export_html(
+                results, path, sampler=sampler, processes=processes, trace=trace, title=title
+            )
 
     def save(self, path) -> str:
         """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""

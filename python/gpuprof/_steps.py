@@ -18,6 +18,10 @@ Two sources of step boundaries:
 Both call :meth:`StepCounter.step`, which calls ``prof.step()`` while the
 profiler runs. Their code lives in the gpuprof package, so the profiler hides
 its frames; its time counts to the caller.
+
+:class:`StartupApart` is ``run``'s default schedule: the start-up before the first
+step boundary (imports, model build, the first step) is a window of its own, kept
+apart from the results, which cover the steps after it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import sys
 import weakref
 from collections.abc import Callable
 
-__all__ = ["ImportWatch", "OptimizerSteps", "StepCounter", "StepFunction"]
+from ._constants import ACT_RECORD, ACT_RECORD_AND_SAVE
+
+__all__ = ["ImportWatch", "OptimizerSteps", "StartupApart", "StepCounter", "StepFunction"]
 
 TORCH_OPTIMIZER_MODULE = "torch.optim.optimizer"
 
@@ -56,6 +62,84 @@ class StepCounter:
             self.error = f"prof.step() failed at step {self.found}: {e}"
         finally:
             self.in_step = False
+
+
+class StartupApart:
+    """A schedule (``profile(schedule=...)``) with its ``on_trace_ready``: step 0, from
+    ``start()`` to the first step boundary, is one window (RECORD_AND_SAVE), closed at
+    the first ``prof.step()``; every later step records into a second window that runs
+    until ``stop()`` (``until_stop``: it is complete there, not cut short) and replaces
+    the first as the results. If no step ever ends, the first window is the whole run.
+
+    :meth:`window_ready` notes the start-up window's bounds and the part of it spent
+    in imports, for the line that says what the results leave out.
+    """
+
+    until_stop = True  # the window recording at stop() is complete (gpuprof.profile)
+
+    def __init__(self):
+        self.start_ns: int | None = None  # the start-up window, once it was closed
+        self.end_ns: int | None = None
+        self.import_ns = 0  # time in the import system (the outermost imports)
+
+    def __call__(self, step: int) -> int:
+        return ACT_RECORD_AND_SAVE if step == 0 else ACT_RECORD
+
+    def window_ready(self, prof) -> None:
+        """on_trace_ready: at the first step boundary (step 1 begins), keep what the
+        start-up was; the window closed at stop() is the results themselves."""
+        if self.end_ns is not None or prof.step_num != 1 or not prof.running:
+            return
+        results = prof.results
+        self.start_ns, self.end_ns = results.window_bounds()
+        self.import_ns = _import_ns(results)
+
+    @property
+    def apart(self) -> bool:
+        """Whether a start-up window was closed and left out of the results."""
+        return self.end_ns is not None
+
+    def header(self) -> dict:
+        """The ``gpuprof_startup`` header field of the files (docs/api.md, ``run``)."""
+        return {
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "import_ns": self.import_ns,
+            "in_results": False,
+        }
+
+
+def startup_note(header: dict) -> str | None:
+    """One line saying that the start-up is not in the results, from the
+    ``gpuprof_startup`` header field (None when it is in them)."""
+    from ._format import format_time
+
+    if header.get("in_results", True):
+        return None
+    duration = int(header["end_ns"]) - int(header["start_ns"])
+    imports = int(header.get("import_ns") or 0)
+    of_it = f", {format_time(imports)} of it imports" if imports > 0 else ""
+    return (
+        f"start-up not in these results: the {format_time(duration)} up to the end of "
+        f"the first step{of_it}; --whole-run includes it"
+    )
+
+
+def _import_ns(results) -> int:
+    """Wall time of the outermost imports of a window: the call-tree nodes of
+    importlib's ``_find_and_load`` with no other one above them, summed. Nodes are
+    numbered parents first, and a node's id is its row."""
+    tree = results.call_tree()
+    parent = tree["parent"].tolist()
+    is_import = [str(n).startswith("_find_and_load (") for n in tree["name"]]
+    under = [False] * len(tree)  # an import frame is above this node
+    total = 0
+    for k, p in enumerate(parent):
+        if p >= 0:
+            under[k] = under[p] or is_import[p]
+        if is_import[k] and not under[k]:
+            total += int(tree["total_ns"][k])
+    return total
 
 
 class ImportWatch:

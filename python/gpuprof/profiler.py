@@ -149,7 +149,9 @@ class profile(ResultAccessors):
         activities: ProfilerActivity values; default CPU, plus CUDA when GPU
             capture is usable here (see ``gpuprof.cuda_status()``).
         schedule: a :func:`gpuprof.schedule` or any callable step -> ProfilerAction;
-            None records everything between start and stop.
+            None records everything between start and stop. A callable whose
+            ``until_stop`` attribute is True means its last window to run until
+            stop(): it is complete there, not cut short (docs/schedule.md).
         on_trace_ready: callable(prof) run when a window closes at RECORD_AND_SAVE.
         profile_memory: record device memory allocations and frees.
         with_stack: keep call stacks for grouping by stack and flame graphs (the
@@ -447,8 +449,11 @@ class profile(ResultAccessors):
         the schedule is recording a cycle whose RECORD_AND_SAVE step never came, else
         None. When a complete window came before (and windows are not accumulated),
         the cut-short one is dropped (``self._partial`` marks it) and the complete one
-        stays the result."""
+        stays the result. A schedule whose ``until_stop`` is true records its last
+        window until stop(): that window is complete, never cut short."""
         if self.schedule is None or not self._core.running:
+            return None
+        if getattr(self.schedule, "until_stop", False) is True:
             return None
         if self._core.action not in (2, 3):  # RECORD, RECORD_AND_SAVE
             return None

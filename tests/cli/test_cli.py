@@ -128,8 +128,9 @@ def test_run_step_fn_of_an_imported_module_and_outputs(tmp_path):
         script("uses_steps_module.py"),
     )
     assert r.returncode == 0, r.stderr
-    assert "7 found (step boundaries: returns of steps_module:train_step)" in r.stdout
-    assert len(saved(out).steps()) == 7  # the tail after the last step is no step
+    assert "6 recorded after the start-up, 7 found (step boundaries: returns of " in r.stdout
+    # the first step ends the start-up; the tail after the last step is no step
+    assert saved(out).steps()["step"].tolist() == [1, 2, 3, 4, 5, 6]
     wrote = [ln for ln in r.stderr.splitlines() if ln.startswith("gpuprof: wrote ")]
     assert len(wrote) == 4  # trace, saved profile, stacks, report.html
     rep = gpuprof("report", glob.glob(str(out / "*.gpuprof"))[0], "--steps")
@@ -284,11 +285,13 @@ def _assert_no_frames_of_ours(loaded, doc):
         assert not any(needle in t for t in texts), needle
 
 
-def test_no_frame_of_gpuprof_or_runpy_in_tables_or_trace(tmp_path):
+@pytest.mark.parametrize("whole", [False, True], ids=["default", "whole-run"])
+def test_no_frame_of_gpuprof_or_runpy_in_tables_or_trace(whole, tmp_path):
     out = tmp_path / "out"
     r = gpuprof(
         "run",
         "--no-cuda",
+        *(["--whole-run"] if whole else []),
         "--step-fn",
         "__main__:train_step",
         "--output",
@@ -300,10 +303,21 @@ def test_no_frame_of_gpuprof_or_runpy_in_tables_or_trace(tmp_path):
     loaded = saved(out)
     _assert_no_frames_of_ours(loaded, trace(out))
     tree = loaded.call_tree()
-    top = tree[tree["parent"] < 0]
-    assert [str(n) for n in top["name"]] == ["ProfilerStep*"]  # the steps, then the program
-    below = {str(n) for n in tree["name"][tree["parent"] == top["id"][0]]}
-    assert any(n.startswith("<module> (cpu_train.py:") for n in below), below
+
+    def children(node):
+        return [str(n) for n in tree["name"][tree["parent"] == node]]
+
+    def child(node, name):
+        return int(tree["id"][(tree["parent"] == node) & (tree["name"] == name)][0])
+
+    if whole:  # from the program's start: the first step, then the program in it
+        assert children(-1)[0] == "ProfilerStep*"
+        below = children(child(-1, "ProfilerStep*"))
+        assert any(n.startswith("<module> (cpu_train.py:") for n in below), below
+    else:  # from the first step on: the program's frames then running, then the steps
+        assert children(-1) == ["<module> (cpu_train.py:1)"]
+        main = child(child(-1, "<module> (cpu_train.py:1)"), "main (cpu_train.py:14)")
+        assert "ProfilerStep*" in children(main)
 
 
 def test_time_window_runs_no_thread_of_gpuprof(tmp_path):
@@ -358,6 +372,8 @@ BAD_RUN = [
     (["--step-fn", "train:1x"], "argument --step-fn: '1x' is not a function name"),
     (["--capture-range", "bogus"], "--capture-range: profile(): capture='bogus' is not one of"),
     (["--capture-range", "nvtx:x", "--active", "2"], "--capture-range and --active cannot"),
+    (["--whole-run", "--active", "2"], "--whole-run and --active cannot be combined"),
+    (["--whole-run", "--duration", "2"], "--whole-run and --delay/--duration cannot be"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ]
 
@@ -643,12 +659,16 @@ def test_run_output_writes_report_html_beside_the_trace_and_report_and_compare_w
     saved = str(out / [f for f in os.listdir(out) if f.endswith(".gpuprof")][0])
     import gpuprof as gp
 
-    # 7 detected steps (the stretch after the last step() is no step)
-    assert data["summary"]["steps"] == len(gp.load(saved).steps()) == 7
+    # 7 detected steps: the first ends the start-up, which is left out; the stretch
+    # after the last step() is no step
+    assert data["summary"]["steps"] == len(gp.load(saved).steps()) == 6
+    (note,) = data["summary"]["notes"]
+    assert note.startswith("Start-up not in these results: the ") and "--whole-run" in note
 
     rep = gpuprof("report", saved, "--html", str(tmp_path / "r.html"))
     assert rep.returncode == 0 and rep.stdout == "", rep.stderr
     assert html_data(tmp_path / "r.html")["ops"]["rows"] == data["ops"]["rows"]
+    assert html_data(tmp_path / "r.html")["summary"]["notes"] == [note]  # from the header
 
     cmp = gpuprof("compare", saved, saved, "--html", str(tmp_path / "c.html"))
     assert cmp.returncode == 0 and cmp.stdout == "", cmp.stderr

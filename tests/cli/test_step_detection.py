@@ -1,5 +1,6 @@
 """Steps found in unmodified training scripts: PyTorch optimizers, Lightning and Hugging
-Face's Trainer, under ``python -m gpuprof run --active 3``.
+Face's Trainer, under ``python -m gpuprof run --active 3``; and what ``run`` records
+by default (the steps after the start-up) and with ``--whole-run``.
 
 A step is an optimizer step: each recorded step holds exactly one optimizer step
 and, with gradient accumulation, that many backward passes (counted as calls of
@@ -7,7 +8,7 @@ autograd's ``run_backward`` in the saved profile).
 """
 
 import pytest
-from test_cli import gpuprof, saved, script
+from test_cli import gpuprof, saved, script, trace
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs it)")
 
@@ -98,16 +99,60 @@ def test_hugging_face_trainer(tmp_path):
     assert calls(loaded, "run_backward") == 3 * 2
 
 
+def test_run_by_default_leaves_the_start_up_out_and_says_so(tmp_path):
+    """No flag: the imports, the model build and the first step are a window of their own,
+    left out of the table, the steps and the files; the report's first line says so."""
+    out = tmp_path / "out"
+    r = gpuprof("run", "--no-cuda", "-o", str(out), script("torch_loop.py"), "adamw", "12")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    note = next(i for i, ln in enumerate(lines) if ln.startswith("gpuprof: start-up"))
+    assert lines[note - 1].startswith("trained: 12 iterations")  # the report's first line
+    assert lines[note].startswith("gpuprof: start-up not in these results: the ")
+    assert lines[note].endswith(" of it imports; --whole-run includes it")
+    assert "steps: 11 recorded after the start-up, 12 found" in r.stdout
+    table = "\n".join(
+        lines[note + 1 : next(i for i, ln in enumerate(lines) if ln.startswith("steps: "))]
+    )
+    for importing in ("marshal.loads", "_imp.create_dynamic", "_find_and_load"):
+        assert importing not in table
+    loaded = saved(out)
+    assert loaded.steps()["step"].tolist() == list(range(1, 12))
+    assert calls(loaded, "run_backward") == 11
+    assert calls(loaded, "_find_and_load", "python") == 0  # torch was imported before
+    startup = trace(out)["gpuprof_startup"]
+    assert startup["in_results"] is False and startup["import_ns"] > 0
+    assert startup["start_ns"] < startup["end_ns"] <= loaded.results.window_bounds()[0]
+    assert loaded.steps()["start_ns"][0] >= startup["end_ns"]
+
+
+def test_run_whole_run_records_the_start_up_too(tmp_path):
+    out = tmp_path / "out"
+    r = gpuprof(
+        "run", "--no-cuda", "--whole-run", "-o", str(out), script("torch_loop.py"), "sgd", "5"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "start-up" not in r.stdout
+    assert "steps: 5 recorded, 5 found" in r.stdout
+    loaded = saved(out)
+    assert loaded.steps()["step"].tolist() == list(range(5))
+    assert calls(loaded, "_find_and_load", "python") > 0  # import torch is in the results
+    assert "gpuprof_startup" not in trace(out)
+
+
 def test_a_script_that_never_steps_an_optimizer(tmp_path):
     """PyTorch is used but nothing steps: the whole run is recorded, and the end says why
     there are no steps and which flags would find them."""
     prog = tmp_path / "infer.py"
     prog.write_text("import torch\nm = torch.nn.Linear(4, 4)\nprint(m(torch.ones(2, 4)).sum())\n")
-    r = gpuprof("run", "--no-cuda", str(prog))
+    out = tmp_path / "out"
+    r = gpuprof("run", "--no-cuda", "-o", str(out), str(prog))
     assert r.returncode == 0, r.stderr
     assert (
         "steps: 0 recorded, 0 found (step boundaries: torch optimizer steps: none ran)" in r.stdout
     )
+    assert "start-up" not in r.stdout  # no step ended it: the results are the whole run
+    assert calls(saved(out), "_find_and_load", "python") > 0
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("gpuprof: no steps found (no torch optimizer step ran)")
     assert "--step-fn module:function" in last and "--delay S --duration S" in last

@@ -582,6 +582,113 @@ def test_min_duration_bad_values_name_the_argument(cpu_prof, tmp_path, bad, exc)
     assert os.listdir(tmp_path) == []
 
 
+# ---- a bounded trace (max_events) --------------------------------------------------------------
+
+
+def step_work():
+    return work(20)
+
+
+@pytest.fixture(scope="module")
+def long_prof():
+    """200 steps of the same work: one step_work() and three leaf() calls each."""
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        for _ in range(200):
+            step_work()
+            prof.step()
+    return prof
+
+
+def named(trace, name):
+    return [e for e in slices(trace) if e["name"].endswith(name)]
+
+
+def step_slices(trace):
+    return [e for e in slices(trace) if e["name"].startswith("ProfilerStep#")]
+
+
+def test_max_events_keeps_the_first_and_last_steps_whole_and_says_what_it_left_out(
+    long_prof, tmp_path
+):
+    long_prof.export_chrome_trace(tmp_path / "all.json")
+    full, _, _ = read_trace(tmp_path / "all.json")
+    assert "gpuprof_max_events" not in full
+    budget = len(slices(full)) // 4
+    long_prof.export_chrome_trace(tmp_path / "thin.json.gz", max_events=budget)
+    thin, keys, text = read_trace(tmp_path / "thin.json.gz")
+    check_schema(thin, keys, text)
+    check_python_parents(python_slices(thin))
+    assert len(slices(thin)) <= budget + 10  # the frames open across the cut stay too
+    assert thin["gpuprof_max_events"] == budget
+    assert thin["gpuprof_omitted_events"] == len(slices(full)) - len(slices(thin))
+    first, last = thin["gpuprof_omitted_steps"]
+    assert 0 < first < last < 199
+    steps = {int(e["name"].split("#")[1]) for e in step_slices(thin)}
+    kept = set(range(200)) - set(range(first, last + 1))
+    assert steps == kept and 0 in kept and 199 in kept
+    # each kept step is whole: its step_work() and three leaf() calls
+    for step in step_slices(thin):
+        inside = lambda e: step["ts"] <= e["ts"] < step["ts"] + step["dur"]  # noqa: E731, B023
+        assert sum(map(inside, named(thin, "step_work"))) == 1, step["name"]
+        assert sum(map(inside, named(thin, ": leaf"))) == 3, step["name"]
+    lo, hi = thin["gpuprof_omitted_us"]
+    assert not [e for e in slices(thin) if lo <= e["ts"] and e["ts"] + e["dur"] <= hi]
+    # what the command line prints, before writing
+    from gpuprof.exporters.chrome import trace_budget
+
+    plan = trace_budget(long_prof.results, budget)
+    assert plan["steps"] == (first, last) and plan["n_steps"] == last - first + 1
+    assert plan["omitted_events"] == thin["gpuprof_omitted_events"]
+    assert plan["total_steps"] == 200
+    # a budget the window fits in changes nothing
+    assert trace_budget(long_prof.results, len(slices(full)) + 50) is None
+    long_prof.export_chrome_trace(tmp_path / "fits.json", max_events=len(slices(full)) + 50)
+    assert read_trace(tmp_path / "fits.json")[0]["traceEvents"] == full["traceEvents"]
+
+
+def test_max_events_without_steps_keeps_the_start_and_the_end(tmp_path):
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        for _ in range(100):
+            step_work()
+    prof.export_chrome_trace(tmp_path / "all.json")
+    full, _, _ = read_trace(tmp_path / "all.json")
+    prof.export_chrome_trace(tmp_path / "thin.json", max_events=100)
+    thin, _, _ = read_trace(tmp_path / "thin.json")
+    assert thin["gpuprof_omitted_steps"] == []
+    assert len(slices(thin)) <= 110
+    works = sorted(e["ts"] for e in named(full, "step_work"))
+    kept = sorted(e["ts"] for e in named(thin, "step_work"))
+    assert kept[0] == works[0] and kept[-1] == works[-1] and len(kept) < len(works)
+
+
+def test_max_events_on_gpu_work_keeps_memory_events_and_whole_flows(tmp_path):
+    res = synthetic_gpu_results()
+    export_chrome_trace(res, tmp_path / "all.json")
+    full, _, _ = read_trace(tmp_path / "all.json")
+    export_chrome_trace(res, tmp_path / "t.json", max_events=12)
+    trace, keys, text = read_trace(tmp_path / "t.json")
+    flows = check_schema(trace, keys, text)
+    assert all(set(f) == {"s", "f"} for f in flows.values())  # no arrow without its ends
+    assert trace["gpuprof_omitted_steps"] == [1, 1]
+    lo, hi = trace["gpuprof_omitted_us"]
+    assert not [e for e in slices(trace) if lo <= e["ts"] and e["ts"] + e["dur"] <= hi]
+    # (the GPU lanes also draw projections of the annotations, which are no records)
+    assert 0 < trace["gpuprof_omitted_events"] <= len(slices(full)) - len(slices(trace))
+    # the allocation and the free stay, so the memory counter still adds up
+    counters = lambda t: [e for e in t["traceEvents"] if e["ph"] == "C"]  # noqa: E731
+    assert counters(trace) == counters(full) and len(counters(full)) == 2
+
+
+@pytest.mark.parametrize(
+    "bad, exc",
+    [(0, ValueError), (1, ValueError), (2.5, TypeError), ("9", TypeError), (True, TypeError)],
+)
+def test_max_events_bad_values_name_the_argument(long_prof, tmp_path, bad, exc):
+    with pytest.raises(exc, match="export_chrome_trace\\(\\): max_events"):
+        long_prof.export_chrome_trace(tmp_path / "t.json", max_events=bad)
+    assert os.listdir(tmp_path) == []
+
+
 # ---- synthetic GPU window --------------------------------------------------------------------
 
 

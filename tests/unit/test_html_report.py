@@ -150,6 +150,30 @@ def test_step_bars_are_step_breakdown_and_mark_the_window(training, report):
     assert len(data["steps"]["table"]["rows"]) == 6
 
 
+def test_many_steps_draw_the_fastest_and_slowest_of_each_stretch_and_sum_them_all(
+    tmp_path, monkeypatch
+):
+    """Past STEP_BARS steps the page does not grow with the steps: it draws the first,
+    the last, and the extremes of each stretch; the sums count every step."""
+    from gpuprof.exporters import html
+
+    monkeypatch.setattr(html, "STEP_BARS", 20)
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        for i in range(300):
+            sum(range(20_000 if i == 150 else 200))  # one slow step in the middle
+            prof.step()
+    data, _ = page_data(prof.export_html(tmp_path / "r.html"))
+    st = data["steps"]
+    b = step_breakdown(prof.results)
+    drawn = st["breakdown"]["step"]
+    assert len(drawn) <= 22 and drawn == sorted(drawn)
+    assert drawn[0] == 0 and drawn[-1] == 299 and 150 in drawn
+    assert max(st["breakdown"]["step_ns"]) == int(b["step_ns"].max())
+    assert st["total_steps"] == 300
+    assert st["totals"]["step_ns"] == int(b["step_ns"].sum())
+    assert [r[0] for r in st["table"]["rows"]] == [str(n) for n in drawn]
+
+
 def test_accumulated_windows_each_get_their_band_and_the_flame_graph_shows_the_last(tmp_path):
     a, b = training_results(steps=3), training_results(steps=5, loader_us=30)
     both = gpuprof.Results(a.windows + b.windows, cuda=a.cuda, meta=a.meta)

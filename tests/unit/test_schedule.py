@@ -155,6 +155,39 @@ def test_accumulated_windows_merge_each_ops_figures():
     assert names[: len(per[0])] == list(zip(per[0]["name"], per[0]["file"], per[0]["line"]))
 
 
+class _FirstStepApart:
+    """Step 0 saved alone, then one window to stop(); ``until_stop`` as given."""
+
+    def __init__(self, until_stop):
+        self.until_stop = until_stop
+
+    def __call__(self, step):
+        return A.RECORD_AND_SAVE if step == 0 else A.RECORD
+
+
+@pytest.mark.parametrize("until_stop", [True, False])
+def test_a_schedule_recording_until_stop_keeps_its_last_window(until_stop, recwarn):
+    """``until_stop``: the window open at stop() is complete; without it, it is cut
+    short, dropped for the complete one before it, and a warning says so."""
+    ready = []
+    with gpuprof.profile(
+        activities=CPU,
+        schedule=_FirstStepApart(until_stop),
+        on_trace_ready=lambda p: ready.append(p.steps()["step"].tolist()),
+    ) as prof:
+        for _ in range(4):
+            work(10)
+            prof.step()
+    cut = [w for w in recwarn if "the loop ended at step 4" in str(w.message)]
+    if until_stop:
+        assert ready == [[0], [1, 2, 3]] and not cut
+        assert prof.steps()["step"].tolist() == [1, 2, 3]
+        assert prof.ops()[prof.ops()["name"] == "work"]["calls"][0] == 3
+    else:
+        assert ready == [[0]] and len(cut) == 1
+        assert prof.steps()["step"].tolist() == [0]
+
+
 def test_no_schedule_records_everything_and_marks_steps():
     with gpuprof.profile(activities=CPU) as prof:
         for _ in range(4):

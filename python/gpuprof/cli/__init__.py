@@ -8,7 +8,9 @@
 
 Steps are found without code changes: every PyTorch optimizer step ends one
 (``gpuprof._steps``), or ``--step-fn module:function`` names the function whose
-every return ends one; ``--delay/--duration`` record a time window instead.
+every return ends one; ``--delay/--duration`` record a time window instead. By
+default the start-up up to the end of the first step is recorded apart and left out
+of the results (``gpuprof._steps.StartupApart``); ``--whole-run`` keeps it.
 
 Every argument is checked before the program starts: a bad one gets one line on
 stderr and exit code 2. When the program has ended, the ``--output`` files are
@@ -77,8 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     sched = r.add_argument_group(
         "step schedule",
         "Record only some steps, as torch.profiler.schedule: skip --wait steps, "
-        "run --warmup steps, record --active steps; --repeat such cycles. Without --active the "
-        "whole run is recorded.",
+        "run --warmup steps, record --active steps; --repeat such cycles. Without --active "
+        "everything after the first step is recorded (--whole-run: everything).",
     )
     sched.add_argument(
         "--wait", type=_natural, metavar="N", help="steps to skip before each cycle (default: 0)"
@@ -93,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         "--active",
         type=_positive,
         metavar="N",
-        help="steps to record in each cycle (default: none: record the whole run)",
+        help="steps to record in each cycle (default: none: record every step after the first)",
     )
     sched.add_argument(
         "--repeat",
@@ -111,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
         "PyTorch optimizer steps; MODULE is a module the program imports, or "
         "__main__ (or the script's name) for a function of the script, and "
         "FUNCTION may be Class.method (default: PyTorch optimizer steps)",
+    )
+    steps.add_argument(
+        "--whole-run",
+        action="store_true",
+        help="record from the program's start to its end as one window, start-up "
+        "included (default: the start-up up to the end of the first step is recorded "
+        "apart and left out of the results, which cover the steps after it; a program "
+        "without steps is recorded whole)",
     )
     steps.add_argument(
         "--delay",
@@ -182,6 +192,15 @@ def _parser() -> argparse.ArgumentParser:
         help="leave Python and C calls shorter than US microseconds that launched "
         "no CUDA work out of the trace (counted in its header; default: 0, every "
         "call)",
+    )
+    outp.add_argument(
+        "--trace-max-events",
+        type=_natural,
+        default=1_000_000,
+        metavar="N",
+        help="write at most about N events into the trace: the first and the last steps, "
+        "half of N each; the steps between are left out, and the header and a line on "
+        "stderr say which; 0 writes every event (default: 1000000, about 12 MB)",
     )
     outp.add_argument(
         "--sort",

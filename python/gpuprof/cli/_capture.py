@@ -74,6 +74,7 @@ def _run_on_demand(args) -> int:
         ("--delay", args.delay),
         ("--duration", args.duration),
         ("--capture-range", args.capture_range),
+        ("--whole-run", args.whole_run or None),
         ("--output", args.output),
         ("--memory", args.memory or None),
         ("--subprocesses", args.subprocesses or None),
@@ -82,6 +83,7 @@ def _run_on_demand(args) -> int:
         ("--limit", None if args.limit == 20 else args.limit),
         ("--idle", args.idle or None),
         ("--trace-min-us", args.trace_min_us or None),
+        ("--trace-max-events", None if args.trace_max_events == 1_000_000 else 1),
     ]
     for flag, value in given:
         if value is not None:

@@ -1,6 +1,10 @@
 """``run``: profile an unmodified program, with its step schedule, time window or
 capture range, then write the files and print the report (``demo`` runs the bundled
-loop). Steps are found by ``gpuprof._steps``; ``run --on-demand`` is ``_capture``'s."""
+loop). Steps are found by ``gpuprof._steps``; ``run --on-demand`` is ``_capture``'s.
+
+With none of those flags (and no ``--whole-run``), the start-up up to the end of the
+first step is a window of its own (``_steps.StartupApart``) that the results leave
+out; the report's first line says how long it was."""
 
 from __future__ import annotations
 
@@ -21,10 +25,25 @@ from ._common import (
 )
 
 
-def _profile_kwargs(args) -> dict:
+def _startup_apart(args) -> bool:
+    """Whether the start-up before the first step is kept out of the results: the
+    default, when no flag says what to record."""
+    return not (
+        args.whole_run
+        or args.active is not None
+        or args.delay is not None
+        or args.duration is not None
+        or args.capture_range
+    )
+
+
+def _profile_kwargs(args, startup=None) -> dict:
     import gpuprof
 
     kwargs: dict = {"profile_memory": args.memory, "with_stack": args.with_stack}
+    if startup is not None:  # the default: start-up apart (gpuprof._steps.StartupApart)
+        kwargs["schedule"] = startup
+        kwargs["on_trace_ready"] = startup.window_ready
     if args.subprocesses:  # -- subprocesses (docs/subprocesses.md) --
         kwargs["subprocesses"] = True
     if args.cuda is not None:
@@ -48,6 +67,18 @@ def _check_run(args) -> None:
     import gpuprof
 
     window = args.delay is not None or args.duration is not None
+    if args.whole_run and (window or args.active is not None or args.capture_range):
+        other = (
+            "--active"
+            if args.active is not None
+            else "--capture-range"
+            if args.capture_range
+            else "--delay/--duration"
+        )
+        raise _CliError(
+            f"--whole-run and {other} cannot be combined: {other} decides what is "
+            "recorded; use one of them"
+        )
     if args.active is None:
         for name in ("wait", "warmup", "repeat"):
             if getattr(args, name) is not None:
@@ -151,8 +182,9 @@ def cmd_run(args) -> int:
         return _run_on_demand(args)  # -- on-demand capture --
     _check_run(args)
     program = _find_program(args)
+    startup = _steps.StartupApart() if _startup_apart(args) else None
     try:
-        prof = gpuprof.profile(**_profile_kwargs(args))
+        prof = gpuprof.profile(**_profile_kwargs(args, startup))
     except (ValueError, TypeError, RuntimeError) as e:
         raise _CliError(str(e)) from None
     counter = _steps.StepCounter(prof)
@@ -202,27 +234,36 @@ def cmd_run(args) -> int:
         watch.uninstall()
         if isinstance(source, _steps.OptimizerSteps):
             source.uninstall()
-    return _finish_run(prof, args, counter, source, window, out, code_rc)
+    return _finish_run(prof, args, counter, source, window, out, code_rc, startup)
 
 
-def _finish_run(prof, args, counter, source, window, out, code: int) -> int:
+def _finish_run(prof, args, counter, source, window, out, code: int, startup=None) -> int:
     """Files first, then the report on ``out``, then what went wrong with the steps."""
     try:
         results = prof.results
     except RuntimeError:
         results = None
     failed = False
+    note = _startup_note(prof, startup)
     if results is not None and args.output:
         try:
-            for path in _write_outputs(prof, args.output, args.trace_min_us):
-                print(f"gpuprof: wrote {path}", file=sys.stderr)
+            _write_outputs(prof, args.output, args.trace_min_us, args.trace_max_events or None)
         except OSError as e:
             print(f"gpuprof: error: writing --output {args.output!r} failed: {e}", file=sys.stderr)
             failed = True
+        except KeyboardInterrupt:  # a second Ctrl-C: the files written so far stay
+            print(
+                "gpuprof: interrupted while writing --output; the files named above are "
+                "complete, the others were not written",
+                file=sys.stderr,
+            )
+            return 130
     _flush(sys.stdout)
     if results is not None:
         try:
-            _report_run(prof, results, args, counter, source, out)
+            if note is not None:
+                print(note, file=out)
+            _report_run(prof, results, args, counter, source, out, note is not None)
             _flush(out)
         except BrokenPipeError:  # `| head`: the reader has gone, the files are written
             _quiet_broken_pipe()
@@ -296,27 +337,74 @@ def _problems(args, results, counter, source, window) -> list[str]:
     return lines
 
 
-def _write_outputs(prof, out_dir: str, trace_min_us: float = 0.0) -> list[str]:
+def _startup_note(prof, startup) -> str | None:
+    """The line that says the start-up is not in the results (None when it is), and
+    the same in the files' header (``gpuprof_startup``: its bounds on the profiler
+    clock, the part spent in imports, and that the results leave it out)."""
+    if startup is None or not startup.apart:
+        return None
+    import json
+
+    from .._steps import startup_note
+
+    header = startup.header()
+    prof.add_metadata_json("gpuprof_startup", json.dumps(header))
+    return f"gpuprof: {startup_note(header)}"
+
+
+def _write_outputs(
+    prof, out_dir: str, trace_min_us: float = 0.0, trace_max_events: int | None = None
+) -> list[str]:
+    """Write the trace, the saved profile, the stacks and report.html into ``out_dir``,
+    each file named on stderr once it is complete; the trace keeps at most about
+    ``trace_max_events`` events, and a line says what it left out."""
+    from ..exporters.chrome import trace_budget
+
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"{os.uname().nodename}_{os.getpid()}")
+    trace = stem + ".pt.trace.json.gz"
     outputs = [
         (
-            stem + ".pt.trace.json.gz",
-            lambda p: prof.export_chrome_trace(p, min_duration_us=trace_min_us),
+            trace,
+            lambda p: prof.export_chrome_trace(
+                p, min_duration_us=trace_min_us, max_events=trace_max_events
+            ),
         ),
         (stem + ".gpuprof", prof.save),
         (stem + ".stacks.txt", prof.export_stacks),
+        # -- html report (docs/report.md): beside the trace, which it links --
+        (os.path.join(out_dir, "report.html"), lambda p: prof.export_html(p, trace=trace)),
     ]
-    # -- html report (docs/report.md): beside the trace, which it links --
-    outputs.append(
-        (os.path.join(out_dir, "report.html"), lambda p: prof.export_html(p, trace=outputs[0][0]))
-    )
+    cut = trace_budget(prof.results, trace_max_events, min_duration_us=trace_min_us)
+    if cut is not None:
+        print(f"gpuprof: {_budget_line(cut, trace_max_events)}", file=sys.stderr)
     for path, write in outputs:
         write(path)
+        print(f"gpuprof: wrote {path}", file=sys.stderr, flush=True)
     return [path for path, _ in outputs]
 
 
-def _report_run(prof, results, args, counter, source, out) -> None:
+def _budget_line(cut: dict, max_events: int) -> str:
+    """What the trace left out to stay within --trace-max-events."""
+    if cut["steps"] is not None:
+        first, last = cut["steps"]
+        what = (
+            f"steps {first}-{last} ({cut['n_steps']:,} of {cut['total_steps']:,})"
+            if last != first
+            else f"step {first} (of {cut['total_steps']:,})"
+        )
+    else:
+        what = "a stretch in the middle of the run"
+    return (
+        f"the trace keeps {cut['events'] - cut['omitted_events']:,} of "
+        f"{cut['events']:,} events (--trace-max-events {max_events:,}): it leaves out "
+        f"{what}, {cut['omitted_events']:,} events, and keeps the steps before and "
+        "after; the tables, the saved profile and the report count every step; "
+        "--trace-max-events 0 writes every event"
+    )
+
+
+def _report_run(prof, results, args, counter, source, out, startup_apart=False) -> None:
     sort = args.sort or (
         "self_cuda_time_total" if results.cuda.get("active") else "self_cpu_time_total"
     )
@@ -325,7 +413,9 @@ def _report_run(prof, results, args, counter, source, out) -> None:
     if prof.subprocesses:  # -- subprocesses --
         _report_processes(prof, args, out)
     recorded = f"{len(results.steps())} recorded"
-    if args.delay is not None or args.duration is not None:
+    if startup_apart:
+        recorded += " after the start-up"
+    elif args.delay is not None or args.duration is not None:
         recorded += " in the --delay/--duration window"
     elif args.capture_range:
         recorded += f" in --capture-range {args.capture_range}"

@@ -17,6 +17,8 @@ import sys
 import numpy as np
 
 from .. import _gpuprof
+from .._constants import GPU_FREE as _GPU_FREE
+from .._constants import GPU_MALLOC as _GPU_MALLOC
 from .._constants import OP_CFUNC as _OP_CFUNC
 from .._constants import OP_PYTHON as _OP_PYTHON
 from .._constants import OP_STEP as _OP_STEP
@@ -30,6 +32,7 @@ __all__ = [
     "check_output_path",
     "export_chrome_trace",
     "reraise_os_error",
+    "trace_budget",
     "trace_names",
 ]
 
@@ -260,7 +263,144 @@ def _thin(window: dict, min_ns: int) -> tuple[dict, int]:
     return out, omitted
 
 
-def export_chrome_trace(results, path, *, min_duration_us: float = 0.0) -> str:
+def check_max_events(max_events, func: str) -> int | None:
+    """``max_events`` as an int >= 1, or None (every event); else a ValueError/TypeError
+    that names it."""
+    if max_events is None:
+        return None
+    if isinstance(max_events, bool) or not isinstance(max_events, int):
+        raise TypeError(
+            f"{func}(): max_events must be an int or None (every event), got {max_events!r}"
+        )
+    if max_events < 2:
+        raise ValueError(
+            f"{func}(): max_events must be >= 2 (half for the first steps, half for the "
+            f"last), or None for every event; got {max_events!r}"
+        )
+    return max_events
+
+
+def _budget_cut(window: dict, others: list[dict], max_events: int) -> dict | None:
+    """Where a trace of at most about ``max_events`` events (calls, ranges, CUDA calls
+    and GPU activity, of ``window`` and the child windows ``others``) cuts: the events
+    inside [cut_start, cut_end], whole steps where there are steps, are left out, so
+    that the first and the last steps, each about half the budget, stay. Memory
+    allocations and frees always stay (the memory counter adds them up). None when
+    everything fits."""
+    spans, gpu = window["spans"], window["gpu"]
+    kept_gpu = (gpu["kind"] != _GPU_MALLOC) & (gpu["kind"] != _GPU_FREE)
+    starts = np.concatenate(
+        [spans["start_ns"], gpu["start_ns"][kept_gpu]] + [w["spans"]["start_ns"] for w in others]
+    )
+    n = len(starts)
+    if n <= max_events:
+        return None
+    half = max_events // 2
+    lo = int(np.partition(starts, half)[half])  # `half` events start before it
+    hi = int(np.partition(starts, n - half - 1)[n - half - 1])  # `half` start at/after it
+    cut_start, cut_end = lo, hi
+    steps = window["steps"]
+    if len(steps):
+        # Whole steps: from the start of lo's step to the end of hi's, where that still
+        # keeps at least half of each side's share (a few long steps are cut inside).
+        first = steps["start_ns"]
+        i = int(np.searchsorted(first, lo, side="right")) - 1
+        j = int(np.searchsorted(first, hi, side="right")) - 1
+        if i >= 0 and lo > steps["end_ns"][i]:  # between two steps: from the next one
+            i = i + 1 if i + 1 < len(steps) else -1
+        if i >= 0 and first[i] <= hi and np.count_nonzero(starts < first[i]) >= half // 2:
+            cut_start = int(first[i])
+        if j >= 0 and hi <= steps["end_ns"][j]:
+            end = int(steps["end_ns"][j])
+            if np.count_nonzero(starts > end) >= half // 2:
+                cut_end = end
+    if cut_start >= cut_end:
+        return None
+    inside = (steps["start_ns"] >= cut_start) & (steps["end_ns"] <= cut_end)
+    omitted_steps = steps["step"][inside]
+    return {
+        "start_ns": cut_start,
+        "end_ns": cut_end,
+        "steps": (int(omitted_steps[0]), int(omitted_steps[-1])) if len(omitted_steps) else None,
+        "n_steps": int(len(omitted_steps)),
+        "total_steps": int(len(steps)),
+        "events": n,
+    }
+
+
+def _cut_window(window: dict, cut: dict, gpu: bool = True) -> tuple[dict, int]:
+    """The window without the events inside the cut (a call that began before it or
+    ends after it stays), and how many that leaves out."""
+    lo, hi = cut["start_ns"], cut["end_ns"]
+    sp = window["spans"]
+    keep = (sp["start_ns"] < lo) | (sp["end_ns"] > hi)
+    out = dict(window)
+    out["spans"] = sp[keep]
+    omitted = int(len(sp) - len(out["spans"]))
+    if gpu:
+        g = window["gpu"]
+        keep_g = (g["start_ns"] < lo) | (g["end_ns"] > hi)
+        keep_g |= (g["kind"] == _GPU_MALLOC) | (g["kind"] == _GPU_FREE)
+        out["gpu"] = g[keep_g]
+        omitted += int(len(g) - len(out["gpu"]))
+    return out, omitted
+
+
+def _budget_header(window: dict, cut: dict, max_events: int, omitted: int) -> dict:
+    base = int(window["window_start_ns"])
+    return {
+        "gpuprof_max_events": max_events,
+        "gpuprof_omitted_events": omitted,
+        "gpuprof_omitted_steps": list(cut["steps"]) if cut["steps"] else [],
+        "gpuprof_omitted_us": [
+            round((cut["start_ns"] - base) / 1000, 3),
+            round((cut["end_ns"] - base) / 1000, 3),
+        ],
+    }
+
+
+def _prepared(results, min_us: float, max_events: int | None):
+    """The window and the child windows as the trace writes them, and the header keys
+    saying what was left out (None when nothing was)."""
+    window = results.windows[-1]
+    calls = child_trace_calls(results, window, "")  # -- subprocesses --
+    thinned: dict = {}
+    if min_us > 0:
+        min_ns = round(min_us * 1000)
+        window, omitted = _thin(window, min_ns)
+        for i, (w, m) in enumerate(calls):
+            w, n = _thin(w, min_ns)
+            calls[i] = (w, m)
+            omitted += n
+        thinned = {"gpuprof_min_duration_us": min_us, "gpuprof_omitted_calls": omitted}
+    cut = None if max_events is None else _budget_cut(window, [w for w, _ in calls], max_events)
+    if cut is not None:
+        window, omitted = _cut_window(window, cut)
+        for i, (w, m) in enumerate(calls):
+            w, n = _cut_window(w, cut, gpu=False)
+            calls[i] = (w, m)
+            omitted += n
+        thinned.update(_budget_header(window, cut, max_events, omitted))
+    return window, calls, thinned or None, cut
+
+
+def trace_budget(results, max_events: int | None, *, min_duration_us: float = 0.0):
+    """What ``export_chrome_trace(results, path, max_events=max_events,
+    min_duration_us=min_duration_us)`` leaves out to stay within the budget: a dict
+    with ``events`` (what the window holds), ``omitted_events``, ``steps`` (the
+    first and last step number left out, or None), ``n_steps`` and ``total_steps``;
+    None when every event fits."""
+    max_events = check_max_events(max_events, "trace_budget")
+    min_us = check_min_duration(min_duration_us, "trace_budget")
+    _, _, thinned, cut = _prepared(results, min_us, max_events)
+    if cut is None:
+        return None
+    return dict(cut, omitted_events=thinned["gpuprof_omitted_events"])
+
+
+def export_chrome_trace(
+    results, path, *, min_duration_us: float = 0.0, max_events: int | None = None
+) -> str:
     """Write the last recorded window of ``results`` as a Chrome trace.
 
     The file opens in Perfetto (ui.perfetto.dev), chrome://tracing, the
@@ -278,6 +418,15 @@ def export_chrome_trace(results, path, *, min_duration_us: float = 0.0) -> str:
             header then holds ``gpuprof_min_duration_us`` and
             ``gpuprof_omitted_calls``, the number left out; tables and
             ``key_averages()`` still count every call.
+        max_events: write at most about this many events (calls, ranges, CUDA calls
+            and GPU activity): the first and the last steps, about half the budget
+            each, stay whole, and the events between are left out (a call that began
+            before that stretch or ends after it stays; memory events always stay).
+            The header then holds ``gpuprof_max_events``, ``gpuprof_omitted_events``,
+            ``gpuprof_omitted_steps`` (the first and last step left out) and
+            ``gpuprof_omitted_us`` (the stretch, in the trace's microseconds). None
+            (the default) writes every event. ``python -m gpuprof run --output``
+            passes 1,000,000.
 
     Returns:
         The path written.
@@ -285,21 +434,15 @@ def export_chrome_trace(results, path, *, min_duration_us: float = 0.0) -> str:
     Raises:
         OSError: ``path`` is a directory or cannot be written (the message names it).
         RuntimeError: nothing has been recorded yet.
-        ValueError, TypeError: ``min_duration_us`` is negative, infinite or not a number.
+        ValueError, TypeError: ``min_duration_us`` is negative, infinite or not a
+            number; ``max_events`` is not None or an int >= 2.
     """
     path = check_output_path(path, "export_chrome_trace")
     min_us = check_min_duration(min_duration_us, "export_chrome_trace")
-    window = results.windows[-1]
-    calls = child_trace_calls(results, window, path)  # -- subprocesses --
-    thinned = None
-    if min_us > 0:
-        min_ns = round(min_us * 1000)
-        window, omitted = _thin(window, min_ns)
-        for i, (w, m) in enumerate(calls):
-            w, n = _thin(w, min_ns)
-            calls[i] = (w, m)
-            omitted += n
-        thinned = {"gpuprof_min_duration_us": min_us, "gpuprof_omitted_calls": omitted}
+    max_events = check_max_events(max_events, "export_chrome_trace")
+    window, calls, thinned, _ = _prepared(results, min_us, max_events)
+    for _, m in calls:
+        m["trace_name"] = path
     meta = trace_meta(results, window, path, thinned)
     if calls:
         # one file from several calls on one writer: the children's lanes first,

@@ -30,6 +30,7 @@ import numpy as np
 
 from .._paths import source_location
 from .._results import Results, display_name
+from .._steps import startup_note
 from ..tables import KeyAverages, format_time, op_columns
 from .chrome import _thread_names, atomic_output, check_output_path, program_name
 
@@ -42,6 +43,10 @@ FLAME_MIN_SHARE = 1e-4
 # Memory curves are cut to about this many points (each bucket keeps its lowest
 # and highest point, so peaks survive).
 CURVE_POINTS = 2000
+# Steps drawn (and listed in the step table) at most: past it, the fastest and the
+# slowest step of each stretch of consecutive steps (a browser draws 100,000 bars slowly,
+# and the page would grow with the steps)
+STEP_BARS = 2000
 _ASSETS = "html_assets"
 
 
@@ -227,6 +232,12 @@ def _summary(results: Results, title: str | None) -> dict:
     else:
         capture = f"off ({cuda['error']})" if cuda.get("error") else "off"
     program = str(meta.get("process_name") or program_name())
+    notes = []
+    startup = (meta.get("trace_metadata") or {}).get("gpuprof_startup")  # run's default
+    if startup:
+        note = startup_note(json.loads(startup))
+        if note:
+            notes.append(note[0].upper() + note[1:] + ".")
     return {
         "title": title or f"gpuprof report: {program}",
         "program": program,
@@ -238,6 +249,7 @@ def _summary(results: Results, title: str | None) -> dict:
         "step_ns_mean": float(steps["cpu_ns"].mean()) if len(steps) else 0.0,
         "cuda_capture": capture,
         "warnings": warnings,
+        "notes": notes,
     }
 
 
@@ -280,11 +292,34 @@ def _steps(results: Results) -> dict:
         "sync_wait_ns",
         "idle_ns",
     )
+    steps = results.steps()
+    totals = {f: int(b[f].sum()) for f in fields[3:]}  # over every step, drawn or not
+    drawn = _drawn_steps(b["step_ns"])
+    if drawn is not None:
+        b, steps = b[drawn], steps[drawn]
     return {
         "breakdown": {f: b[f].tolist() for f in fields},
         "windows": windows,
-        "table": _step_table(results.steps()),
+        "table": _step_table(steps),
+        "totals": totals,
+        "total_steps": len(results.steps()),
     }
+
+
+def _drawn_steps(step_ns: np.ndarray) -> np.ndarray | None:
+    """Indices of the steps drawn when there are more than STEP_BARS: the first, the
+    last, and the fastest and the slowest of each of STEP_BARS / 2 stretches of
+    consecutive steps (None: every step is drawn)."""
+    n = len(step_ns)
+    if n <= STEP_BARS:
+        return None
+    edges = np.linspace(0, n, STEP_BARS // 2 + 1).astype(np.int64)
+    keep = {0, n - 1}
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:
+            keep.add(int(a + np.argmin(step_ns[a:b])))
+            keep.add(int(a + np.argmax(step_ns[a:b])))
+    return np.array(sorted(keep), dtype=np.int64)
 
 
 def _flame(results: Results) -> dict:

@@ -184,6 +184,7 @@
       fact("CUDA capture", s.cuda_capture),
       fact("written", s.created + " by gpuprof " + D.version)));
     s.warnings.forEach(function (w) { add(sec, el("div", { "class": "warning", text: w })); });
+    (s.notes || []).forEach(function (n) { add(sec, el("p", { "class": "muted", text: n })); });
     return sec;
   }
 
@@ -269,12 +270,17 @@
     }
     add(s, svg("text", { x: L + pw / 2, y: H - 3, "text-anchor": "middle", "font-size": 11, fill: "#5d6678", text: "step" }));
     add(sec, el("div", { "class": "chart" }, s));
-    // mean of each part
-    var tot = b.step_ns.reduce(function (a, v) { return a + v; }, 0) || 1;
+    // mean of each part, over every step (st.totals), also those not drawn
+    var sum = function (xs) { return xs.reduce(function (a, v) { return a + v; }, 0); };
+    var totals = st.totals || {}, tot = (st.totals ? totals.step_ns : sum(b.step_ns)) || 1;
     add(sec, el("p", { "class": "small" }, "Over all recorded steps: ", PARTS.map(function (p, j) {
-      var v = b[p[0]].reduce(function (a, x) { return a + x; }, 0);
+      var v = st.totals ? totals[p[0]] : sum(b[p[0]]);
       return (j ? ", " : "") + p[1] + " " + pct(v / tot);
     })));
+    if (st.total_steps > n)
+      add(sec, el("p", { "class": "muted small", text: n + " of the " + st.total_steps + " steps are drawn and listed: " +
+        "the first, the last, and the fastest and the slowest of each stretch of consecutive steps; the sums above, " +
+        "the tables and the diagnosis count every step (prof.step_table() lists them all)." }));
     add(sec, el("details", null, el("summary", { text: "step table (prof.step_table())" }), dataTable(st.table, { noFilter: true })));
     return sec;
   }
