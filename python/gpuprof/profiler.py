@@ -24,6 +24,7 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md
     _parts,
     _progress,
     _subprocess,
+    _threads,
 )
 from . import memory as _memory
 from . import processes as _processes
@@ -354,7 +355,7 @@ class profile(ResultAccessors):
         self.subprocesses = subprocesses
         # The parts this profile composes (gpuprof._parts), called in this order, and
         # in reverse on the way down: children follow the schedule; memory is sampled.
-        self._parts: list[_parts.Part] = []
+        self._parts: list[_parts.Part] = [_threads.ThreadNames()]  # names past a thread's end
         if subprocesses:
             self._parts.append(_subprocess.ParentSession(self, _processes.group_children))
         if profile_memory:
