@@ -12,6 +12,7 @@
 #include "profiler.h"
 #include "schedule.h"
 #include "testing.h"
+#include "threads.h"
 #include "trace_json.h"
 #include "window.h"
 
@@ -301,6 +302,13 @@ module_exec(PyObject *module)
     if (type == NULL)
         return -1;
     int rc = PyModule_AddObjectRef(module, "Profiler", type);
+    Py_DECREF(type);
+    if (rc < 0)
+        return -1;
+    type = PyType_FromModuleAndSpec(module, &gp_threads_end_spec, NULL);
+    if (type == NULL)
+        return -1;
+    rc = PyModule_AddObjectRef(module, "_ThreadEnd", type);
     Py_DECREF(type);
     if (rc < 0)
         return -1;

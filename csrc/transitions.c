@@ -198,13 +198,22 @@ gp_transition_run(GpProfilerObject *self, GpAction prev, GpAction cur)
         rc = window_stop(self);
     if (ops & GP_TR_DISCARD)
         gp_transition_discard(self);
-    /* on_trace_ready runs even if a later op fails, and its error wins. */
-    if (rc == 0 && (ops & GP_TR_READY))
-        rc = window_ready(self);
+    /* on_trace_ready runs even if a later op fails, and its error wins. The next
+     * window still opens when on_trace_ready fails: a user who catches its error
+     * around prof.step() keeps profiling, so its exception waits aside meanwhile. */
+    PyObject *ready_type = NULL, *ready_value = NULL, *ready_tb = NULL;
+    if (rc == 0 && (ops & GP_TR_READY) && window_ready(self) < 0)
+        PyErr_Fetch(&ready_type, &ready_value, &ready_tb);
     if (rc == 0 && (ops & GP_TR_PREPARE))
         rc = window_prepare(self);
     if (rc == 0 && (ops & GP_TR_START))
         rc = window_start(self);
+    if (ready_type != NULL) {
+        if (rc < 0)
+            PyErr_Clear();
+        PyErr_Restore(ready_type, ready_value, ready_tb);
+        rc = -1;
+    }
     if (rc == 0 && (ops & GP_TR_WARN) && prev != GP_ACT_EXIT) {
         rc = PyErr_WarnEx(PyExc_UserWarning,
                           "gpuprof: the schedule went from recording or warm-up straight to "

@@ -8,6 +8,8 @@ and ``subprocesses`` (bools).
 
 from __future__ import annotations
 
+import warnings
+
 from ._progress import progress
 
 __all__ = ["ResultAccessors"]
@@ -31,8 +33,9 @@ class ResultAccessors:
         them, iterating gives one row object with torch.profiler's attribute names.
 
         Args:
-            group_by_input_shape: not supported (gpuprof records no input shapes;
-                docs/api.md says why): True raises ValueError.
+            group_by_input_shape: gpuprof records no input shapes (docs/api.md
+                says why), so every shape is empty and True groups by name alone,
+                as torch.profiler does without ``record_shapes``; a warning says so.
             group_by_stack_n: group each op by its N nearest Python callers.
             pid: with ``subprocesses=True``, whose ops (see :meth:`ops`).
             include_context: also show the frames that were already running when
@@ -50,11 +53,20 @@ class ResultAccessors:
         """
         from .tables import KeyAverages
 
+        if not isinstance(group_by_input_shape, bool):
+            raise TypeError(
+                f"key_averages(): group_by_input_shape must be a bool, got {group_by_input_shape!r}"
+            )
         if group_by_input_shape:
-            raise ValueError(
-                "key_averages(): group_by_input_shape=True is not supported: "
-                "gpuprof does not record input shapes (docs/api.md says why); "
-                "use group_by_stack_n=N to split an op by its callers"
+            # torch.profiler code (a recipe's on_trace_ready) asks for it: refusing
+            # would end the job at the first window, so the rows are what torch
+            # gives without record_shapes, and the warning says why
+            warnings.warn(
+                "key_averages(group_by_input_shape=True): gpuprof does not record "
+                "input shapes (docs/api.md says why), so rows are grouped by name "
+                "alone; group_by_stack_n=N splits an op by its callers",
+                UserWarning,
+                stacklevel=2,
             )
         if not isinstance(group_by_overload_name, bool):
             raise TypeError(
@@ -124,15 +136,30 @@ class ResultAccessors:
         return diagnose(self.results)
 
     def export_chrome_trace(
-        self, path, *, min_duration_us: float = 0.0, max_events: int | None = None
+        self,
+        path,
+        use_python_export: bool = False,
+        *,
+        min_duration_us: float = 0.0,
+        max_events: int | None = None,
     ) -> str:
         """Write the last recorded window as a Chrome/Perfetto trace (``.gz`` compresses);
         opens in Perfetto, chrome://tracing, TensorBoard and HTA. ``min_duration_us``
         leaves out shorter calls that launched no CUDA work, and counts them in the
         file's header; ``max_events`` keeps about that many events, those of the first
         and the last steps, and says in the header which steps it left out (default
-        None: every event). See docs/traces.md."""
+        None: every event). See docs/traces.md.
+
+        ``use_python_export`` is accepted for torch.profiler code (its
+        ``tensorboard_trace_handler`` passes it): it picks between torch's two trace
+        writers, and gpuprof has one, so it changes nothing."""
         from .exporters.chrome import export_chrome_trace
+
+        if not isinstance(use_python_export, bool):
+            raise TypeError(
+                f"export_chrome_trace(): use_python_export must be a bool, "
+                f"got {use_python_export!r}"
+            )
 
         results = self.results
         n = len(results.spans()) + len(results.windows[-1]["gpu"])

@@ -1,5 +1,5 @@
 # Type stub of the C extension gpuprof._gpuprof (csrc/module.c, csrc/profiler.c,
-# csrc/testing.c). tests/unit/test_architecture.py checks that it names what the
+# csrc/threads.c, csrc/testing.c). tests/unit/test_architecture.py checks that it names what the
 # extension defines.
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -54,6 +54,14 @@ ACT_EXIT: int
 CAPTURE_NONE: int
 CAPTURE_PROFILER_API: int
 CAPTURE_NVTX: int
+
+class _ThreadEnd:
+    """threading.Thread._delete while profiling (csrc/threads.c): keeps the ending
+    thread's name in ``names`` (OS thread id -> name), then calls ``original``."""
+
+    def __init__(self, original: Callable[..., object], names: dict[int, str]) -> None: ...
+    def __call__(self, thread: Any) -> object: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> Callable[[], object]: ...
 
 class Profiler:
     """Low-level profiler session (use gpuprof.profile)."""

@@ -612,12 +612,32 @@ class Results:
     def threads(self) -> np.ndarray:
         return self._windows[-1]._raw["threads"]
 
+    def thread_row_names(self, window: dict | None = None) -> list[str]:
+        """One name per thread row of ``window`` (a raw window dict; default the
+        last), as the trace and the report show them: the name the profile kept for
+        that OS thread (taken when the thread ended, or when profiling started or
+        stopped), else a saved profile's name for its ident, else (in a live profile)
+        the name of the running thread of that ident, else ``thread N`` (N the row)."""
+        threads = self.threads() if window is None else window["threads"]
+        by_tid = {int(k): v for k, v in (self.meta.get("thread_names_by_tid") or {}).items()}
+        by_ident = {int(k): v for k, v in (self.meta.get("thread_names") or {}).items()}
+        # a saved profile's threads are not this process's
+        saved = "thread_names" in self.meta
+        running = {} if saved else {t.ident: t.name for t in threading.enumerate()}
+        return [
+            by_tid.get(tid) or by_ident.get(ident) or running.get(ident) or f"thread {i}"
+            for i, (ident, tid) in enumerate(
+                zip(threads["ident"].tolist(), threads["os_tid"].tolist(), strict=True)
+            )
+        ]
+
     def thread_names(self) -> dict[int, str]:
-        names = {t.ident: t.name for t in threading.enumerate()}
-        return {
-            int(t["ident"]): names.get(int(t["ident"]), f"thread {i}")
-            for i, t in enumerate(self.threads())
-        }
+        """ident (``threading.get_ident()``) -> name of the last window's threads (see
+        :meth:`thread_row_names`). The system gives an ended thread's ident to the
+        next thread, so threads that ran one after the other may share an ident: the
+        later one's name is given; ``thread_row_names()`` has one per row."""
+        idents = self.threads()["ident"].tolist()
+        return dict(zip(idents, self.thread_row_names(), strict=True))
 
 
 def merge_rows(parts: list[np.ndarray], key: tuple[str, ...], mins=(), maxs=(), keep=()):

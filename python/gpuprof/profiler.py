@@ -24,6 +24,7 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md
     _parts,
     _progress,
     _subprocess,
+    _threads,
 )
 from . import memory as _memory
 from . import processes as _processes
@@ -94,6 +95,23 @@ def _kernel_threads() -> list[int]:
         if isinstance(owner, str) and owner.split(".")[0] in _KERNEL_PACKAGES:
             out.append(t.ident)
     return out[:16]
+
+
+def _name_the_callback(error: BaseException, callback, step: int) -> None:
+    """Add a note to an error ``on_trace_ready`` raised: which callback, at which
+    step (on Python 3.10, which has no notes, the line goes to stderr)."""
+    name = getattr(callback, "__qualname__", None) or repr(callback)
+    module = getattr(callback, "__module__", None)
+    if module and getattr(callback, "__qualname__", None):
+        name = f"{module}.{name}"
+    note = (
+        f"gpuprof: raised by on_trace_ready={name} as the window ended at step {step}; "
+        "profiling goes on if the exception is caught around prof.step()"
+    )
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10
+        print(note, file=sys.stderr)
 
 
 def _check_torch_compat_args(**args) -> None:
@@ -339,7 +357,7 @@ class profile(ResultAccessors):
         self.subprocesses = subprocesses
         # The parts this profile composes (gpuprof._parts), called in this order, and
         # in reverse on the way down: children follow the schedule; memory is sampled.
-        self._parts: list[_parts.Part] = []
+        self._parts: list[_parts.Part] = [_threads.ThreadNames()]  # names past a thread's end
         if subprocesses:
             self._parts.append(_subprocess.ParentSession(self, _processes.group_children))
         if profile_memory:
@@ -501,7 +519,13 @@ class profile(ResultAccessors):
         for part in self._parts:
             part.window_ended(self, raw)
         if self.on_trace_ready is not None and self._partial is None:
-            self.on_trace_ready(self)
+            try:
+                self.on_trace_ready(self)
+            except Exception as e:
+                # it propagates out of prof.step() as torch's does; the note says
+                # whose error it is, which the traceback alone leaves to guess
+                _name_the_callback(e, self.on_trace_ready, self.step_num)
+                raise
 
     def _collect(self) -> None:
         raw = self._core.result

@@ -122,7 +122,7 @@ def test_armed_program_is_captured_twice_and_runs_on(armed_loop, env, tmp_path):
     state = json.loads((tmp_path / "runtime" / f"{prog.pid}.json").read_text())
     assert state["signal_name"] == "SIGUSR2" and state["steps"] == "returns of __main__:train_step"
 
-    firsts = []
+    firsts, stems = [], []
     for n, name in ((5, "one"), (3, "two")):
         r = gpuprof(
             env,
@@ -147,10 +147,12 @@ def test_armed_program_is_captured_twice_and_runs_on(armed_loop, env, tmp_path):
         firsts.append(first)
         assert "gpuprof diagnosis" in r.stdout
         stem = f"{os.uname().nodename}_{prog.pid}_step{first}"
+        stems.append(stem)
         assert files_of(tmp_path / name) == sorted(
-            stem + ext for ext in (".gpuprof", ".pt.trace.json.gz", ".stacks.txt", ".txt")
+            [stem + ext for ext in (".gpuprof", ".pt.trace.json.gz", ".stacks.txt", ".txt")]
+            + ["report.html"]
         )
-        assert r.stderr.count("gpuprof: wrote ") == 4
+        assert r.stderr.count("gpuprof: wrote ") == 5
         loaded = gp.load(str(tmp_path / name / (stem + ".gpuprof")))
         assert len(loaded.steps()) == n
         names = set(loaded.ops()["name"])
@@ -164,7 +166,30 @@ def test_armed_program_is_captured_twice_and_runs_on(armed_loop, env, tmp_path):
         assert report.startswith(f"gpuprof on-demand capture of pid {prog.pid} on ")
         assert re.search(r"\ntrain_step \(ondemand_loop\.py:\d+\) ", report), report
         assert "gpuprof diagnosis" in report
+        # the HTML report `run --output` writes, beside the trace it links
+        page = (tmp_path / name / "report.html").read_text()
+        data = json.loads(
+            re.search(
+                r'<script type="application/json" id="gpuprof-data">(.*?)</script>', page, re.S
+            )[1]
+        )
+        assert data["trace"] == {
+            "href": stem + ".pt.trace.json.gz",
+            "name": stem + ".pt.trace.json.gz",
+            "exists": True,
+        }
+        assert data["summary"]["steps"] == n
     assert firsts[1] > firsts[0] + 4
+    # report and compare take the capture folders, and say which file they read
+    rep = gpuprof(env, "report", str(tmp_path / "one"))
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stderr == f"gpuprof: reading {tmp_path / 'one' / (stems[0] + '.gpuprof')}\n"
+    assert "train_step (ondemand_loop.py:" in rep.stdout
+    cmp = gpuprof(env, "compare", str(tmp_path / "one"), str(tmp_path / "two"))
+    assert cmp.returncode == 0, cmp.stderr
+    assert f"BEFORE: reading {tmp_path / 'one' / (stems[0] + '.gpuprof')}" in cmp.stderr
+    assert f"AFTER: reading {tmp_path / 'two' / (stems[1] + '.gpuprof')}" in cmp.stderr
+    assert "step time:" in cmp.stdout
 
     code, out, err = prog.end()
     assert code == 0, err

@@ -244,11 +244,18 @@ def test_sorting_by_cuda_time_without_cuda_falls_back_and_says_so():
     assert "Sorted by" not in ka.table(sort_by="count")
 
 
-def test_group_by_input_shape_is_refused_with_the_reason():
+def test_group_by_input_shape_groups_by_name_with_the_reason():
+    """torch.profiler without record_shapes groups by name when asked for shapes; a
+    recipe's on_trace_ready asking for them must not end the job."""
     with gpuprof.profile(activities=CPU) as prof:
         leaf(1)
-    with pytest.raises(ValueError, match="does not record input shapes"):
-        prof.key_averages(group_by_input_shape=True)
+    with pytest.warns(UserWarning, match="does not record input shapes"):
+        by_shape = prof.key_averages(group_by_input_shape=True)
+    by_name = prof.key_averages()
+    assert [(r.key, r.count) for r in by_shape] == [(r.key, r.count) for r in by_name]
+    assert any(r.key.startswith("leaf ") for r in by_shape)
+    with pytest.raises(TypeError, match="group_by_input_shape"):
+        prof.key_averages(group_by_input_shape="yes")
     with pytest.raises(TypeError, match="include_context"):
         prof.key_averages(include_context=1)
 

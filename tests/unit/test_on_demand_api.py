@@ -165,8 +165,10 @@ def test_two_captures_of_explicit_steps(runtime, tmp_path):
     names = sorted(os.path.basename(f) for f in res["files"])
     stem = f"{proto.host()}_{os.getpid()}_step{res['first_step']}"
     assert names == sorted(
-        stem + ext for ext in (".gpuprof", ".pt.trace.json.gz", ".stacks.txt", ".txt")
+        [stem + ext for ext in (".gpuprof", ".pt.trace.json.gz", ".stacks.txt", ".txt")]
+        + ["report.html"]
     )
+    assert res["html"] == str(tmp_path / "one" / "report.html")
     loaded = gpuprof.load(str(tmp_path / "one" / (stem + ".gpuprof")))
     assert len(loaded.steps()) == 3
     assert "work" in set(loaded.ops()["name"])

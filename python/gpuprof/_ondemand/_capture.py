@@ -198,12 +198,23 @@ def _stem(pid: int, cap: Capture) -> str:
     return stem
 
 
+def _page(folder: str) -> str:
+    """``report.html`` in ``folder``, as ``run --output`` names it; a later capture into
+    the same folder gets ``report-2.html``, ``report-3.html``...: nothing is overwritten."""
+    path, n = os.path.join(folder, "report.html"), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(folder, f"report-{n}.html")
+    return path
+
+
 def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
-    """Trace, saved profile, stacks and report (table, steps, diagnosis) into cap.output,
+    """Trace, saved profile, stacks, report (table, steps, diagnosis) and HTML report
+    (``report.html``, see :func:`_page`) into cap.output,
     for process ``pid`` whose steps come from ``steps_from``.
 
     Returns:
-        The result a requester gets: ``ok``, ``files``, ``report``, ``summary``,
+        The result a requester gets: ``ok``, ``files``, ``report``, ``html``, ``summary``,
         ``n_steps``, ``steps``, ``first_step``, ``seconds``, ``diagnosis``, ``cut_short``;
         ``ok`` False with ``error`` when nothing was recorded.
 
@@ -254,11 +265,17 @@ def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
     report = stem + ".txt"
     with open(report, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
+    # the page `run --output` writes too, beside the trace it links
+    html = _page(cap.output)
+    prof.export_html(
+        html, trace=files[0], title=f"gpuprof capture of pid {pid} on {proto.host()}: {summary}"
+    )
     first = cap.first_step
     return {
         "ok": True,
-        "files": files + [report],
+        "files": files + [report, html],
         "report": report,
+        "html": html,
         "output": cap.output,
         "summary": summary,
         "n_steps": n_steps,

@@ -260,7 +260,11 @@ def _parser() -> argparse.ArgumentParser:
         "(.json, .json.gz), one after the other.",
     )
     rep.add_argument(
-        "files", nargs="+", metavar="FILE", help="saved profiles (.gpuprof) or Chrome traces"
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="saved profiles (.gpuprof), Chrome traces, or folders that `run --output` "
+        "or `capture` wrote (their newest saved profile)",
     )
     rep.add_argument(
         "--sort",
@@ -302,8 +306,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Per-step differences of ops and kernels between two saved "
         "profiles, and the findings gone or new.",
     )
-    c.add_argument("before", metavar="BEFORE", help="the saved profile (.gpuprof) to compare from")
-    c.add_argument("after", metavar="AFTER", help="the saved profile (.gpuprof) to compare to")
+    c.add_argument(
+        "before",
+        metavar="BEFORE",
+        help="the saved profile (.gpuprof), or a folder holding it, to compare from",
+    )
+    c.add_argument(
+        "after",
+        metavar="AFTER",
+        help="the saved profile (.gpuprof), or a folder holding it, to compare to",
+    )
     c.add_argument(
         "--limit",
         type=_positive,

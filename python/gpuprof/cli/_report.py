@@ -13,18 +13,115 @@ def _is_trace(path: str) -> bool:
     return path.endswith((".json", ".json.gz"))
 
 
+# -- the file to read: a folder's saved profile; a file that is not one, named ----------
+_PROFILE = ".gpuprof"
+_TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
+
+
+def _saved_in(folder: str) -> list[str]:
+    """The saved profiles directly in ``folder``, oldest first (by modification time)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(_PROFILE)]
+    except OSError:
+        return []
+    paths = [os.path.join(folder, n) for n in names]
+    paths = [p for p in paths if os.path.isfile(p)]
+    return sorted(paths, key=lambda p: (os.path.getmtime(p), p))
+
+
+def _profile_beside(path: str) -> str | None:
+    """The saved profile written with ``path`` (``run --output`` and ``capture`` write
+    the trace, the stacks, the text and HTML reports beside it): the one of the same
+    stem, else the newest in its folder, else None."""
+    folder, name = os.path.split(path)
+    for suffix in (*_TRACE_SUFFIXES, ".stacks.txt", ".txt", ".html"):
+        if name.endswith(suffix):
+            same = os.path.join(folder, name[: -len(suffix)] + _PROFILE)
+            if os.path.isfile(same):
+                return same
+            break
+    found = _saved_in(folder or ".")
+    return found[-1] if found else None
+
+
+def _instead(path: str) -> str:
+    """'; pass X instead' for a file that is not a saved profile, when X is beside it."""
+    beside = _profile_beside(path)
+    return f"; pass the saved profile beside it instead: {beside!r}" if beside else ""
+
+
+def _not_a_profile(path: str) -> str | None:
+    """What ``path`` is when it is one of gpuprof's other files (the HTML report, the
+    stacks, a capture's text report), else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256).lstrip().lower()
+    except OSError:
+        return None
+    if path.endswith((".html", ".htm")) or head.startswith((b"<!doctype html", b"<html")):
+        return "is the HTML report: open it in a browser"
+    if path.endswith(".stacks.txt"):
+        return "holds collapsed stacks for flame graphs (flamegraph.pl, speedscope)"
+    if head.startswith(b"gpuprof on-demand capture"):
+        return "is the text report of an on-demand capture"
+    return None
+
+
+def _resolve(path: str, who: str = "") -> str:
+    """The file to read for ``path``: a folder that ``run --output`` or ``capture``
+    wrote gives its saved profile (the newest when it holds several), said on stderr;
+    a file is checked to exist and not to be one of gpuprof's other outputs.
+
+    Raises:
+        _CliError: no such file, a folder without a saved profile, or the HTML report
+            (or stacks) given for a profile, each naming the file to pass instead.
+    """
+    if os.path.isdir(path):
+        found = _saved_in(path)
+        if not found:
+            traces = sorted(
+                n for n in os.listdir(path) if n.endswith(_TRACE_SUFFIXES[:2])
+            )  # a TensorBoard log folder
+            hint = (
+                f"; it holds {len(traces)} trace(s): pass one, e.g. "
+                f"{os.path.join(path, traces[-1])!r}"
+                if traces and not who
+                else ""
+            )
+            raise _CliError(
+                f"{who}{path!r} is a folder without a saved profile ({_PROFILE}) in it"
+                f"{hint}; `run --output DIR` and `capture --output DIR` write one there"
+            )
+        chosen = found[-1]
+        more = (
+            f" (the newest of the {len(found)} saved profiles in {path}; name a file "
+            "to read another)"
+            if len(found) > 1
+            else ""
+        )
+        print(f"gpuprof: {who}reading {chosen}{more}", file=sys.stderr)
+        return chosen
+    if not os.path.isfile(path):
+        raise _CliError(f"{who}cannot read {path!r}: no such file")
+    what = _not_a_profile(path)
+    if what is not None:
+        raise _CliError(
+            f"{who}{path!r} {what}; `{'compare' if who else 'report'}` reads saved "
+            f"profiles ({_PROFILE}){_instead(path)}"
+        )
+    return path
+
+
 def cmd_report(args) -> int:
     import gpuprof
 
+    args.files = [_resolve(f) for f in args.files]
     traces = [f for f in args.files if _is_trace(f)]
-    for f in args.files:
-        if not os.path.isfile(f):
-            raise _CliError(f"cannot read {f!r}: no such file")
     if traces and (args.steps or args.memory or args.sort):
         flag = "--steps" if args.steps else "--memory" if args.memory else "--sort"
         raise _CliError(
             f"{flag} needs a saved profile (.gpuprof), and {traces[0]!r} is a "
-            "Chrome trace (its report lists events by total time)"
+            f"Chrome trace (its report lists events by total time){_instead(traces[0])}"
         )
     if args.html and (len(args.files) != 1 or traces):  # -- html report --
         raise _CliError(
@@ -32,7 +129,7 @@ def cmd_report(args) -> int:
             "file (a trace opens in https://ui.perfetto.dev)"
             if len(args.files) != 1
             else "--html needs a saved profile (.gpuprof), not a trace; open the trace "
-            "in https://ui.perfetto.dev"
+            f"in https://ui.perfetto.dev{_instead(traces[0])}"
         )
     loaded = {}
     for f in args.files:
@@ -53,6 +150,13 @@ def cmd_report(args) -> int:
         if several:
             print(("\n" if i else "") + f"== {f}")
         if _is_trace(f):
+            beside = _profile_beside(f)
+            if beside is not None and beside not in args.files:
+                print(
+                    f"gpuprof: {f} is a Chrome trace: its report is totals by name; the "
+                    f"saved profile beside it has the full tables: report {beside}",
+                    file=sys.stderr,
+                )
             print(_trace_report(f, args.kernels, args.limit))
             continue
         prof = loaded[f]
@@ -117,15 +221,14 @@ def _trace_report(path: str, kernels: bool, limit: int):
 def cmd_compare(args) -> int:
     import gpuprof
 
-    for flag, f in (("BEFORE", args.before), ("AFTER", args.after)):
-        if not os.path.isfile(f):
-            raise _CliError(f"{flag}: cannot read {f!r}: no such file")
+    args.before = _resolve(args.before, "BEFORE: ")
+    args.after = _resolve(args.after, "AFTER: ")
     loaded = []
     for flag, f in (("BEFORE", args.before), ("AFTER", args.after)):
         if _is_trace(f):
             raise _CliError(
                 f"{flag}: {f!r} is a Chrome trace; compare reads saved profiles "
-                "(.gpuprof, written by `run --output` or prof.save())"
+                f"(.gpuprof, written by `run --output` or prof.save()){_instead(f)}"
             )
         try:
             loaded.append(gpuprof.load(f))

@@ -122,15 +122,7 @@ def _header(results, window: dict, props: list[dict], thinned: dict | None = Non
 
 
 def _thread_names(results, window: dict) -> list[str]:
-    saved = results.meta.get("thread_names")
-    if saved is not None:
-        names = {int(k): v for k, v in saved.items()}
-    else:
-        names = results.thread_names()
-    return [
-        names.get(int(ident), f"thread {i}")
-        for i, ident in enumerate(window["threads"]["ident"].tolist())
-    ]
+    return results.thread_row_names(window)  # kept past each thread's end (gpuprof._threads)
 
 
 def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = None) -> dict:

@@ -17,6 +17,7 @@ def tensorboard_trace_handler(
     dir_name,
     worker_name: str | None = None,
     use_gzip: bool = False,
+    use_python_export: bool = False,
     *,
     min_duration_us: float = 0.0,
 ):
@@ -33,6 +34,8 @@ def tensorboard_trace_handler(
             ``dir_name`` and ``worker_name`` may hold ``{rank}``, ``{local_rank}``
             and ``{world_size}`` (see gpuprof.distributed.expand_name).
         use_gzip: compress the traces.
+        use_python_export: accepted for torch.profiler code, where it picks one of
+            torch's two trace writers; gpuprof has one, so it changes nothing.
         min_duration_us: leave out calls shorter than this that launched no CUDA
             work (see ``export_chrome_trace``); 0 keeps every call.
 
@@ -52,6 +55,11 @@ def tensorboard_trace_handler(
         )
     if not isinstance(use_gzip, bool):
         raise TypeError(f"tensorboard_trace_handler(): use_gzip must be a bool, got {use_gzip!r}")
+    if not isinstance(use_python_export, bool):
+        raise TypeError(
+            f"tensorboard_trace_handler(): use_python_export must be a bool, "
+            f"got {use_python_export!r}"
+        )
     min_duration_us = check_min_duration(min_duration_us, "tensorboard_trace_handler")
     dir_name = os.fspath(dir_name)
 
