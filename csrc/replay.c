@@ -475,7 +475,8 @@ continue_carry(Agg *a, size_t k, int64_t ts)
     for (size_t i = 0; i < k; i++)
         if (continue_entry(a, &a->carry.v[i], ts) < 0)
             return -1;
-    memmove(a->carry.v, &a->carry.v[k], (a->carry.n - k) * sizeof(Entry));
+    if (k < a->carry.n) /* (carry.v may still be NULL when nothing was ever carried) */
+        memmove(a->carry.v, &a->carry.v[k], (a->carry.n - k) * sizeof(Entry));
     a->carry.n -= k;
     return 0;
 }
