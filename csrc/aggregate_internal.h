@@ -162,18 +162,17 @@ push_span(Agg *a, Entry *e, int64_t ts, uint8_t opkind, int32_t parent_span, int
     return 0;
 }
 
-/* The statistics of visible stack entry e ending at `end`: its op row's and
- * call-tree node's self and total time, min and max, its row's count of open
- * entries and its span's end; its self time is added to *self_sum. Both
- * replay paths (replay.c, replay_thread.c) end entries with it. */
+/* The statistics of one piece of visible stack entry e, ending at `end`: its
+ * op row's and call-tree node's self and total time, its row's count of open
+ * entries and its span's end; its self time is added to *self_sum. A call cut
+ * at a step boundary (replay.c) ends a piece without ending the call. */
 static inline void
-close_entry_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *spans, const Entry *e,
+close_piece_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *spans, const Entry *e,
                   int64_t end, int64_t *self_sum)
 {
     int64_t dur = end - e->start;
     GpOpRow *r = &ops[e->row];
     GpNodeRow *n = &nodes[e->node];
-    int64_t call = end - e->origin; /* the whole call, over all its pieces */
     r->cpu_self_ns += e->self;
     n->self_ns += e->self;
     n->total_ns += dur;
@@ -181,12 +180,24 @@ close_entry_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *sp
     active[e->row]--;
     if (e->outermost)
         r->cpu_total_ns += dur;
+    if (e->span >= 0)
+        spans[e->span].end_ns = end;
+}
+
+/* The end of visible stack entry e at `end`: its last piece, and the call's
+ * duration (over all its pieces) into its op row's min and max. Both replay
+ * paths (replay.c, replay_thread.c) end entries with it. */
+static inline void
+close_entry_stats(GpOpRow *ops, GpNodeRow *nodes, int32_t *active, GpSpanRow *spans, const Entry *e,
+                  int64_t end, int64_t *self_sum)
+{
+    close_piece_stats(ops, nodes, active, spans, e, end, self_sum);
+    GpOpRow *r = &ops[e->row];
+    int64_t call = end - e->origin;
     if (call < r->cpu_min_ns)
         r->cpu_min_ns = call;
     if (call > r->cpu_max_ns)
         r->cpu_max_ns = call;
-    if (e->span >= 0)
-        spans[e->span].end_ns = end;
 }
 
 /* ---- replay.c ------------------------------------------------------------ */

@@ -383,8 +383,8 @@ cut_entry(Agg *a, size_t i, int64_t ts)
         return 0;
     }
     GpTables *t = a->t;
-    a->active.v[e->row]--;
     if (e->start == ts && e->self == 0) {
+        a->active.v[e->row]--;
         if (e->span >= 0 && (size_t)e->span + 1 == t->spans.n)
             t->spans.n--;
         else if (e->span >= 0)
@@ -397,17 +397,7 @@ cut_entry(Agg *a, size_t i, int64_t ts)
         }
         return 0;
     }
-    int64_t dur = ts - e->start;
-    GpOpRow *r = &t->ops.v[e->row];
-    GpNodeRow *n = &t->nodes.v[e->node];
-    r->cpu_self_ns += e->self;
-    n->self_ns += e->self;
-    n->total_ns += dur;
-    a->self_sum += e->self;
-    if (e->outermost)
-        r->cpu_total_ns += dur;
-    if (e->span >= 0)
-        t->spans.v[e->span].end_ns = ts;
+    close_piece_stats(t->ops.v, t->nodes.v, a->active.v, t->spans.v, e, ts, &a->self_sum);
     e->self = 0;
     return 0;
 }
