@@ -21,6 +21,8 @@ enum {
     GP_OPF_GENERATOR = 2, /* generator/coroutine code: resumes are not calls */
     GP_OPF_NVTX = 4,      /* GP_OP_USER row whose op is an NVTX name id (gp_nvtx_describe) */
     GP_OPF_LIBRARY = 8,   /* Python code that is not the user's (gp_intern_is_library) */
+    GP_OPF_AUTOGRAD = 16, /* with GP_OPF_NVTX: an autograd node's range (AddmmBackward0),
+                             from PyTorch's range messages (csrc/nvtx.c) */
 };
 
 /* Reserved op ids. */
