@@ -44,6 +44,7 @@ LAYERS = {
     "gpuprof._host_sampler": "recording",
     "gpuprof._allocators": "recording",
     "gpuprof._parts": "recording",
+    "gpuprof._autograd": "recording",
     "gpuprof._subprocess": "recording",
     "gpuprof._subprocess._current": "recording",
     "gpuprof._subprocess._protocol": "recording",
