@@ -483,9 +483,11 @@ torch_fields(const char *p, const char *end, int truncated, int *has_seq, uint64
 static int
 autograd_name(const char *s, size_t n)
 {
-    static const char ns[] = "torch::autograd::";
+    static const char ns[] = "torch::autograd::", acc[] = "AccumulateGrad";
     if (n >= sizeof ns - 1 && memcmp(s, ns, sizeof ns - 1) == 0)
         return 1;
+    if (n == sizeof acc - 1 && memcmp(s, acc, n) == 0)
+        return 1; /* as some PyTorch versions and docs spell it */
     for (const char *b = s, *end = s + n; (b = memchr(b, 'B', (size_t)(end - b))) != NULL; b++)
         if ((size_t)(end - b) >= 8 && memcmp(b, "Backward", 8) == 0)
             return 1;

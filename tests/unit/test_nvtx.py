@@ -359,6 +359,7 @@ SIZES = "[[64, 256], [256, 256], [], []]"
             -1,
         ),
         ("MyFnBackward, seq = 12, op_id = 5", "MyFnBackward", AUTOGRAD | SEQ, 12),
+        ("AccumulateGrad, op_id = 6", "AccumulateGrad", AUTOGRAD, -1),
         (
             "CompiledFunctionBackward, seq = 4, op_id = 2",
             "CompiledFunctionBackward",
