@@ -56,7 +56,8 @@ typedef struct Entry {
     uint8_t kind;   /* E_* */
     uint8_t hidden;
     uint8_t outermost;
-    uint8_t engine; /* E_NVTX: autograd's evaluate_function wrapper (GP_NVTXT_ENGINE) */
+    uint8_t engine; /* E_NVTX, E_NVTX_SE: autograd's evaluate_function wrapper
+                       (GP_NVTXT_ENGINE); unset for other kinds */
 } Entry;
 
 typedef struct Launch {

@@ -531,9 +531,9 @@ gp_nvtx_torch_parse(const char *text, size_t len, int truncated, GpNvtxTorchName
     return 1;
 }
 
-/* The message's name as tables show it: PyTorch's NAME, or the whole text.
- * *torch gets the GP_EV_NVTX_TORCH event to write after the range's own (kind
- * 0: none). */
+/* The message's name as tables show it: PyTorch's NAME (m->text and m->len
+ * then point into the text), or the whole text. *arg and *kind get the
+ * GP_EV_NVTX_TORCH event to write right after the range's own (*kind 0: none). */
 static void
 torch_name(Message *m, uint32_t *arg, uint32_t *kind)
 {

@@ -559,7 +559,9 @@ nvtx_torch(Agg *a, const GpEvent *ev)
     if (n == 0 || (a->stack.v[n - 1].kind != E_NVTX && a->stack.v[n - 1].kind != E_NVTX_SE))
         return 0; /* its push was not recorded */
     Entry *e = &a->stack.v[n - 1];
-    if (e->hidden && n >= 2 && a->stack.v[n - 2].engine)
+    /* (engine is set only on NVTX entries: replay_thread.c's fast path leaves
+     * it unset on the calls it pushes) */
+    if (e->hidden && n >= 2 && a->stack.v[n - 2].kind == e->kind && a->stack.v[n - 2].engine)
         e = &a->stack.v[n - 2];
     uint32_t flags = GP_EV_PAYLOAD(ev->kind);
     if (flags & GP_NVTXT_ENGINE)
