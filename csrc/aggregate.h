@@ -142,7 +142,10 @@ typedef struct GpSpanRow {
     uint16_t depth;
     uint8_t kind;   /* GP_OP_* of its op */
     uint8_t flags;  /* GP_SF_* */
-    uint32_t pad;
+    /* The sequence number of PyTorch's range (the autograd node's, or the op's
+     * under emit_nvtx) mod 2^31, from the range's message (csrc/nvtx.c); -1
+     * for every other span. */
+    int32_t seq;
 } GpSpanRow;
 
 /* One row per thread that recorded in the window. */

@@ -56,6 +56,8 @@ typedef struct Entry {
     uint8_t kind;   /* E_* */
     uint8_t hidden;
     uint8_t outermost;
+    uint8_t engine; /* E_NVTX, E_NVTX_SE: autograd's evaluate_function wrapper
+                       (GP_NVTXT_ENGINE); unset for other kinds */
 } Entry;
 
 typedef struct Launch {
@@ -159,6 +161,7 @@ push_span(Agg *a, Entry *e, int64_t ts, uint8_t opkind, int32_t parent_span, int
     s->kind = opkind == GP_OP_NVTX ? GP_OP_USER : opkind;
     s->flags = snapshot ? GP_SF_ENTERED : 0;
     s->depth = (uint16_t)(parent_span >= 0 ? a->t->spans.v[parent_span].depth + 1 : 0);
+    s->seq = -1;
     return 0;
 }
 

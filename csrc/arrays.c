@@ -122,6 +122,7 @@ static const Field span_fields[] = {
     F(GpSpanRow, depth, "u2"),
     F(GpSpanRow, kind, "u1"),
     F(GpSpanRow, flags, "u1"),
+    F(GpSpanRow, seq, "i4"),
     {NULL, NULL, 0},
 };
 

@@ -51,6 +51,17 @@ enum {
     GP_EV_NVTX_START,   /* nvtx*RangeStart*: arg = NVTX name id, payload = range tag */
     GP_EV_NVTX_END,     /* nvtx*RangeEnd: arg = index (GpThreadBuf.index) of the thread
                            that started it, payload = range tag */
+    GP_EV_NVTX_TORCH,   /* right after the GP_EV_NVTX_PUSH/START of a range whose message
+                           follows PyTorch's grammar ("AddmmBackward0, seq = 7, op_id = 9";
+                           csrc/nvtx.c): arg = its seq mod 2^31 (GP_NVTXT_SEQ), payload =
+                           GP_NVTXT_* */
+};
+
+/* Payload of GP_EV_NVTX_TORCH. */
+enum {
+    GP_NVTXT_SEQ = 1,      /* the message carried a sequence number (arg) */
+    GP_NVTXT_AUTOGRAD = 2, /* its name is an autograd node's (AddmmBackward0, AccumulateGrad) */
+    GP_NVTXT_ENGINE = 4,   /* the engine's "autograd::engine::evaluate_function: X" wrapper */
 };
 
 #define GP_EV_KIND(k) ((k) & 0xffu)

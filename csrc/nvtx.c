@@ -300,6 +300,23 @@ record(uint32_t arg, uint32_t kind)
     atomic_store(&tb->writing, 0);
 }
 
+/* Two events in a row under one handshake and one phase check, so that a
+ * window opening between them cannot keep the second without the first. */
+static void
+record2(uint32_t arg, uint32_t kind, uint32_t arg2, uint32_t kind2)
+{
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (tb == NULL)
+        return;
+    atomic_store(&tb->writing, 1);
+    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP) {
+        uint64_t ts = gp_clock_raw();
+        gp_buffer_push(tb, ts, arg, kind);
+        gp_buffer_push(tb, ts, arg2, kind2);
+    }
+    atomic_store(&tb->writing, 0);
+}
+
 /* The message of an event: UTF-8 text and length (buf holds converted
  * Unicode), or the registered string behind it (*reg). */
 typedef struct Message {
@@ -307,6 +324,7 @@ typedef struct Message {
     size_t len;
     const GpNvtxString *reg;
     uint32_t category;
+    int truncated; /* text was cut at TEXT_MAX */
 } Message;
 
 static void
@@ -314,6 +332,7 @@ message_of(const NvAttr *a, const char *ascii, const wchar_t *wide, char *buf, M
 {
     m->reg = NULL;
     m->category = 0;
+    m->truncated = 0;
     if (a != NULL) {
         ascii = NULL;
         wide = NULL;
@@ -344,40 +363,234 @@ message_of(const NvAttr *a, const char *ascii, const wchar_t *wide, char *buf, M
     if (wide != NULL) {
         m->len = wide_to_utf8(wide, buf, TEXT_MAX);
         m->text = buf;
+        m->truncated = m->len + 4 >= TEXT_MAX; /* may have been cut */
     } else {
         m->text = ascii ? ascii : "";
         m->len = strnlen(m->text, TEXT_MAX - 1);
+        m->truncated = m->len == TEXT_MAX - 1 && m->text[m->len] != '\0';
+    }
+}
+
+/* ---- PyTorch's range messages ----------------------------------------------
+ *
+ * PyTorch's RecordFunction callbacks for NVTX (emit_nvtx(), and the autograd
+ * node ranges python/gpuprof/_autograd.py switches on) write each range as
+ *   NAME[, seq = N][, op_id = H][, sizes = [...]][, input_op_ids = [...]]
+ * (torch/csrc/profiler/util.cpp getNvtxStr; its docs spell backward ranges
+ * "stashed seq", so both are taken). op_id is unique per call: interned
+ * whole, every range would be a one-call row and a long run would fill the
+ * name table. So NAME alone is the range's name, and its seq travels in a
+ * GP_EV_NVTX_TORCH event right after the push. The engine's wrapper around
+ * each node, "autograd::engine::evaluate_function: NAME, op_id = M" (all
+ * scopes only), is named NAME too and flagged, so the replay merges the
+ * node's own range into it (replay.c). This runs on autograd's thread for
+ * every node: one memchr per comma and a scan of the fields, no allocation. */
+
+#define ENGINE_PREFIX "autograd::engine::evaluate_function: "
+
+/* Skip the literal s at *p; 1 when it was there. */
+static int
+lit(const char **p, const char *end, const char *s, size_t n)
+{
+    if ((size_t)(end - *p) < n || memcmp(*p, s, n) != 0)
+        return 0;
+    *p += n;
+    return 1;
+}
+
+/* " = " with any spaces around the '=' ("seq=" in the docs, "seq = " in the code). */
+static int
+equals(const char **p, const char *end)
+{
+    while (*p < end && **p == ' ')
+        (*p)++;
+    if (*p == end || **p != '=')
+        return 0;
+    (*p)++;
+    while (*p < end && **p == ' ')
+        (*p)++;
+    return 1;
+}
+
+static int
+number(const char **p, const char *end, uint64_t *v)
+{
+    const char *s = *p;
+    uint64_t x = 0;
+    while (*p < end && **p >= '0' && **p <= '9')
+        x = x * 10 + (uint64_t)(*(*p)++ - '0');
+    *v = x;
+    return *p > s;
+}
+
+/* A bracketed list ("[[64, 256], []]", "[(12,0), (13,0)]") up to its closing
+ * bracket. A message cut at TEXT_MAX may end inside it. */
+static int
+bracketed(const char **p, const char *end, int truncated)
+{
+    if (*p == end || **p != '[')
+        return 0;
+    int depth = 0;
+    for (; *p < end; (*p)++) {
+        char c = **p;
+        if (c == '[' || c == '(')
+            depth++;
+        else if ((c == ']' || c == ')') && --depth == 0) {
+            (*p)++;
+            return 1;
+        }
+    }
+    return truncated;
+}
+
+/* Whether [p, end) is a run of PyTorch's fields, each ", KEY = VALUE", in
+ * their order, at least one; the seq, if any, into *seq. In a message cut at
+ * TEXT_MAX the fields after the first may stop anywhere. */
+static int
+torch_fields(const char *p, const char *end, int truncated, int *has_seq, uint64_t *seq)
+{
+    int stage = 0, fields = 0, ok = 1;
+    uint64_t v;
+    while (ok && p < end) {
+        if (!lit(&p, end, ", ", 2)) {
+            ok = 0;
+        } else if (stage == 0 && (lit(&p, end, "seq", 3) || lit(&p, end, "stashed seq", 11))) {
+            ok = equals(&p, end) && number(&p, end, seq);
+            *has_seq = ok;
+            stage = 1;
+        } else if (stage <= 1 && lit(&p, end, "op_id", 5)) {
+            ok = equals(&p, end) && number(&p, end, &v);
+            stage = 2;
+        } else if (stage <= 2 && lit(&p, end, "sizes", 5)) {
+            ok = equals(&p, end) && bracketed(&p, end, truncated);
+            stage = 3;
+        } else if (stage <= 3 && lit(&p, end, "input_op_ids", 12)) {
+            ok = equals(&p, end) && bracketed(&p, end, truncated);
+            stage = 4;
+        } else {
+            ok = 0;
+        }
+        fields += ok;
+    }
+    return ok ? fields > 0 : truncated && fields > 0;
+}
+
+/* Whether a name is an autograd node's: generated nodes end in Backward<N>,
+ * custom Functions in Backward, torch.compile's is CompiledFunctionBackward,
+ * and the C++ ones live in torch::autograd:: (AccumulateGrad, CopySlices,
+ * CppNode<T>, GraphRoot). ATen ops (aten::addmm, aten::convolution_backward)
+ * are not. */
+static int
+autograd_name(const char *s, size_t n)
+{
+    static const char ns[] = "torch::autograd::", acc[] = "AccumulateGrad";
+    if (n >= sizeof ns - 1 && memcmp(s, ns, sizeof ns - 1) == 0)
+        return 1;
+    if (n == sizeof acc - 1 && memcmp(s, acc, n) == 0)
+        return 1; /* as some PyTorch versions and docs spell it */
+    for (const char *b = s, *end = s + n; (b = memchr(b, 'B', (size_t)(end - b))) != NULL; b++)
+        if ((size_t)(end - b) >= 8 && memcmp(b, "Backward", 8) == 0)
+            return 1;
+    return 0;
+}
+
+int
+gp_nvtx_torch_parse(const char *text, size_t len, int truncated, GpNvtxTorchName *out)
+{
+    const char *end = text + len, *c = text;
+    int has_seq = 0;
+    uint64_t seq = 0;
+    out->name = text;
+    out->len = len;
+    out->flags = 0;
+    out->seq = 0;
+    /* NAME ends at the first comma that starts the fields (a C++ node's name
+     * may hold commas: CppNode<F<A, B>>) */
+    for (;; c++) {
+        if ((c = memchr(c, ',', (size_t)(end - c))) == NULL)
+            return 0;
+        has_seq = 0;
+        if (c > text && torch_fields(c, end, truncated, &has_seq, &seq))
+            break;
+    }
+    const char *name = text;
+    size_t n = (size_t)(c - text);
+    uint32_t flags = has_seq ? GP_NVTXT_SEQ : 0;
+    if (n > sizeof ENGINE_PREFIX - 1 &&
+        memcmp(name, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0) {
+        name += sizeof ENGINE_PREFIX - 1;
+        n -= sizeof ENGINE_PREFIX - 1;
+        flags |= GP_NVTXT_ENGINE | GP_NVTXT_AUTOGRAD;
+    } else if (autograd_name(name, n)) {
+        flags |= GP_NVTXT_AUTOGRAD;
+    }
+    out->name = name;
+    out->len = n;
+    out->flags = flags;
+    out->seq = has_seq ? seq : 0;
+    return 1;
+}
+
+/* The message's name as tables show it: PyTorch's NAME (m->text and m->len
+ * then point into the text), or the whole text. *arg and *kind get the
+ * GP_EV_NVTX_TORCH event to write right after the range's own (*kind 0: none). */
+static void
+torch_name(Message *m, uint32_t *arg, uint32_t *kind)
+{
+    GpNvtxTorchName t;
+    *kind = 0;
+    if (m->len < 8 || !gp_nvtx_torch_parse(m->text, m->len, m->truncated, &t))
+        return;
+    /* A registered string keeps its id cache: the same text always parses
+     * to the same name. */
+    m->text = t.name;
+    m->len = t.len;
+    if (t.flags != 0) {
+        *arg = (uint32_t)(t.seq & 0x7fffffffu);
+        *kind = GP_EV_MAKE(GP_EV_NVTX_TORCH, t.flags);
     }
 }
 
 /* Per-thread cache of recent names, so that a loop pushing the same few
- * messages skips nv_lock: (generation, domain, category, text) -> id. */
+ * messages skips nv_lock: (generation, domain, category, text) -> id. Two
+ * ways per set, 16 sets picked by the length and the ends of the text: an
+ * autograd backward cycles through a dozen or more node names, which a
+ * round-robin list of 4 missed on every push. */
 #define CACHE_TEXT 48
+#define CACHE_SETS 16
 typedef struct CacheEntry {
     uint32_t gen, domain, category, id;
     uint32_t len;
     char text[CACHE_TEXT];
 } CacheEntry;
-static _Thread_local CacheEntry tls_cache[4];
-static _Thread_local unsigned tls_cache_next;
+static _Thread_local CacheEntry tls_cache[CACHE_SETS][2];
+static _Thread_local uint8_t tls_cache_older[CACHE_SETS]; /* the way to replace next */
 
 static uint32_t
 intern_cached(uint32_t domain, uint32_t category, const char *text, size_t len)
 {
     uint32_t gen = atomic_load_explicit(&names_gen, memory_order_relaxed);
-    if (len < CACHE_TEXT) {
-        for (size_t i = 0; i < GP_ARRAY_LEN(tls_cache); i++) {
-            const CacheEntry *c = &tls_cache[i];
-            if (c->id != 0 && c->gen == gen && c->len == len && c->domain == domain &&
-                c->category == category && memcmp(c->text, text, len) == 0)
-                return c->id;
+    if (len == 0 || len >= CACHE_TEXT)
+        return intern(domain, category, text, len);
+    unsigned set = ((unsigned)len * 7u + (unsigned char)text[0] +
+                    (unsigned char)text[len - 1] * 3u + (unsigned char)text[len / 2]) %
+                   CACHE_SETS;
+    CacheEntry *ways = tls_cache[set];
+    for (unsigned w = 0; w < 2; w++) {
+        const CacheEntry *c = &ways[w];
+        if (c->id != 0 && c->gen == gen && c->len == len && c->domain == domain &&
+            c->category == category && memcmp(c->text, text, len) == 0) {
+            tls_cache_older[set] = (uint8_t)(w ^ 1u);
+            return c->id;
         }
     }
     uint32_t id = intern(domain, category, text, len);
-    if (id != 0 && len < CACHE_TEXT) {
-        CacheEntry *c = &tls_cache[tls_cache_next++ % GP_ARRAY_LEN(tls_cache)];
+    if (id != 0) {
+        unsigned w = tls_cache_older[set];
+        CacheEntry *c = &ways[w];
         *c = (CacheEntry){gen, domain, category, id, (uint32_t)len, {0}};
         memcpy(c->text, text, len);
+        tls_cache_older[set] = (uint8_t)(w ^ 1u);
     }
     return id;
 }
@@ -397,6 +610,15 @@ name_id(const GpNvtxDomain *d, const Message *m)
         return id;
     }
     return intern_cached(d->index, m->category, m->text, m->len);
+}
+
+uint32_t
+gp_nvtx_intern_default(const char *text, size_t len)
+{
+    Message m = {text, len, NULL, 0, 0};
+    uint32_t arg = 0, kind;
+    torch_name(&m, &arg, &kind);
+    return name_id(&default_domain, &m);
 }
 
 /* ---- Per-thread push depth (NVTX return values, capture pops) ------------- */
@@ -526,10 +748,14 @@ push(const GpNvtxDomain *d, const NvAttr *a, const char *ascii, const wchar_t *w
         return level;
     char buf[TEXT_MAX];
     Message m;
+    uint32_t targ = 0, tkind;
     message_of(a, ascii, wide, buf, &m);
+    torch_name(&m, &targ, &tkind);
     if (recording()) {
         uint32_t id = name_id(d, &m);
-        if (id != 0)
+        if (id != 0 && tkind != 0)
+            record2(id, GP_EV_MAKE(GP_EV_NVTX_PUSH, d->index), targ, tkind);
+        else if (id != 0)
             record(id, GP_EV_MAKE(GP_EV_NVTX_PUSH, d->index));
     }
     if (armed && tls_cap_level == 0 && cap_try_open(d, &m)) {
@@ -571,14 +797,19 @@ start(const GpNvtxDomain *d, const NvAttr *a, const char *ascii, const wchar_t *
         return id;
     char buf[TEXT_MAX];
     Message m;
+    uint32_t targ = 0, tkind;
     message_of(a, ascii, wide, buf, &m);
+    torch_name(&m, &targ, &tkind);
     if (recording()) {
         GpThreadBuf *tb = gp_buffer_thread();
         uint32_t nid = name_id(d, &m);
         if (tb != NULL && nid != 0) {
             uint64_t session = atomic_load(&gp_buffer_session) & 0xffffu;
             id |= session << 48 | (uint64_t)((tb->index + 1) & 0xffffffu) << 24;
-            record(nid, GP_EV_MAKE(GP_EV_NVTX_START, tag));
+            if (tkind != 0)
+                record2(nid, GP_EV_MAKE(GP_EV_NVTX_START, tag), targ, tkind);
+            else
+                record(nid, GP_EV_MAKE(GP_EV_NVTX_START, tag));
         }
     }
     if (armed && cap_try_open(d, &m))

@@ -16,6 +16,25 @@
  * the range had one. 0, or -1 for an unknown id. Valid until gp_nvtx_clear. */
 int gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size_t where_cap);
 
+/* A range message in PyTorch's grammar (csrc/nvtx.c, "PyTorch's range
+ * messages"): its NAME (a slice of the text), GP_NVTXT_* flags (buffer.h) and
+ * sequence number. */
+typedef struct GpNvtxTorchName {
+    const char *name;
+    size_t len;
+    uint32_t flags;
+    uint64_t seq; /* valid with GP_NVTXT_SEQ */
+} GpNvtxTorchName;
+
+/* Parse text[0..len) (`truncated`: it was cut at gpuprof's 1023-byte limit,
+ * so its last field may be incomplete). 1 and *out filled when it follows
+ * PyTorch's grammar, else 0 (*out names the whole text). */
+int gp_nvtx_torch_parse(const char *text, size_t len, int truncated, GpNvtxTorchName *out);
+
+/* The name id that a push of `text` on the default domain records, interned
+ * as the push does (the test entry point _test_nvtx_name). 0 when out of memory. */
+uint32_t gp_nvtx_intern_default(const char *text, size_t len);
+
 /* Forget the NVTX names (session end, after every table was built). Domain
  * and registered-string handles stay valid for the process's life. */
 void gp_nvtx_clear(void);

@@ -23,6 +23,8 @@ enum {
     GP_OPF_LIBRARY = 8,   /* Python code that is not the user's (gp_intern_is_library) */
     GP_OPF_WAIT = 16,     /* C function that blocks its thread: sleep, lock, poll, queue
                              get, recv (gp_intern_cfunc_slow; the list in docs/tables.md) */
+    GP_OPF_AUTOGRAD = 32, /* with GP_OPF_NVTX: an autograd node's range (AddmmBackward0),
+                             from PyTorch's range messages (csrc/nvtx.c) */
 };
 
 /* Reserved op ids. */

@@ -191,6 +191,7 @@ push_entry(Agg *a, int64_t ts, uint8_t ekind, uint8_t opkind, uint32_t op, int h
     e->launch = 0;
     e->nvtx = 0;
     e->seq = 0;
+    e->engine = 0;
     if (hidden)
         return 0;
     int64_t row = op_row_for(a, op, opkind);
@@ -454,6 +455,7 @@ continue_entry(Agg *a, const Entry *old, int64_t ts)
         s->site = was.site;
         s->flags = was.flags;
         s->correlation = was.correlation;
+        s->seq = was.seq;
     }
     return 0;
 }
@@ -539,6 +541,31 @@ step_begin(Agg *a, uint32_t step, uint32_t payload, int64_t ts)
     return gp_replay_flush_carry(a, ts);
 }
 
+/* GP_EV_NVTX_TORCH: what PyTorch's message said about the range just pushed
+ * (the entry on top; a merged node range gives it to the wrapper below). */
+static int
+nvtx_torch(Agg *a, const GpEvent *ev)
+{
+    size_t n = a->stack.n;
+    if (n == 0 || (a->stack.v[n - 1].kind != E_NVTX && a->stack.v[n - 1].kind != E_NVTX_SE))
+        return 0; /* its push was not recorded */
+    Entry *e = &a->stack.v[n - 1];
+    /* (engine is set only on NVTX entries: replay_thread.c's fast path leaves
+     * it unset on the calls it pushes) */
+    if (e->hidden && n >= 2 && a->stack.v[n - 2].kind == e->kind && a->stack.v[n - 2].engine)
+        e = &a->stack.v[n - 2];
+    uint32_t flags = GP_EV_PAYLOAD(ev->kind);
+    if (flags & GP_NVTXT_ENGINE)
+        e->engine = 1;
+    if (e->hidden)
+        return 0;
+    if (flags & GP_NVTXT_AUTOGRAD)
+        a->t->ops.v[e->row].flags |= GP_OPF_AUTOGRAD;
+    if ((flags & GP_NVTXT_SEQ) && e->span >= 0)
+        a->t->spans.v[e->span].seq = (int32_t)(ev->arg & 0x7fffffffu);
+    return 0;
+}
+
 static int
 replay_other(Agg *a, const GpEvent *ev, int64_t ts)
 {
@@ -567,11 +594,20 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
     case GP_EV_NVTX_PUSH:
     case GP_EV_NVTX_START: {
         uint8_t ek = kind == GP_EV_NVTX_PUSH ? E_NVTX : E_NVTX_SE;
-        if (push_entry(a, ts, ek, GP_OP_NVTX, ev->arg, 0, 1, 0) < 0)
+        uint32_t key = GP_EV_PAYLOAD(ev->kind);
+        /* A node's own range right inside the engine's wrapper of the same
+         * node (emit_nvtx): one call of the node, so the inner range is hidden
+         * and its time and launches are the wrapper's. */
+        const Entry *top = a->stack.n ? &a->stack.v[a->stack.n - 1] : NULL;
+        int merged =
+            top && top->engine && top->kind == ek && top->op == ev->arg && top->nvtx == key;
+        if (push_entry(a, ts, ek, GP_OP_NVTX, ev->arg, merged, 1, 0) < 0)
             return -1;
-        a->stack.v[a->stack.n - 1].nvtx = GP_EV_PAYLOAD(ev->kind);
+        a->stack.v[a->stack.n - 1].nvtx = key;
         return 0;
     }
+    case GP_EV_NVTX_TORCH:
+        return nvtx_torch(a, ev);
     case GP_EV_NVTX_POP:
     case GP_EV_NVTX_END: {
         /* An end recorded on another thread closes the range on the thread

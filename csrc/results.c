@@ -56,12 +56,15 @@ gp_profiler_result_dict(GpTables *t)
                 goto fail;
             }
         } else if (r->kind == GP_OP_USER && (r->flags & GP_OPF_NVTX)) {
-            /* NVTX range: its message, and "nvtx[:domain][/category]" as file. */
+            /* NVTX range: its message, and "nvtx[:domain][/category]" as file;
+             * an autograd node's range (AddmmBackward0) is from "autograd". */
             char text[1024], where[600];
             if (gp_nvtx_describe(r->op, text, sizeof text, where, sizeof where) < 0) {
                 snprintf(text, sizeof text, "<nvtx %u>", r->op);
                 snprintf(where, sizeof where, "nvtx");
             }
+            if (r->flags & GP_OPF_AUTOGRAD)
+                snprintf(where, sizeof where, "autograd");
             name = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
             file = PyUnicode_DecodeUTF8(where, (Py_ssize_t)strlen(where), "replace");
             if (!name || !file) {

@@ -11,6 +11,7 @@
 #include "aggregate.h"
 #include "buffer.h"
 #include "intern.h"
+#include "nvtx.h"
 #include "profiler.h"
 #include "schedule.h"
 #include "window.h"
@@ -258,7 +259,7 @@ static PyObject *
 test_constants(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
-    return Py_BuildValue(
+    PyObject *d = Py_BuildValue(
         "{sisisisisisisisisisisisi sisisisisisisi sisisisisisi sisisisisisisisisi sIsI}", "EV_CALL",
         GP_EV_CALL, "EV_RESUME", GP_EV_RESUME, "EV_RETURN", GP_EV_RETURN, "EV_CCALL", GP_EV_CCALL,
         "EV_CRETURN", GP_EV_CRETURN, "EV_RANGE_PUSH", GP_EV_RANGE_PUSH, "EV_RANGE_POP",
@@ -272,6 +273,16 @@ test_constants(PyObject *module, PyObject *Py_UNUSED(ignored))
         "MEM_PINNED", GP_MEM_PINNED, "MEM_DEVICE", GP_MEM_DEVICE, "SYNC_STREAM", GP_SYNC_STREAM,
         "SYNC_CONTEXT", GP_SYNC_CONTEXT, "API_RUNTIME", GP_API_RUNTIME, "API_DRIVER", GP_API_DRIVER,
         "CHUNK_EVENTS", GP_CHUNK_EVENTS, "EVENT_BYTES", (unsigned int)sizeof(GpEvent));
+    /* NVTX events and PyTorch's range flags: a second dict, so the format above stays readable */
+    PyObject *nv =
+        Py_BuildValue("{sisisisisisisisi}", "EV_NVTX_PUSH", GP_EV_NVTX_PUSH, "EV_NVTX_POP",
+                      GP_EV_NVTX_POP, "EV_NVTX_START", GP_EV_NVTX_START, "EV_NVTX_END",
+                      GP_EV_NVTX_END, "EV_NVTX_TORCH", GP_EV_NVTX_TORCH, "NVTXT_SEQ", GP_NVTXT_SEQ,
+                      "NVTXT_AUTOGRAD", GP_NVTXT_AUTOGRAD, "NVTXT_ENGINE", GP_NVTXT_ENGINE);
+    if (d == NULL || nv == NULL || PyDict_Update(d, nv) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(nv);
+    return d;
 }
 
 static PyObject *
@@ -315,7 +326,34 @@ test_binding_function(PyObject *module, PyObject *module_name)
     return fn;
 }
 
+/* _test_nvtx_name(message): how a push of `message` is named (csrc/nvtx.c,
+ * "PyTorch's range messages"): {"name", "flags" (GP_NVTXT_*), "seq" (-1 none),
+ * "torch" (it follows PyTorch's grammar), "id" (the name id a push on the
+ * default domain records, interned now)}. New reference, NULL on error. */
+static PyObject *
+test_nvtx_name(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_ssize_t len;
+    const char *text = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &len) : NULL;
+    if (text == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "_test_nvtx_name: message must be a str");
+        return NULL;
+    }
+    GpNvtxTorchName t;
+    int torch = gp_nvtx_torch_parse(text, (size_t)len, 0, &t);
+    uint32_t id = gp_nvtx_intern_default(text, (size_t)len);
+    if (id == 0)
+        return PyErr_NoMemory();
+    return Py_BuildValue("{ss#sIsLsOsI}", "name", t.name, (Py_ssize_t)t.len, "flags", t.flags,
+                         "seq", (t.flags & GP_NVTXT_SEQ) ? (long long)t.seq : -1LL, "torch",
+                         torch ? Py_True : Py_False, "id", id);
+}
+
 PyMethodDef gp_testing_methods[] = {
+    {"_test_nvtx_name", test_nvtx_name, METH_O,
+     "How an NVTX push of a message is named and what PyTorch's grammar gave."},
     {"_test_binding_function", test_binding_function, METH_O,
      "A C function bound as pybind11 binds free functions (capsule self, __module__ str)."},
     {"_test_schedule_action", test_schedule_action, METH_VARARGS,

@@ -183,6 +183,10 @@ gp_trace_host_write(const Ctx *c, Out *o, ApiUp *api_up, Anns *anns)
             put_i64(o, id);
             PUT(o, ",\"Ev Idx\":");
             put_i64(o, (int64_t)c->id_base + key->idx);
+            if (s->seq >= 0) { /* PyTorch's range: an autograd node's sequence number */
+                PUT(o, ",\"Sequence number\":");
+                put_i64(o, s->seq);
+            }
             PUT(o, "}}");
             break;
         }

@@ -38,9 +38,16 @@ from .tables import KeyAverages
 def cuda_status() -> dict:
     """Whether GPU capture can work here, and if not, why (see ``gpuprof._cuda.cuda_status``
     for the keys), plus ``nvtx``: where NVTX ranges go and which libraries' ranges gpuprof
-    cannot see (``gpuprof._nvtx.status``, docs/nvtx.md)."""
+    cannot see (``gpuprof._nvtx.status``, docs/nvtx.md), and ``autograd_nodes``:
+    ``usable`` (backward kernels can be charged to autograd nodes: a CUDA build of
+    PyTorch, imported, whose NVTX reaches gpuprof) and ``reason`` (why not; "" when
+    usable; docs/backward.md)."""
+    from . import _autograd
+
     status = _cuda_status()
     status["nvtx"] = _nvtx.status()
+    reason = _autograd.torch_reason()
+    status["autograd_nodes"] = {"usable": not reason, "reason": reason}
     return status
 
 

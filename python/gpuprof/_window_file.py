@@ -96,6 +96,33 @@ def read_array(f) -> np.ndarray:
     return arr
 
 
+def spans_with_seq(spans: np.ndarray) -> np.ndarray:
+    """A ``spans`` array read from a file written before spans had their ``seq``
+    (PyTorch's sequence number, docs/tables.md), with ``seq`` -1 (none) in the four
+    padding bytes that stood after ``flags``, so that every reader, the trace
+    writer included, sees one layout. Other arrays come back as they are."""
+    d = spans.dtype
+    if d.names is None or "seq" in d.names or "flags" not in d.names:
+        return spans
+    off = -(-(d.fields["flags"][1] + 1) // 4) * 4
+    if off + 4 > d.itemsize or any(
+        o < off + 4 and o + f.itemsize > off for f, o in (d.fields[n][:2] for n in d.names)
+    ):
+        return spans
+    new = np.dtype(
+        {
+            "names": [*d.names, "seq"],
+            "formats": [d.fields[n][0] for n in d.names] + ["<i4"],
+            "offsets": [d.fields[n][1] for n in d.names] + [off],
+            "itemsize": d.itemsize,
+        }
+    )
+    out = np.frombuffer(np.ascontiguousarray(spans).tobytes(), dtype=new).copy()
+    out["seq"] = -1
+    out.flags.writeable = False
+    return out
+
+
 def load_array(path: str, mmap: bool) -> np.ndarray:
     """One array entry from the file ``path``, read-only; memory-mapped if ``mmap``."""
     arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import (  # docs/nvtx.md, docs/subprocesses.md
+from . import (  # docs/nvtx.md, docs/subprocesses.md, docs/backward.md
+    _autograd,
     _cuda,
     _deepdive,
     _gpuprof,
@@ -198,6 +199,14 @@ class profile(ResultAccessors):
             1.5 us on every kernel launch (docs/benchmarks.md). torch.profiler's
             ``experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True)``
             switches it on too.
+        autograd_nodes: with CUDA capture and a CUDA build of PyTorch (imported before
+            ``start()``), charge each backward kernel to the autograd node that launched
+            it (``AddmmBackward0``, ``torch::autograd::AccumulateGrad``: rows of
+            ``key_averages()``, slices on autograd's threads in the trace), through
+            PyTorch's NVTX range per node, on while a window records. False leaves the
+            backward pass as one ``loss.backward()`` call. Whether it was on, or why
+            not, is in ``results.cuda["autograd_nodes"]`` and the table footer; see
+            docs/backward.md (and its cost).
         with_modules: accepted for torch.profiler compatibility: the module hierarchy
             is always recorded (each ``Module.forward`` frame is in the call tree, the
             trace and ``group_by_stack_n`` stacks).
@@ -231,6 +240,7 @@ class profile(ResultAccessors):
         post_processing_timeout_s: float | None = None,
         use_cuda: bool | None = None,
         cuda_sync_events: bool = False,
+        autograd_nodes: bool = True,
     ):
         _check_torch_compat_args(
             with_flops=with_flops,
@@ -297,6 +307,7 @@ class profile(ResultAccessors):
             ("acc_events", acc_events),
             ("subprocesses", subprocesses),
             ("cuda_sync_events", cuda_sync_events),
+            ("autograd_nodes", autograd_nodes),
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
@@ -311,6 +322,7 @@ class profile(ResultAccessors):
         self.acc_events = acc_events
         self.max_events = max_events
         self.cuda_sync_events = cuda_sync_events
+        self.autograd_nodes = autograd_nodes
         self.memory_sample_interval_s = _memory.validate_interval(memory_sample_interval_s)
         self._windows: list[dict] = []
         self._cuda_state: dict = {"active": False, "mode": "off", "error": cuda_off_reason}
@@ -362,6 +374,8 @@ class profile(ResultAccessors):
             self._parts.append(_subprocess.ParentSession(self, _processes.group_children))
         if profile_memory:
             self._parts.append(_parts.MemorySampler(self.memory_sample_interval_s))
+        # PyTorch's NVTX range per autograd node while recording (docs/backward.md)
+        self._parts.append(_autograd.AutogradNodes(autograd_nodes, cuda, schedule is not None))
         self._step_parts = [p for p in self._parts if p.steps]
         # prof.step() is the C method itself unless a part follows the steps: no
         # Python frame of ours per step.

@@ -625,6 +625,13 @@ def _footer(res: Results) -> list[str]:
             if before >= 0.0005:
                 line += f"; {100 * before:.1f}% was launched before recording began"
         lines.append(line)
+        nodes = res.cuda.get("autograd_nodes")  # docs/backward.md
+        if nodes is not None:
+            lines.append(
+                "Autograd nodes: on (backward kernels charged to their node)"
+                if nodes["on"] and not nodes["reason"]
+                else f"Autograd nodes: {'on, ' if nodes['on'] else 'off '}({nodes['reason']})"
+            )
     elif res.cuda.get("error"):
         lines.append(f"CUDA capture: off ({res.cuda['error']})")
     else:

@@ -51,11 +51,14 @@ def test_a_custom_functions_python_backward_rolls_up_under_the_step():
 
     prof = _profile(torch, train_step)
     share, kernels = share_under(prof, "train_step")
-    rolled = kernels[kernels["rolled_up"]]
-    # the backward's own kernels (tanh, pow, sub, mul) were launched on another thread
+    ops = prof.ops()
+    # the backward's own kernels (tanh, pow, sub, mul) were launched on another thread,
+    # from Python; the Linear's (AddmmBackward0, charged to that node's row when
+    # autograd's node ranges are on: docs/backward.md) roll up too, and are left out
+    from_python = np.array([o < 0 or ops["file"][o] != "autograd" for o in kernels["op"]])
+    rolled = kernels[kernels["rolled_up"] & from_python]
     assert len(rolled) >= 4, kernels[["name", "op_name", "thread"]]
     # all of them under the Function's backward (their ops are the C calls it made)
-    ops = prof.ops()
     backward = ops[np.array([str(n).endswith("ScaledTanh.backward") for n in ops["name"]])]
     assert int(backward["cuda_total_ns"].sum()) == int(
         np.sum(rolled["end_ns"] - rolled["start_ns"])

@@ -109,3 +109,82 @@ int c_threads(int n, int k, const char *name)
         pthread_join(t[i], NULL);
     return n;
 }
+
+/* On a new thread (no Python there, as autograd's device threads), run a
+ * script: each entry "+MESSAGE" pushes MESSAGE, "-" pops, "~N" spins N. */
+typedef struct Script { const char *const *ops; int n; } Script;
+static void *
+script_thread(void *arg)
+{
+    const Script *s = arg;
+    for (int i = 0; i < s->n; i++) {
+        const char *op = s->ops[i];
+        if (op[0] == '+')
+            nvtxRangePushA(op + 1);
+        else if (op[0] == '-')
+            nvtxRangePop();
+        else if (op[0] == '~') {
+            uint64_t k = 0;
+            for (const char *c = op + 1; *c >= '0' && *c <= '9'; c++)
+                k = k * 10 + (uint64_t)(*c - '0');
+            c_spin(k);
+        }
+    }
+    return NULL;
+}
+void c_script_on_thread(const char *const *ops, int n)
+{
+    pthread_t t;
+    Script s = {ops, n};
+    pthread_create(&t, NULL, script_thread, &s);
+    pthread_join(t, NULL);
+}
+
+/* Decimal digits of v at p; returns the end. */
+static char *
+put_u64(char *p, uint64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0)
+        *p++ = tmp[--n];
+    return p;
+}
+
+/* ns per push + pop over k rounds on this thread (benchmarks/bench_nvtx_parse.py).
+ * n == 0: the fixed message names[0]. Else each push is a fresh message in
+ * PyTorch's form, as autograd writes it: names[i % n] ", seq = S, op_id = H",
+ * seq falling and op_id rising (a name starting "torch::" has no seq, as
+ * AccumulateGrad). */
+#include <time.h>
+double c_push_pop_ns(const char *const *names, int n, int k)
+{
+    struct timespec a, b;
+    char buf[256];
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < k; i++) {
+        const char *m = names[0];
+        if (n > 0) {
+            const char *name = names[i % n];
+            size_t len = strlen(name);
+            char *p = buf;
+            memcpy(p, name, len);
+            p += len;
+            if (strncmp(name, "torch::", 7) != 0) {
+                memcpy(p, ", seq = ", 8);
+                p = put_u64(p + 8, 1000000u - (uint64_t)i);
+            }
+            memcpy(p, ", op_id = ", 10);
+            p = put_u64(p + 10, 5000u + (uint64_t)i);
+            *p = 0;
+            m = buf;
+        }
+        nvtxRangePushA(m);
+        nvtxRangePop();
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / k;
+}

@@ -45,6 +45,7 @@ LAYERS = {
     "gpuprof._allocators": "recording",
     "gpuprof._parts": "recording",
     "gpuprof._threads": "recording",
+    "gpuprof._autograd": "recording",
     "gpuprof._subprocess": "recording",
     "gpuprof._subprocess._current": "recording",
     "gpuprof._subprocess._protocol": "recording",

@@ -339,6 +339,313 @@ def test_own_record_function_is_not_read_back(nv):
     assert _parent_name(prof, n) == "labelled"
 
 
+# -- PyTorch's range messages (autograd nodes, emit_nvtx) ---------------------------------
+
+C = gpuprof._gpuprof._test_constants()
+AUTOGRAD, SEQ, ENGINE = C["NVTXT_AUTOGRAD"], C["NVTXT_SEQ"], C["NVTXT_ENGINE"]
+SIZES = "[[64, 256], [256, 256], [], []]"
+
+
+@pytest.mark.parametrize(
+    "message, name, flags, seq",
+    [
+        ("AddmmBackward0, seq = 1646, op_id = 168", "AddmmBackward0", AUTOGRAD | SEQ, 1646),
+        ("ReluBackward0, stashed seq = 3, op_id = 9", "ReluBackward0", AUTOGRAD | SEQ, 3),
+        ("ReluBackward0, stashed seq=0, op_id = 9", "ReluBackward0", AUTOGRAD | SEQ, 0),
+        (
+            "torch::autograd::AccumulateGrad, op_id = 170",
+            "torch::autograd::AccumulateGrad",
+            AUTOGRAD,
+            -1,
+        ),
+        ("MyFnBackward, seq = 12, op_id = 5", "MyFnBackward", AUTOGRAD | SEQ, 12),
+        ("AccumulateGrad, op_id = 6", "AccumulateGrad", AUTOGRAD, -1),
+        (
+            "CompiledFunctionBackward, seq = 4, op_id = 2",
+            "CompiledFunctionBackward",
+            AUTOGRAD | SEQ,
+            4,
+        ),
+        (
+            "autograd::engine::evaluate_function: AddmmBackward0, op_id = 167",
+            "AddmmBackward0",
+            AUTOGRAD | ENGINE,
+            -1,
+        ),
+        (f"aten::addmm, seq = 7, op_id = 3, sizes = {SIZES}", "aten::addmm", SEQ, 7),
+        (
+            f"aten::mm, op_id = 4, sizes = {SIZES}, input_op_ids = [(3,0), (2,1)]",
+            "aten::mm",
+            0,
+            -1,
+        ),
+        ("aten::convolution_backward, op_id = 8", "aten::convolution_backward", 0, -1),
+        (
+            "torch::autograd::CppNode<F<A, B>>, seq = 2, op_id = 1",
+            "torch::autograd::CppNode<F<A, B>>",
+            AUTOGRAD | SEQ,
+            2,
+        ),
+        (
+            f"{2**40}Backward0, seq = {2**40 + 5}, op_id = 1",
+            f"{2**40}Backward0",
+            AUTOGRAD | SEQ,
+            2**40 + 5,
+        ),
+    ],
+)
+def test_torch_messages_are_named_by_their_name(message, name, flags, seq):
+    got = gpuprof._gpuprof._test_nvtx_name(message)
+    assert got["torch"] and (got["name"], got["flags"], got["seq"]) == (name, flags, seq)
+    # every call of one name is one name id, whatever its seq and op_id
+    other = message.replace("op_id = ", "op_id = 99")
+    assert gpuprof._gpuprof._test_nvtx_name(other)["id"] == got["id"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "forward",
+        "plain, words",
+        "epoch 3, batch 7",
+        "x, seq = ",  # no number
+        "x, op_id = 1, junk",  # an unknown field after a known one
+        ", op_id = 1",  # no name
+        "x, sizes = [[1, 2]",  # unclosed, in a message that was not cut
+    ],
+)
+def test_other_messages_keep_their_whole_text(message):
+    got = gpuprof._gpuprof._test_nvtx_name(message)
+    assert not got["torch"] and got["name"] == message and got["flags"] == 0
+
+
+def _script(nv, ops):
+    """Run NVTX ops ("+msg" push, "-" pop, "~N" spin) on a new thread without Python,
+    as autograd's device thread makes them."""
+    arr = (ctypes.c_char_p * len(ops))(*[o.encode() for o in ops])
+    nv.c_script_on_thread(arr, len(ops))
+
+
+def _backward(i, engine=False):
+    """One MLP backward pass as PyTorch's node callback pushes it (seq falls, op_id
+    rises; with all scopes the engine wraps each node in evaluate_function)."""
+    ops, op_id = [], 1000 * i
+    for node, seq in (
+        ("MseLossBackward0", 20),
+        ("AddmmBackward0", 19),
+        ("ReluBackward0", 18),
+        ("AddmmBackward0", 17),
+        ("torch::autograd::AccumulateGrad", None),
+    ):
+        op_id += 2
+        body = [
+            f"+{node}"
+            + (f", seq = {seq + 100 * i}" if seq is not None else "")
+            + f", op_id = {op_id}",
+            "~3000",
+            "-",
+        ]
+        if engine:
+            body = [
+                f"+autograd::engine::evaluate_function: {node}, op_id = {op_id - 1}",
+                "~1000",
+                *body,
+                "~1000",
+                "-",
+            ]
+        ops += body
+    return ops
+
+
+def test_autograd_node_ranges_become_one_row_per_node(nv, tmp_path):
+    import json
+
+    # given three backward passes pushed from a thread without Python, in PyTorch's format
+    with gpuprof.profile(activities=CPU) as prof:
+        before = gpuprof._gpuprof.Profiler.nvtx_info()["names"]
+        for i in range(3):
+            _script(nv, _backward(i) + ["+user range", "-"])
+        names = gpuprof._gpuprof.Profiler.nvtx_info()["names"] - before
+    ops = prof.ops()
+    # then each node name is one row with its calls, from "autograd"; no op_id survives
+    rows = {
+        n: ops[ops["name"] == n]
+        for n in (
+            "MseLossBackward0",
+            "AddmmBackward0",
+            "ReluBackward0",
+            "torch::autograd::AccumulateGrad",
+        )
+    }
+    assert {n: int(r["calls"].sum()) for n, r in rows.items()} == {
+        "MseLossBackward0": 3,
+        "AddmmBackward0": 6,
+        "ReluBackward0": 3,
+        "torch::autograd::AccumulateGrad": 3,
+    }
+    assert all(len(r) == 1 and r["file"][0] == "autograd" for r in rows.values())
+    assert not any("op_id" in str(n) or "seq =" in str(n) for n in ops["name"])
+    assert names <= 5  # at most the four node names and the user range, for 48 pushes
+    # and a user's own range stays a user NVTX range
+    assert list(_rows(prof, "user range")["file"]) == ["nvtx"]
+    # the rows carry the autograd flag; the user range does not
+    raw = prof.results.windows[-1]
+    flag = gpuprof._constants.OPF_AUTOGRAD
+    by_name = dict(zip(raw["op_names"], raw["ops"]["flags"]))
+    assert all(by_name[n] & flag for n in rows) and not by_name["user range"] & flag
+    # each node's span has its sequence number; AccumulateGrad's and the user's none
+    seqs = {}
+    for sp in raw["spans"]:
+        seqs.setdefault(raw["op_names"][sp["op_row"]], []).append(int(sp["seq"]))
+    assert seqs["MseLossBackward0"] == [20, 120, 220]
+    assert seqs["AddmmBackward0"] == [19, 17, 119, 117, 219, 217]
+    assert seqs["torch::autograd::AccumulateGrad"] == [-1] * 3 and seqs["user range"] == [-1] * 3
+    # the trace has the node slices on their own thread, named by the node, with the seq
+    path = prof.export_chrome_trace(str(tmp_path / "t.json"))
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    slices = [e for e in events if e.get("name") == "AddmmBackward0" and e.get("ph") == "X"]
+    assert len(slices) == 6 and len({e["tid"] for e in slices}) == 3  # one thread per pass
+    assert sorted(e["args"]["Sequence number"] for e in slices) == sorted(seqs["AddmmBackward0"])
+    assert all(e["cat"] == "user_annotation" for e in slices)
+
+
+def test_engine_wrapper_is_merged_into_its_node(nv):
+    # given emit_nvtx()'s form: evaluate_function around each node's own range
+    with gpuprof.profile(activities=CPU) as prof:
+        _script(nv, _backward(0, engine=True))
+    ops = prof.ops()
+    # then no second row for the wrapper, and one call per node run
+    assert not any(str(n).startswith("autograd::engine") for n in ops["name"])
+    add = _rows(prof, "AddmmBackward0")
+    assert len(add) == 1 and add["calls"][0] == 2
+    # the call spans the wrapper (its time includes the work around the node's range)
+    raw = prof.results.windows[-1]
+    spans = [s for s in raw["spans"] if raw["op_names"][s["op_row"]] == "AddmmBackward0"]
+    assert [int(s["seq"]) for s in spans] == [19, 17]
+    relu = _rows(prof, "ReluBackward0")
+    assert relu["cpu_total_ns"][0] == relu["cpu_self_ns"][0] > 0
+    # and no node is nested in itself in the call tree
+    for n in _node_of(prof, "AddmmBackward0"):
+        assert _parent_name(prof, n) is None
+
+
+def test_unique_messages_do_not_fill_the_name_table(nv):
+    # 70,000 node calls, each message unique by its op_id (past the 65,536 names)
+    n = 70_000
+    ops = []
+    for i in range(n):
+        ops += [f"+AddmmBackward0, seq = {n - i}, op_id = {i}", "-"]
+    with gpuprof.profile(activities=CPU, max_events=1_000_000) as prof:
+        before = gpuprof._gpuprof.Profiler.nvtx_info()
+        _script(nv, ops)
+        info = gpuprof._gpuprof.Profiler.nvtx_info()
+    assert info["names"] - before["names"] <= 1 and info["names_dropped"] == 0
+    assert _rows(prof, "AddmmBackward0")["calls"][0] == n
+
+
+def test_message_cut_at_the_length_limit_keeps_its_name(nv):
+    # record_shapes on a node with many inputs: the message passes gpuprof's 1023 bytes
+    sizes = "[" + ", ".join("[4096, 4096]" for _ in range(200)) + "]"
+    msg = f"CatBackward0, seq = 5, op_id = 77, sizes = {sizes}"
+    assert len(msg) > 1100
+    with gpuprof.profile(activities=CPU) as prof:
+        _script(nv, ["+" + msg, "-"])
+    assert _rows(prof, "CatBackward0")["calls"][0] == 1
+
+
+def test_node_rows_get_their_kernels_self_cuda(nv):
+    """Launches under a node's range on autograd's thread are the node's: Self CUDA and
+    # of Kernels per node row, and gpu_events() names the node (synthetic records
+    through the real aggregation)."""
+    from gpuprof._results import Results
+
+    launch = gpuprof._gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]  # cudaLaunchKernel
+    add = gpuprof._gpuprof._test_nvtx_name("AddmmBackward0, seq = 9, op_id = 1")
+    relu = gpuprof._gpuprof._test_nvtx_name("ReluBackward0, seq = 8, op_id = 2")
+    wrap = gpuprof._gpuprof._test_nvtx_name(
+        "autograd::engine::evaluate_function: ReluBackward0, op_id = 3"
+    )
+    assert wrap["id"] == relu["id"]
+    torch_ev = C["EV_NVTX_TORCH"]
+    events = [
+        (100, C["EV_NVTX_PUSH"], add["id"], 0),
+        (100, torch_ev, add["seq"], add["flags"]),
+        (110, C["EV_API_ENTER"], 1, launch),
+        (115, C["EV_API_EXIT"], 1),
+        (120, C["EV_API_ENTER"], 2, launch),
+        (125, C["EV_API_EXIT"], 2),
+        (130, C["EV_NVTX_POP"], 0, 0),
+        # the engine's wrapper with a launch of its own, around the node's range
+        (200, C["EV_NVTX_PUSH"], wrap["id"], 0),
+        (200, torch_ev, 0, wrap["flags"]),
+        (205, C["EV_API_ENTER"], 3, launch),
+        (208, C["EV_API_EXIT"], 3),
+        (210, C["EV_NVTX_PUSH"], relu["id"], 0),
+        (210, torch_ev, relu["seq"], relu["flags"]),
+        (220, C["EV_API_ENTER"], 4, launch),
+        (225, C["EV_API_EXIT"], 4),
+        (230, C["EV_NVTX_POP"], 0, 0),
+        (240, C["EV_NVTX_POP"], 0, 0),
+    ]
+
+    def k(corr, start, end):
+        return dict(
+            kind=C["GPU_KERNEL"],
+            correlation=corr,
+            start_ns=start,
+            end_ns=end,
+            name_id=0,
+            stream=7,
+            device=0,
+        )
+
+    gpu = [k(1, 300, 340), k(2, 340, 400), k(3, 400, 410), k(4, 410, 450)]
+    raw = gpuprof._gpuprof._test_aggregate([], [(7, 107, events)], gpu, 0, 1000, ["_Z1kv"], 7)
+    res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+    ops = res.ops()
+    a, r = ops[ops["name"] == "AddmmBackward0"], ops[ops["name"] == "ReluBackward0"]
+    assert len(a) == 1 and len(r) == 1
+    assert (a["calls"][0], a["cuda_self_ns"][0], a["kernels"][0]) == (1, 100, 2)
+    assert (r["calls"][0], r["cuda_self_ns"][0], r["kernels"][0]) == (1, 50, 2)
+    assert set(ops["file"][ops["kind"] == "user"]) == {"autograd"}
+    ev = res.gpu_events()
+    assert list(ev["op_name"]) == ["AddmmBackward0"] * 2 + ["ReluBackward0"] * 2
+    assert res.attributed_gpu_fraction == 1.0
+    from gpuprof.tables import KeyAverages
+
+    rows = {e.key: e for e in KeyAverages(res)}
+    assert rows["AddmmBackward0"].self_cuda_time_total == 0.1  # us
+    assert rows["ReluBackward0"].count == 1
+
+
+def test_spans_saved_before_seq_read_as_none(nv):
+    import numpy as np
+    from gpuprof import _window_file
+
+    with gpuprof.profile(activities=CPU) as prof:
+        _script(nv, ["+AddmmBackward0, seq = 4, op_id = 1", "-"])
+    spans = prof.results.windows[-1]["spans"]
+    # a file from before: the same rows, no seq field, zeros in its bytes
+    d = spans.dtype
+    names = [n for n in d.names if n != "seq"]
+    old_dt = np.dtype(
+        {
+            "names": names,
+            "formats": [d.fields[n][0] for n in names],
+            "offsets": [d.fields[n][1] for n in names],
+            "itemsize": d.itemsize,
+        }
+    )
+    old = spans.copy()
+    old["seq"] = 0
+    old = old.view(old_dt)
+    new = _window_file.spans_with_seq(old)
+    assert new.dtype == d and (new["seq"] == -1).all()
+    assert all((new[n] == spans[n]).all() for n in names)
+    assert _window_file.spans_with_seq(spans) is spans
+
+
 # -- the `nvtx` package ----------------------------------------------------------------------
 
 

@@ -186,6 +186,8 @@ def read(path) -> Results:
                 raise ValueError(f"gpuprof.load(): {path!r}: unexpected entry {name!r}")
             with zf.open(name) as f:
                 arr = _window_file.read_array(f)
+            if key == "spans":
+                arr = _window_file.spans_with_seq(arr)
             if m is None:
                 memory[key] = arr
                 continue

@@ -1,0 +1,167 @@
+"""Autograd node ranges: the part of a profile that asks PyTorch for one NVTX range per
+backward node, so that backward kernels are charged to ``AddmmBackward0`` and its kin.
+
+autograd runs the backward pass on its own C++ threads, where no Python frame exists,
+so the Python hook alone charges every backward kernel to ``loss.backward()``'s call.
+PyTorch can push an NVTX range around each node it runs, on those threads too
+(``torch.autograd._enable_profiler`` with the NVTX state and the BACKWARD_FUNCTION scope,
+the node-only part of ``emit_nvtx()``); gpuprof is the process's NVTX injection
+(``_nvtx``), and csrc/nvtx.c names each range by its node (docs/backward.md).
+
+The callback is PyTorch's, per thread: it is switched on for the thread that starts the
+profile or calls ``prof.step()``, and autograd carries it into its device threads for
+each backward pass begun there. With a schedule it is on only while a window records
+(from the step that opens WARMUP to the one that ends the window), so waiting steps pay
+nothing; without one, from ``start()`` to ``stop()``. ``torch`` is never imported here:
+the part reads ``sys.modules`` at ``start()``, so PyTorch must be imported by then.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from . import _nvtx
+from ._constants import ACT_RECORD, ACT_RECORD_AND_SAVE, ACT_WARMUP
+from ._parts import Part
+
+__all__ = ["AutogradNodes", "torch_reason"]
+
+_RECORDING = (ACT_WARMUP, ACT_RECORD, ACT_RECORD_AND_SAVE)
+
+
+def torch_reason() -> str:
+    """Why this process cannot have autograd node ranges now ("" when it can): PyTorch
+    not imported, a build without CUDA, or NVTX ranges that do not reach gpuprof. Does
+    not look at a profile's own state (another torch profiler on the thread)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "autograd"):
+        return "PyTorch is not imported"
+    if getattr(getattr(torch, "version", None), "cuda", None) is None:
+        return (
+            "this PyTorch is built without CUDA (CPU wheel or ROCm): it has no NVTX "
+            "ranges for autograd nodes, so the backward pass stays under loss.backward()"
+        )
+    nvtx = _nvtx.status()
+    if nvtx["reason"]:
+        return f"NVTX ranges do not reach gpuprof: {nvtx['reason']}"
+    return ""
+
+
+def _config(torch):
+    """(enable, disable) callables for the node ranges of this PyTorch; raises
+    AttributeError or ImportError when its private API moved."""
+    prof = torch._C._profiler
+    config = prof.ProfilerConfig(
+        prof.ProfilerState.NVTX, False, False, False, False, False, prof._ExperimentalConfig()
+    )
+    scopes = {prof.RecordScope.BACKWARD_FUNCTION}
+    autograd = torch.autograd
+    enable, disable = autograd._enable_profiler, autograd._disable_profiler
+
+    def on():
+        enable(config, set(), scopes)
+
+    def off():
+        disable()  # returns a (here empty) result object: dropped
+
+    return on, off, autograd._profiler_enabled
+
+
+class AutogradNodes(Part):
+    """``autograd_nodes=True``: PyTorch's NVTX range per autograd node while recording.
+
+    ``status()`` says whether the ranges were on in the recorded windows, or why not;
+    the profile's results carry it as ``results.cuda["autograd_nodes"]``.
+    """
+
+    def __init__(self, wanted: bool, cuda: bool, scheduled: bool):
+        self.wanted = wanted
+        self.cuda = cuda
+        # with a schedule, follow the windows step by step
+        self.steps = bool(wanted and cuda and scheduled)
+        self._scheduled = scheduled
+        self._on_thread: int | None = None  # the thread the callback is on for
+        self._fns = None  # (on, off, enabled) when this PyTorch can, from start()
+        self._reason = "" if wanted else "autograd_nodes=False"
+        self._was_on = False
+
+    # -- state --------------------------------------------------------------
+    def status(self) -> dict:
+        """``on`` (node ranges were on while recording) and ``reason`` (why not, or why
+        only part of the time; "" when all is well)."""
+        if not self.wanted:
+            return {"on": False, "reason": "autograd_nodes=False"}
+        if not self.cuda:
+            return {"on": False, "reason": "CUDA capture is off"}
+        return {"on": self._was_on, "reason": self._reason}
+
+    # -- switching ----------------------------------------------------------
+    def _on(self) -> None:
+        if self._on_thread is not None or self._fns is None:
+            return
+        on, _, enabled = self._fns
+        if enabled():
+            self._reason = (
+                "another PyTorch profiler is active on this thread (torch.profiler or "
+                "emit_nvtx): gpuprof adds no node ranges, and names those it emits"
+            )
+            return
+        try:
+            on()
+        except RuntimeError as e:
+            self._reason = f"torch.autograd._enable_profiler failed: {e}"
+            return
+        self._on_thread = threading.get_ident()
+        self._was_on = True
+        self._reason = ""
+
+    def _off(self) -> None:
+        if self._on_thread is None:
+            return
+        thread, self._on_thread = self._on_thread, None
+        if threading.get_ident() != thread:
+            # PyTorch's callback is per thread: only its own thread can take it off.
+            # It records nothing while no window is open.
+            self._reason = (
+                "the node ranges were switched on by another thread than the one that "
+                "stopped the profile, and stay on there"
+            )
+            return
+        try:
+            self._fns[1]()
+        except RuntimeError as e:  # someone else took PyTorch's profiler state off
+            self._reason = f"torch.autograd._disable_profiler failed: {e}"
+
+    # -- Part ---------------------------------------------------------------
+    def start(self, prof) -> None:
+        """Before the hook goes on: whether this PyTorch can (the only place that
+        looks, since the checks call into torch's Python code)."""
+        self._on_thread = None
+        self._was_on = False
+        self._fns = None
+        if not (self.wanted and self.cuda):
+            return
+        self._reason = torch_reason()
+        if self._reason:
+            return
+        try:
+            self._fns = _config(sys.modules["torch"])
+        except (AttributeError, ImportError, TypeError) as e:
+            self._reason = f"this PyTorch has no NVTX callback for autograd nodes ({e!r})"
+
+    def started(self, prof) -> None:
+        if not self._scheduled or prof._core.action in _RECORDING:
+            self._on()
+
+    def after_step(self, prof) -> None:
+        if prof._core.action in _RECORDING:
+            self._on()
+        else:
+            self._off()
+
+    def stopped(self, prof) -> None:
+        self._off()
+
+    def contribute(self, results) -> None:
+        results.cuda = {**results.cuda, "autograd_nodes": self.status()}

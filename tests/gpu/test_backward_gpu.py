@@ -1,0 +1,168 @@
+"""Inside the backward pass on a real GPU: each kernel autograd launches is charged to
+its node (``AddmmBackward0``), through PyTorch's NVTX range per node (docs/backward.md).
+
+Marked `gpu`: skipped where GPU capture is unusable or PyTorch sees no CUDA device.
+gpuprof is imported before torch, as users should: NVTX attaches to gpuprof at torch's
+first NVTX call.
+"""
+
+import gpuprof  # noqa: I001  (first: see the module docstring)
+
+import json
+import re
+import threading
+
+import numpy as np
+import pytest
+from gpu_helpers import cuda_torch
+
+pytestmark = pytest.mark.gpu
+CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+NODE = re.compile(r"(Backward\d*|^torch::autograd::\w+|^AccumulateGrad)$")
+STEPS = 4
+
+
+def _torch():
+    torch = cuda_torch()
+    st = gpuprof.cuda_status()
+    if not st["usable"]:
+        pytest.skip(f"GPU capture is off: {st['reason']}")
+    if not st["autograd_nodes"]["usable"]:
+        pytest.skip(f"no autograd node ranges here: {st['autograd_nodes']['reason']}")
+    return torch
+
+
+def _mlp(torch):
+    """The launch-bound MLP of the benchmarks: 16 x Linear(256) + ReLU, batch 64, SGD."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(16):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 256, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):  # warm: cuBLAS handles, the autograd threads, NVTX attached
+        step()
+    torch.cuda.synchronize()
+    return step
+
+
+def _profile(torch, step, **kw):
+    with gpuprof.profile(activities=CUDA, **kw) as prof:
+        for _ in range(STEPS):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    assert prof.results.cuda["active"], prof.results.cuda
+    return prof
+
+
+def _backward_kernels(prof):
+    """The GPU work (kernels, copies, sets: what ops' Self CUDA counts) launched on
+    threads other than this one (autograd's), all of it, and the ops."""
+    threads = prof.results.threads()
+    me = [i for i, t in enumerate(threads) if int(t["ident"]) == threading.get_ident()]
+    assert len(me) == 1
+    ev = prof.gpu_events()
+    work = ev[np.isin(ev["kind"], ["kernel", "memcpy", "memset"])]
+    return work[work["thread"] != me[0]], work, prof.ops()
+
+
+def test_every_backward_kernel_is_charged_to_its_node(tmp_path):
+    torch = _torch()
+    step = _mlp(torch)
+    prof = _profile(torch, step)
+    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": ""}
+    bwd, _, ops = _backward_kernels(prof)
+    assert len(bwd) >= STEPS * 16 * 2, bwd[["name", "op_name"]]  # two GEMMs a layer at least
+    # 100% of their time (and every one of them) under a node row from "autograd"
+    owner_file = np.array([ops["file"][o] if o >= 0 else "" for o in bwd["op"]])
+    assert (owner_file == "autograd").all(), bwd[owner_file != "autograd"][["name", "op_name"]]
+    assert all(NODE.search(str(n)) for n in bwd["op_name"]), set(bwd["op_name"])
+    assert not bwd["blocked_thread"].any()
+    # one row per node name, with its calls, Self CUDA and # of Kernels
+    nodes = ops[ops["file"] == "autograd"]
+    assert len(set(nodes["name"])) == len(nodes)
+    add = nodes[nodes["name"] == "AddmmBackward0"]
+    assert len(add) == 1 and add["calls"][0] == STEPS * 16, nodes[["name", "calls"]]
+    assert add["kernels"][0] >= STEPS * 16 * 2 and add["cuda_self_ns"][0] > 0
+    node_time = int(nodes["cuda_self_ns"].sum())
+    assert node_time == int(np.sum(bwd["end_ns"] - bwd["start_ns"]))
+    assert int(nodes["kernels"].sum()) == len(bwd)
+    # key_averages(): the node rows hold them, run_backward holds none itself
+    ka = {e.key: e for e in prof.key_averages()}
+    assert ka["AddmmBackward0"].count == STEPS * 16
+    run = [e for k, e in ka.items() if k.endswith("_EngineBase.run_backward")]
+    assert len(run) == 1 and run[0].self_cuda_time_total == 0, run
+    # ... while its total still has them: the step's kernel time stays under the step
+    assert run[0].cuda_time_total * 1000 >= node_time * 0.999
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15)
+    assert "AddmmBackward0" in table and "Autograd nodes: on" in table
+    print(table)
+    # the trace: node slices on autograd's thread, named by the node, with their seq
+    path = prof.export_chrome_trace(str(tmp_path / "t.json"))
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    me = threading.get_native_id()
+    slices = [e for e in events if e.get("ph") == "X" and e.get("name") == "AddmmBackward0"]
+    assert len(slices) == STEPS * 16
+    assert all(e["tid"] != me and e["cat"] == "user_annotation" for e in slices)
+    assert all(isinstance(e["args"].get("Sequence number"), int) for e in slices)
+
+
+def test_kernel_counts_are_the_same_with_nodes_off():
+    torch = _torch()
+    step = _mlp(torch)
+    on = _profile(torch, step)
+    off = _profile(torch, step, autograd_nodes=False)
+    assert off.results.cuda["autograd_nodes"] == {"on": False, "reason": "autograd_nodes=False"}
+    k_on, k_off = on.kernels(), off.kernels()
+    assert int(k_on["calls"].sum()) == int(k_off["calls"].sum())
+    assert dict(zip(k_on["name"], k_on["calls"])) == dict(zip(k_off["name"], k_off["calls"]))
+    # without the ranges the backward pass is one call again (the blocked-thread rule)
+    ops = off.ops()
+    assert not (ops["file"] == "autograd").any()
+    run = ops[np.array([str(n).endswith("_EngineBase.run_backward") for n in ops["name"]])]
+    assert len(run) == 1 and run["cuda_self_ns"][0] > 0
+    bwd, _, _ = _backward_kernels(off)
+    assert bwd["blocked_thread"].all()
+
+
+def test_ranges_are_on_only_while_a_window_records():
+    torch = _torch()
+    step = _mlp(torch)
+    seen = []
+    sched = gpuprof.schedule(wait=2, warmup=1, active=2, repeat=1)
+    with gpuprof.profile(activities=CUDA, schedule=sched) as prof:
+        for _ in range(7):
+            seen.append(torch.autograd._profiler_enabled())
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    seen.append(torch.autograd._profiler_enabled())
+    assert seen == [False, False, True, True, True, False, False, False]
+    ops = prof.ops()
+    add = ops[ops["name"] == "AddmmBackward0"]
+    assert len(add) == 1 and add["calls"][0] == 2 * 16  # the two active steps
+
+
+def test_another_torch_profiler_keeps_its_hold():
+    torch = _torch()
+    step = _mlp(torch)
+    with torch.autograd.profiler.emit_nvtx():
+        prof = _profile(torch, step)
+    st = prof.results.cuda["autograd_nodes"]
+    assert st["on"] is False and "another PyTorch profiler" in st["reason"]
+    # emit_nvtx's own ranges are named by their op or node all the same
+    ops = prof.ops()
+    names = set(ops["name"][ops["kind"] == "user"])
+    assert "AddmmBackward0" in names and "aten::addmm" in names
+    assert not any("op_id" in str(n) or "evaluate_function" in str(n) for n in names)
+    assert ops[ops["name"] == "AddmmBackward0"]["calls"][0] == STEPS * 16

@@ -1,0 +1,164 @@
+"""The autograd-node part of a profile (gpuprof._autograd): when it asks PyTorch for its
+NVTX range per autograd node, and what it says when it cannot.
+
+CI has PyTorch's CPU wheel, which has no NVTX callback; the tests check what the part
+makes of the real wheel, that the call it makes is one the real binding accepts, and,
+with a stand-in for a CUDA build's four entry points, that it follows the schedule's
+windows on the stepping thread. The node rows themselves are in test_nvtx.py (PyTorch's
+messages through gpuprof's NVTX injection) and tests/gpu/test_backward_gpu.py.
+"""
+
+import sys
+import threading
+import types
+
+import gpuprof
+import pytest
+from gpuprof import ProfilerActivity, _autograd, tables
+from gpuprof._results import Results
+
+CPU = [ProfilerActivity.CPU]
+
+
+def test_argument_is_checked():
+    with pytest.raises(TypeError, match="autograd_nodes must be a bool"):
+        gpuprof.profile(activities=CPU, autograd_nodes="yes")
+
+
+def test_status_without_cuda_capture():
+    for wanted, reason in ((True, "CUDA capture is off"), (False, "autograd_nodes=False")):
+        with gpuprof.profile(activities=CPU, autograd_nodes=wanted) as prof:
+            sum(range(10))
+        assert prof.results.cuda["autograd_nodes"] == {"on": False, "reason": reason}
+
+
+def test_footer_says_whether_nodes_were_on():
+    def footer(nodes):
+        cuda = {"active": True, "mode": "callbacks", "error": None, "autograd_nodes": nodes}
+        raw = gpuprof._gpuprof._test_aggregate([], [(1, 1, [])], [], 0, 10, [], 1)
+        return "\n".join(tables._footer(Results([raw], cuda=cuda)))
+
+    assert "Autograd nodes: on (backward kernels charged to their node)" in footer(
+        {"on": True, "reason": ""}
+    )
+    assert "Autograd nodes: off (PyTorch is not imported)" in footer(
+        {"on": False, "reason": "PyTorch is not imported"}
+    )
+
+
+def test_cpu_wheel_says_why():
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build of PyTorch: tests/gpu/test_backward_gpu.py covers it")
+    reason = _autograd.torch_reason()
+    assert "built without CUDA" in reason
+    st = gpuprof.cuda_status()["autograd_nodes"]
+    assert st == {"usable": False, "reason": reason}
+    part = _autograd.AutogradNodes(True, True, False)
+    part.start(None)
+    assert part.status() == {"on": False, "reason": reason}
+
+
+def test_the_call_is_one_the_real_binding_takes():
+    # the wheel's _enable_profiler accepts the config and the scope set, and refuses
+    # only because it has no CUDA: the call gpuprof makes has the right shape
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build would switch the ranges on here")
+    on, off, enabled = _autograd._config(torch)
+    with pytest.raises(RuntimeError, match="compiled without CUDA"):
+        on()
+    assert enabled() is False
+
+
+def _stand_in_cuda_torch(profiler_enabled=False):
+    """A module with the few names the part uses of a CUDA build of PyTorch; it
+    records on which thread each enable and disable came."""
+    calls = []
+    state = {"on": profiler_enabled}
+
+    def enable(config, activities, scopes):
+        assert config == ("NVTX", False, False, False, False, False, "exp")
+        assert activities == set() and scopes == {"BACKWARD_FUNCTION"}
+        state["on"] = True
+        calls.append(("on", threading.get_ident()))
+
+    def disable():
+        state["on"] = False
+        calls.append(("off", threading.get_ident()))
+        return object()  # torch returns a result object
+
+    prof = types.SimpleNamespace(
+        ProfilerConfig=lambda *a: tuple("exp" if i == 6 else x for i, x in enumerate(a)),
+        ProfilerState=types.SimpleNamespace(NVTX="NVTX"),
+        RecordScope=types.SimpleNamespace(BACKWARD_FUNCTION="BACKWARD_FUNCTION"),
+        _ExperimentalConfig=lambda: "exp",
+    )
+    torch = types.ModuleType("torch")
+    torch.version = types.SimpleNamespace(cuda="12.8")
+    torch._C = types.SimpleNamespace(_profiler=prof)
+    torch.autograd = types.SimpleNamespace(
+        _enable_profiler=enable, _disable_profiler=disable, _profiler_enabled=lambda: state["on"]
+    )
+    return torch, calls, state
+
+
+def _with_part(prof, part):
+    prof._parts.append(part)
+    if part.steps:
+        prof._step_parts.append(part)
+        prof.step = prof._step_with_parts
+
+
+def test_on_only_while_a_window_records(monkeypatch):
+    torch, calls, state = _stand_in_cuda_torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    sched = gpuprof.schedule(wait=2, warmup=1, active=2, repeat=1)
+    prof = gpuprof.profile(activities=CPU, schedule=sched)
+    part = _autograd.AutogradNodes(True, True, True)
+    assert part.steps
+    _with_part(prof, part)
+    seen = []
+    with prof:
+        for _ in range(8):
+            seen.append(state["on"])
+            prof.step()
+        seen.append(state["on"])
+    # steps 0-1 wait, 2 warms up, 3-4 record; then the window is closed
+    assert seen == [False, False, True, True, True, False, False, False, False]
+    assert [c for c, _ in calls] == ["on", "off"]
+    assert {t for _, t in calls} == {threading.get_ident()}
+    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": ""}
+
+
+def test_without_a_schedule_from_start_to_stop(monkeypatch):
+    torch, calls, state = _stand_in_cuda_torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    prof = gpuprof.profile(activities=CPU)
+    part = _autograd.AutogradNodes(True, True, False)
+    assert not part.steps  # prof.step stays the C method
+    _with_part(prof, part)
+    with prof:
+        assert state["on"]
+    assert not state["on"] and [c for c, _ in calls] == ["on", "off"]
+
+
+def test_another_torch_profiler_is_left_alone(monkeypatch):
+    torch, calls, state = _stand_in_cuda_torch(profiler_enabled=True)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    prof = gpuprof.profile(activities=CPU)
+    part = _autograd.AutogradNodes(True, True, False)
+    _with_part(prof, part)
+    with prof:
+        pass
+    assert calls == [] and state["on"]  # neither switched on nor taken off
+    st = prof.results.cuda["autograd_nodes"]
+    assert st["on"] is False and "another PyTorch profiler" in st["reason"]
+
+
+def test_torch_not_imported(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    part = _autograd.AutogradNodes(True, True, False)
+    part.start(None)
+    part.started(None)
+    assert part.status() == {"on": False, "reason": "PyTorch is not imported"}
