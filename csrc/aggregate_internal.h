@@ -143,6 +143,10 @@ typedef struct Agg {
     int step_follows;     /* this step end's next event is the next step's begin */
     int64_t busy;         /* this thread's time with a non-empty stack */
     int64_t self_sum;
+    /* An autograd node's range that popped at the bottom of its thread's stack
+     * stays open while only launches follow (replay.c, "autograd nodes"). */
+    int lingering;
+    int64_t linger_end;   /* its pop, or the exit of the last launch since */
 } Agg;
 
 static inline int
@@ -218,6 +222,8 @@ void gp_replay_remove_entry(Agg *a, size_t i, int64_t ts);
 /* Entries cut at a step end and not yet continued go on at ts (a step end
  * with no begin after it). 0, or -1 when out of memory. */
 int gp_replay_flush_carry(Agg *a, int64_t ts);
+/* Close the lingering autograd node range (replay.c) at what `now` leaves of it. */
+void gp_replay_close_linger(Agg *a, int64_t now);
 
 /* ---- replay_thread.c ------------------------------------------------------ */
 

@@ -566,6 +566,48 @@ nvtx_torch(Agg *a, const GpEvent *ev)
     return 0;
 }
 
+/* ---- autograd nodes ---------------------------------------------------------
+ * autograd's engine runs a node's function inside the node's range, then,
+ * still for that node and outside the range: validate_outputs (sum_to a
+ * broadcast input's shape, casts to its dtype), the node's post hooks (DDP's
+ * reducer) and the accumulation of its outputs into the next nodes' input
+ * buffers. The launches of that tail belong to the node; with emit_nvtx() the
+ * engine's evaluate_function wrapper covers them, without it nothing does. So
+ * a node range that pops at the bottom of its thread's stack stays open
+ * while only CUDA API calls follow on that thread, and closes at the end of
+ * the last of them, before any other event (the next node's range, a
+ * Python frame, the thread's end). The time after that end, charged to it
+ * meanwhile as self time, is taken back. */
+
+void
+gp_replay_close_linger(Agg *a, int64_t now)
+{
+    a->lingering = 0;
+    if (a->stack.n != 1) { /* a launch still open (not seen): the node ends now */
+        if (a->stack.n > 1)
+            remove_entry(a, 0, now);
+        return;
+    }
+    int64_t end = a->linger_end < now ? a->linger_end : now;
+    a->stack.v[0].self -= now - end; /* the idle time since, charged to it meanwhile */
+    a->busy -= now - end;
+    remove_entry(a, 0, end);
+}
+
+/* The pop of the range at stack index i: lingers (above), or closes now. */
+static void
+nvtx_pop(Agg *a, int64_t i, int64_t ts)
+{
+    const Entry *e = &a->stack.v[i];
+    if (i == 0 && a->stack.n == 1 && e->kind == E_NVTX && !e->hidden &&
+        (a->t->ops.v[e->row].flags & GP_OPF_AUTOGRAD)) {
+        a->lingering = 1;
+        a->linger_end = ts;
+        return;
+    }
+    remove_entry(a, (size_t)i, ts);
+}
+
 static int
 replay_other(Agg *a, const GpEvent *ev, int64_t ts)
 {
@@ -589,6 +631,8 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
         int64_t i = find_top(a, E_API, 0, 0, 0);
         if (i >= 0)
             remove_entry(a, (size_t)i, ts);
+        if (a->lingering)
+            a->linger_end = ts;
         return 0;
     }
     case GP_EV_NVTX_PUSH:
@@ -617,7 +661,7 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
         int64_t i =
             find_nvtx(a, kind == GP_EV_NVTX_POP ? E_NVTX : E_NVTX_SE, GP_EV_PAYLOAD(ev->kind));
         if (i >= 0)
-            remove_entry(a, (size_t)i, ts);
+            nvtx_pop(a, i, ts);
         return 0;
     }
     default:
@@ -632,6 +676,8 @@ __attribute__((noinline)) int
 gp_replay_event(Agg *a, const GpEvent *ev, int64_t ts)
 {
     uint32_t kind = GP_EV_KIND(ev->kind);
+    if (GP_UNLIKELY(a->lingering) && kind != GP_EV_API_ENTER && kind != GP_EV_API_EXIT)
+        gp_replay_close_linger(a, ts);
     switch (kind) {
     case GP_EV_FRAME:
     case GP_EV_CALL:

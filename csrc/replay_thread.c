@@ -277,6 +277,7 @@ gp_replay_thread_run(Agg *a, const GpWindowThread *tb, GpThreadRow *tr, const Gp
     a->stack.n = 0;
     a->busy = 0;
     a->self_sum = 0;
+    a->lingering = 0;
     if (vec_grow((void **)&a->stack.v, &a->stack.cap, 64, sizeof(Entry)) == NULL) {
         free(api);
         return -1;
@@ -339,6 +340,8 @@ gp_replay_thread_run(Agg *a, const GpWindowThread *tb, GpThreadRow *tr, const Gp
             rc = -1;
     }
     free(api);
+    if (rc == 0 && a->lingering)
+        gp_replay_close_linger(a, last);
     if (rc < 0 || gp_replay_flush_carry(a, last >= 0 ? last : end) < 0)
         return -1;
     if (last >= 0 && end > last && a->stack.n > 0) {

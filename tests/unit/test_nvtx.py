@@ -619,6 +619,59 @@ def test_node_rows_get_their_kernels_self_cuda(nv):
     assert rows["ReluBackward0"].count == 1
 
 
+def test_launches_right_after_a_node_are_the_nodes():
+    """autograd's engine launches a node's tail (validate_outputs' sum_to of a broadcast
+    bias, casts, post hooks, input-buffer adds) after the node's range pops: those
+    launches belong to the node, up to the next event that is not a launch; the idle
+    time until then does not."""
+    from gpuprof._results import Results
+
+    launch = gpuprof._gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]  # cudaLaunchKernel
+    add = gpuprof._gpuprof._test_nvtx_name("AddmmBackward0, seq = 9, op_id = 1")
+    acc = gpuprof._gpuprof._test_nvtx_name("torch::autograd::AccumulateGrad, op_id = 2")
+    torch_ev = C["EV_NVTX_TORCH"]
+    events = [
+        (100, C["EV_NVTX_PUSH"], add["id"], 0),
+        (100, torch_ev, add["seq"], add["flags"]),
+        (110, C["EV_API_ENTER"], 1, launch),
+        (115, C["EV_API_EXIT"], 1),
+        (130, C["EV_NVTX_POP"], 0, 0),
+        (135, C["EV_API_ENTER"], 2, launch),  # sum_to, after the range
+        (138, C["EV_API_EXIT"], 2),
+        (200, C["EV_NVTX_PUSH"], acc["id"], 0),
+        (200, torch_ev, 0, acc["flags"]),
+        (210, C["EV_NVTX_POP"], 0, 0),
+        (220, C["EV_API_ENTER"], 3, launch),  # a post hook's launch
+        (230, C["EV_API_EXIT"], 3),
+        (500, C["EV_API_ENTER"], 4, launch),  # ... and the thread's end: still the node's
+        (505, C["EV_API_EXIT"], 4),
+    ]
+    gpu = [
+        dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=s, end_ns=s + 10, name_id=0, stream=7)
+        for c, s in ((1, 300), (2, 320), (3, 340), (4, 600))
+    ]
+    raw = gpuprof._gpuprof._test_aggregate([], [(7, 107, events)], gpu, 0, 1000, ["_Z1kv"], 1)
+    res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+    ops = res.ops()
+    a = ops[ops["name"] == "AddmmBackward0"][0]
+    g = ops[ops["name"] == "torch::autograd::AccumulateGrad"][0]
+    assert (a["calls"], a["kernels"], a["cuda_self_ns"]) == (1, 2, 20)
+    assert (g["calls"], g["kernels"], g["cuda_self_ns"]) == (1, 2, 20)
+    assert a["cpu_total_ns"] == 38  # 100 to the last launch's end; the wait for work is not its
+    assert g["cpu_total_ns"] == 305
+    assert (
+        list(res.gpu_events()["op_name"])
+        == ["AddmmBackward0"] * 2 + ["torch::autograd::AccumulateGrad"] * 2
+    )
+    assert not res.gpu_events()["blocked_thread"].any()
+    spans = res.windows[-1]["spans"]
+    node_spans = spans[spans["kind"] == C["OP_USER"]]
+    assert sorted((int(s["start_ns"]), int(s["end_ns"])) for s in node_spans) == [
+        (100, 138),
+        (200, 505),
+    ]
+
+
 def test_spans_saved_before_seq_read_as_none(nv):
     import numpy as np
     from gpuprof import _window_file
