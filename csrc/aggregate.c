@@ -196,5 +196,6 @@ gp_aggregate_free(GpTables *t)
     free(t->steps.v);
     free(t->spans.v);
     free(t->threads.v);
+    free(t->seqs.v);
     memset(t, 0, sizeof(*t));
 }

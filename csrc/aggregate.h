@@ -148,6 +148,19 @@ typedef struct GpSpanRow {
     int32_t seq;
 } GpSpanRow;
 
+/* The autograd nodes a forward call made (hook.c, "autograd sequence
+ * numbers"): those numbered [lo, hi) on `thread`, made while `node` (and its
+ * span) was the innermost open Python or C call there; -1 when none was. */
+typedef struct GpSeqRow {
+    int64_t ts;    /* when the hook saw the counter moved */
+    int32_t lo;
+    int32_t hi;
+    int32_t node;
+    int32_t span;  /* -1 when spans are not built */
+    uint32_t thread;
+    uint32_t pad;
+} GpSeqRow;
+
 /* One row per thread that recorded in the window. */
 typedef struct GpThreadRow {
     uint64_t ident;
@@ -174,6 +187,7 @@ typedef struct GpTables {
     GP_VEC(GpStepRow) steps;
     GP_VEC(GpSpanRow) spans;
     GP_VEC(GpThreadRow) threads;
+    GP_VEC(GpSeqRow) seqs;
     GP_VEC(char *) strings; /* kernel-table names, owned */
     int64_t window_start_ns;
     int64_t window_end_ns;

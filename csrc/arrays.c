@@ -137,6 +137,16 @@ static const Field thread_fields[] = {
     F(GpThreadRow, busy_ns, "i8"),
     {NULL, NULL, 0},
 };
+
+static const Field seq_fields[] = {
+    F(GpSeqRow, ts, "i8"),
+    F(GpSeqRow, lo, "i4"),
+    F(GpSeqRow, hi, "i4"),
+    F(GpSeqRow, node, "i4"),
+    F(GpSeqRow, span, "i4"),
+    F(GpSeqRow, thread, "u4"),
+    {NULL, NULL, 0},
+};
 /* clang-format on */
 
 static const struct {
@@ -150,6 +160,7 @@ static const struct {
     [GP_ROWS_STEPS] = {step_fields, sizeof(GpStepRow)},
     [GP_ROWS_SPANS] = {span_fields, sizeof(GpSpanRow)},
     [GP_ROWS_THREADS] = {thread_fields, sizeof(GpThreadRow)},
+    [GP_ROWS_SEQS] = {seq_fields, sizeof(GpSeqRow)},
 };
 
 /* Cached descriptors: written at module exec, read with the GIL. */

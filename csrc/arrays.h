@@ -16,6 +16,7 @@ typedef enum GpRowType {
     GP_ROWS_STEPS,
     GP_ROWS_SPANS,
     GP_ROWS_THREADS,
+    GP_ROWS_SEQS,
     GP_ROWS_COUNT
 } GpRowType;
 

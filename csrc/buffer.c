@@ -190,6 +190,7 @@ register_locked(uint64_t ident, uint64_t os_tid)
     tb->ident = ident;
     tb->os_tid = os_tid;
     tb->index = registry_count++;
+    tb->seq_last = GP_SEQ_UNSET;
     atomic_init(&tb->writing, 0);
     /* Append, so registration order is iteration order. */
     GpThreadBuf **link = &registry_head;
@@ -400,6 +401,7 @@ clear_thread_locked(GpThreadBuf *tb)
     tb->cur = tb->end = NULL;
     tb->step_begin = NULL; /* its chunk has gone with the window */
     tb->step_min = 0;
+    tb->seq_last = GP_SEQ_UNSET; /* the next window reads it afresh */
     tb->dropped = 0;
     tb->drop_ts = 0;
 }

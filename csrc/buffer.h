@@ -55,6 +55,12 @@ enum {
                            follows PyTorch's grammar ("AddmmBackward0, seq = 7, op_id = 9";
                            csrc/nvtx.c): arg = its seq mod 2^31 (GP_NVTXT_SEQ), payload =
                            GP_NVTXT_* */
+    GP_EV_SEQ,          /* PyTorch's autograd sequence counter on this thread moved, seen
+                           before the event that follows: arg = its new value mod 2^31,
+                           payload = by how much (capped at 0xffffff; 0: first reading in
+                           this window, a baseline). The nodes numbered
+                           [arg - payload, arg) were made in the innermost open frame (hook.c,
+                           "autograd sequence numbers") */
 };
 
 /* Payload of GP_EV_NVTX_TORCH. */
@@ -122,8 +128,13 @@ typedef struct GpThreadBuf {
     GpEvent *step_begin;
     uint32_t step_depth;
     uint32_t step_min;
+    /* PyTorch's autograd sequence counter at this thread's last event (owner
+     * thread, GIL; hook.c), GP_SEQ_UNSET before the window's first reading. */
+    uint64_t seq_last;
     uint8_t py_frames[GP_SHADOW_DEPTH]; /* per depth: 1 the user's code, | 2 in a C call */
 } GpThreadBuf;
+
+#define GP_SEQ_UNSET UINT64_MAX
 
 /* Recording phase, read on every hook call (relaxed). */
 enum { GP_PHASE_OFF = 0, GP_PHASE_WAIT = 1, GP_PHASE_WARMUP = 2, GP_PHASE_ACTIVE = 3 };

@@ -181,6 +181,43 @@ cfunc_key(PyObject *callable, PyObject *self_arg, const PyMethodDef **ml, PyObje
     return 0;
 }
 
+/* ---- autograd sequence numbers ---------------------------------------------
+ * PyTorch numbers each autograd node it makes from a per-thread counter
+ * (at::sequence_number), and its NVTX range for the node carries that number
+ * when the node runs in the backward pass (csrc/nvtx.c). The nodes a forward
+ * call made are those numbered between the counter's values at its entry and
+ * at its exit: so, where the profile asks for it (python/gpuprof/_autograd.py
+ * passes at::sequence_number::peek), the hook reads the counter at each event
+ * and, when it moved since the thread's last event, writes a GP_EV_SEQ before
+ * that event. Nodes are made only in C code, which ran in the innermost frame
+ * open between the two events; the replay charges them to it. One indirect
+ * call and one compare per event; the event itself only where the forward
+ * made nodes. */
+
+typedef uint64_t (*GpSeqPeek)(void);
+static GpSeqPeek seq_peek = NULL; /* GIL */
+
+void
+gp_hook_set_seq_peek(void *fn)
+{
+    seq_peek = (GpSeqPeek)fn;
+}
+
+GP_INLINE void
+seq_check(GpThreadBuf *tb, uint64_t ts)
+{
+    GpSeqPeek peek = seq_peek;
+    if (peek == NULL)
+        return;
+    uint64_t v = peek();
+    if (GP_LIKELY(v == tb->seq_last))
+        return;
+    uint64_t moved = tb->seq_last == GP_SEQ_UNSET || v < tb->seq_last ? 0 : v - tb->seq_last;
+    tb->seq_last = v;
+    gp_buffer_push(tb, ts, (uint32_t)(v & 0x7fffffffu),
+                   GP_EV_MAKE(GP_EV_SEQ, moved > 0xffffffu ? 0xffffffu : (uint32_t)moved));
+}
+
 static int
 profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
 {
@@ -191,6 +228,7 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     if (GP_UNLIKELY(tb == NULL))
         return 0;
     uint64_t ts = gp_clock_raw();
+    seq_check(tb, ts);
     switch (what) {
     case PyTrace_CALL: {
 #if PY_VERSION_HEX < 0x030B0000
@@ -539,6 +577,7 @@ mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind, int want_s
     uint8_t flags = gp_intern.flags[op];
     uint32_t site =
         want_site && wants_site(tb, flags) ? user_call_site(NULL, (PyCodeObject *)args[0]) : 0;
+    seq_check(tb, ts);
     shadow_push(tb, flags);
     gp_buffer_push(tb, ts, op, GP_EV_MAKE(kind, site));
     Py_RETURN_NONE;
@@ -575,8 +614,10 @@ push_return(void)
 {
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL)) {
+        uint64_t ts = gp_clock_raw();
+        seq_check(tb, ts);
         shadow_pop(tb);
-        gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_RETURN);
+        gp_buffer_push(tb, ts, 0, GP_EV_RETURN);
     }
 }
 
@@ -631,6 +672,7 @@ gp_hook_mon_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         offset = -1;
     }
+    seq_check(tb, ts);
     shadow_c_call(tb, 1);
     gp_buffer_push(tb, ts, op, GP_EV_MAKE(GP_EV_CCALL, site_payload(offset)));
     Py_RETURN_NONE;
@@ -647,8 +689,10 @@ gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL)) {
+        uint64_t ts = gp_clock_raw();
+        seq_check(tb, ts);
         shadow_c_call(tb, 0);
-        gp_buffer_push(tb, gp_clock_raw(), 0, GP_EV_CRETURN);
+        gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);
     }
     Py_RETURN_NONE;
 }

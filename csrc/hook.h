@@ -39,6 +39,10 @@ void gp_hook_marker(uint32_t kind, uint32_t arg);
 /* Events lost because an op could not be interned (out of memory). */
 uint64_t gp_hook_intern_failures(void);
 
+/* The function that reads PyTorch's autograd sequence counter of the calling
+ * thread (at::sequence_number::peek), or NULL to read none (hook.c). GIL. */
+void gp_hook_set_seq_peek(void *fn);
+
 /* sys.monitoring backend (3.12+): callbacks registered from Python by
  * python/gpuprof/_monitoring.py; each returns a new reference to None or to
  * sys.monitoring.DISABLE, and never raises. */

@@ -170,6 +170,20 @@ mod_after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* _set_seq_peek(address): the address of at::sequence_number::peek in the
+ * loaded libtorch (python/gpuprof/_autograd.py finds it), or 0 for none. The
+ * hook calls it on every event while it is set (hook.c). */
+static PyObject *
+mod_set_seq_peek(PyObject *module, PyObject *address)
+{
+    (void)module;
+    unsigned long long addr = PyLong_AsUnsignedLongLong(address);
+    if (addr == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    gp_hook_set_seq_peek((void *)(uintptr_t)addr);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 mod_clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
@@ -218,6 +232,9 @@ static PyMethodDef module_methods[] = {
 #endif
     {"_monitoring_configure", mod_monitoring_configure, METH_VARARGS,
      "(DISABLE, restart_events) for the sys.monitoring backend; (None, None) clears."},
+    {"_set_seq_peek", mod_set_seq_peek, METH_O,
+     "(address): the C function the hook reads PyTorch's autograd sequence counter with "
+     "(at::sequence_number::peek), or 0 for none."},
     {"_ignore_thread", mod_ignore_thread, METH_O,
      "Leave the thread with this threading ident out of this (or the next) session's results."},
     {"_ignore_current_thread", mod_ignore_current_thread, METH_NOARGS,

@@ -608,6 +608,37 @@ nvtx_pop(Agg *a, int64_t i, int64_t ts)
     remove_entry(a, (size_t)i, ts);
 }
 
+/* GP_EV_SEQ: the nodes [arg - payload, arg) were made in the innermost open
+ * call (hook.c, "autograd sequence numbers"), the frame that ran the C code
+ * that made them; ranges, steps and gpuprof's own frames are looked through. */
+static int
+seq_moved(Agg *a, const GpEvent *ev, int64_t ts)
+{
+    uint32_t moved = GP_EV_PAYLOAD(ev->kind);
+    if (moved == 0)
+        return 0; /* the window's first reading on this thread */
+    int32_t node = -1, span = -1;
+    for (size_t i = a->stack.n; i-- > 0;) {
+        const Entry *e = &a->stack.v[i];
+        if ((e->kind == E_PY || e->kind == E_C) && !e->hidden) {
+            node = e->node;
+            span = e->span;
+            break;
+        }
+    }
+    GpSeqRow *r = VEC_PUSH(a->t->seqs);
+    if (r == NULL)
+        return -1;
+    int64_t hi = (int64_t)ev->arg, lo = hi - (int64_t)moved;
+    r->ts = ts;
+    r->lo = (int32_t)(lo < 0 ? 0 : lo); /* (a counter past 2^31 wraps: its first nodes are lost) */
+    r->hi = (int32_t)hi;
+    r->node = node;
+    r->span = span;
+    r->thread = a->thread;
+    return 0;
+}
+
 static int
 replay_other(Agg *a, const GpEvent *ev, int64_t ts)
 {
@@ -652,6 +683,8 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
     }
     case GP_EV_NVTX_TORCH:
         return nvtx_torch(a, ev);
+    case GP_EV_SEQ:
+        return seq_moved(a, ev, ts);
     case GP_EV_NVTX_POP:
     case GP_EV_NVTX_END: {
         /* An end recorded on another thread closes the range on the thread

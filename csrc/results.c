@@ -115,6 +115,7 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "steps", gp_arrays_build(GP_ROWS_STEPS, t->steps.v, t->steps.n)) < 0 ||
         dict_steal(d, "threads", gp_arrays_build(GP_ROWS_THREADS, t->threads.v, t->threads.n)) <
             0 ||
+        dict_steal(d, "seqs", gp_arrays_build(GP_ROWS_SEQS, t->seqs.v, t->seqs.n)) < 0 ||
         dict_steal(d, "window_start_ns", PyLong_FromLongLong(t->window_start_ns)) < 0 ||
         dict_steal(d, "window_end_ns", PyLong_FromLongLong(t->window_end_ns)) < 0 ||
         dict_steal(d, "dropped_events", PyLong_FromLongLong(t->dropped_events)) < 0 ||

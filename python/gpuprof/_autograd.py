@@ -18,14 +18,15 @@ the part reads ``sys.modules`` at ``start()``, so PyTorch must be imported by th
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
-from . import _nvtx
+from . import _gpuprof, _nvtx
 from ._constants import ACT_RECORD, ACT_RECORD_AND_SAVE, ACT_WARMUP
 from ._parts import Part
 
-__all__ = ["AutogradNodes", "torch_reason"]
+__all__ = ["AutogradNodes", "seq_peek_address", "torch_reason"]
 
 _RECORDING = (ACT_WARMUP, ACT_RECORD, ACT_RECORD_AND_SAVE)
 
@@ -46,6 +47,25 @@ def torch_reason() -> str:
     if nvtx["reason"]:
         return f"NVTX ranges do not reach gpuprof: {nvtx['reason']}"
     return ""
+
+
+def seq_peek_address(torch) -> int:
+    """The address of ``at::sequence_number::peek`` in the loaded libtorch, the C
+    function that reads the calling thread's autograd sequence counter (the number
+    the next node made there gets), or 0 where this PyTorch has none. The hook
+    reads it at every event while a window records, to join each backward node to
+    the forward call that made it (csrc/hook.c, docs/backward.md)."""
+    import ctypes
+
+    where = getattr(torch, "__file__", None)
+    if not where:
+        return 0
+    lib = os.path.join(os.path.dirname(where), "lib", "libtorch_cpu.so")
+    try:
+        fn = ctypes.CDLL(lib)._ZN2at15sequence_number4peekEv
+    except (OSError, AttributeError):
+        return 0
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
 
 
 def _config(torch):
@@ -85,16 +105,20 @@ class AutogradNodes(Part):
         self._fns = None  # (on, off, enabled) when this PyTorch can, from start()
         self._reason = "" if wanted else "autograd_nodes=False"
         self._was_on = False
+        self._peek = 0  # at::sequence_number::peek, read by the hook while recording
 
     # -- state --------------------------------------------------------------
     def status(self) -> dict:
-        """``on`` (node ranges were on while recording) and ``reason`` (why not, or why
-        only part of the time; "" when all is well)."""
+        """``on`` (node ranges were on while recording), ``reason`` (why not, or why
+        only part of the time; "" when all is well) and ``forward`` (the nodes were
+        joined to the forward calls that made them: PyTorch's sequence counter was
+        read)."""
         if not self.wanted:
-            return {"on": False, "reason": "autograd_nodes=False"}
+            return {"on": False, "reason": "autograd_nodes=False", "forward": False}
         if not self.cuda:
-            return {"on": False, "reason": "CUDA capture is off"}
-        return {"on": self._was_on, "reason": self._reason}
+            return {"on": False, "reason": "CUDA capture is off", "forward": False}
+        forward = self._was_on and bool(self._peek)
+        return {"on": self._was_on, "reason": self._reason, "forward": forward}
 
     # -- switching ----------------------------------------------------------
     def _on(self) -> None:
@@ -145,10 +169,14 @@ class AutogradNodes(Part):
         self._reason = torch_reason()
         if self._reason:
             return
+        torch = sys.modules["torch"]
         try:
-            self._fns = _config(sys.modules["torch"])
+            self._fns = _config(torch)
         except (AttributeError, ImportError, TypeError) as e:
             self._reason = f"this PyTorch has no NVTX callback for autograd nodes ({e!r})"
+            return
+        self._peek = seq_peek_address(torch)
+        _gpuprof._set_seq_peek(self._peek)
 
     def started(self, prof) -> None:
         if not self._scheduled or prof._core.action in _RECORDING:
@@ -162,6 +190,8 @@ class AutogradNodes(Part):
 
     def stopped(self, prof) -> None:
         self._off()
+        if self._peek:
+            _gpuprof._set_seq_peek(0)
 
     def contribute(self, results) -> None:
         results.cuda = {**results.cuda, "autograd_nodes": self.status()}

@@ -60,6 +60,10 @@ OPS_DTYPE = np.dtype(
         ("kernels", "i8"),
         ("cuda_mem_self_bytes", "i8"),
         ("cpu_mem_self_bytes", "i8"),
+        # the backward pass joined to the forward (docs/backward.md): GPU time of the
+        # autograd nodes this op made while innermost, and under its outermost calls
+        ("bwd_cuda_self_ns", "i8"),
+        ("bwd_cuda_total_ns", "i8"),
         # a C function that blocks its thread (time.sleep, a lock's acquire, a poll):
         # its time is waiting, which the tables leave out unless key_averages(idle=True)
         ("idle", "?"),
@@ -110,6 +114,11 @@ GPU_EVENTS_DTYPE = np.dtype(
         ("graph_id", "u4"),
         ("blocked_thread", "?"),
         ("rolled_up", "?"),
+        # backward work: the forward call that made the autograd node that launched it
+        # (call-tree node and op row, -1 elsewhere; docs/backward.md)
+        ("fwd_node", "i4"),
+        ("fwd_op", "i4"),
+        ("fwd_op_name", object),
     ]
 )
 
@@ -125,6 +134,10 @@ CALL_TREE_DTYPE = np.dtype(
         ("self_ns", "i8"),
         ("cuda_total_ns", "i8"),
         ("cuda_self_ns", "i8"),
+        # backward GPU time of the autograd nodes made while this node was innermost,
+        # and in its subtree (docs/backward.md)
+        ("bwd_cuda_self_ns", "i8"),
+        ("bwd_cuda_total_ns", "i8"),
     ]
 )
 
@@ -188,6 +201,7 @@ class _Window:
         self._ops = None
         self._kernels = None
         self._op_names = None  # _op_display_names()
+        self._backward = None  # _backward.join(), when it applies
 
     @property
     def raw(self) -> dict:
@@ -202,9 +216,17 @@ class _Window:
             out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
             out["line"] = self._raw["op_lines"]
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
-            for f in OPS_DTYPE.names[4:-1]:
+            for f in OPS_DTYPE.names[4:-3]:
                 out[f] = r[f]
             out["idle"] = (r["kind"] == OP_CFUNC) & ((r["flags"] & OPF_WAIT) != 0)
+            bwd_self = self.node_backward_ns()
+            if bwd_self is not None:
+                tree = self._raw["nodes"]
+                rows = tree["op_row"].astype(np.int64)
+                np.add.at(out["bwd_cuda_self_ns"], rows, bwd_self)
+                sub = subtree_sums(tree["parent"], bwd_self)
+                outer = outermost(tree["parent"], rows)
+                np.add.at(out["bwd_cuda_total_ns"], rows[outer], sub[outer])
             self._ops = out
         return self._ops
 
@@ -233,6 +255,27 @@ class _Window:
             annotate_kernels(out, self._device_props or [])
             self._kernels = out
         return self._kernels
+
+    def backward(self):
+        """The backward pass joined to the forward (:mod:`._backward`), or None for a
+        window without autograd sequence numbers (no forward calls made nodes, the
+        numbers were off, or a file from before them)."""
+        if self._backward is None:
+            seqs = self._raw.get("seqs")
+            if seqs is None or not len(seqs) or not len(self._raw["gpu"]):
+                return None
+            from ._backward import join
+
+            self._backward = join(self.raw)
+        return self._backward
+
+    def node_backward_ns(self) -> np.ndarray | None:
+        """Per call-tree node: the backward GPU time of the autograd nodes it made
+        while innermost (None where :meth:`backward` is None)."""
+        b = self.backward()
+        if b is None:
+            return None
+        return b.node_self_ns(self._raw["gpu"], len(self._raw["nodes"]))
 
     def gpu_events(self) -> np.ndarray:
         g = self._raw["gpu"]
@@ -271,6 +314,14 @@ class _Window:
         out["op_name"] = self._op_display_names()[np.where(g["op_row"] >= 0, g["op_row"], -1)]
         out["blocked_thread"] = (g["flags"] & GF_BLOCKED_THREAD) != 0
         out["rolled_up"] = (g["flags"] & GF_ROLLED_UP) != 0
+        out["fwd_node"] = out["fwd_op"] = -1
+        b = self.backward()
+        if b is not None:
+            out["fwd_node"] = b.fwd_node
+            has = b.fwd_node >= 0
+            rows = self._raw["nodes"]["op_row"].astype(np.int64)
+            out["fwd_op"][has] = rows[b.fwd_node[has]]
+        out["fwd_op_name"] = self._op_display_names()[out["fwd_op"]]
         return out
 
     def context_rows(self) -> np.ndarray:
@@ -313,6 +364,10 @@ class _Window:
             out[f] = n[f]
         out["op"] = n["op_row"]
         out["name"] = self._op_display_names()[n["op_row"]] if len(n) else None
+        bwd = self.node_backward_ns()
+        if bwd is not None:
+            out["bwd_cuda_self_ns"] = bwd
+            out["bwd_cuda_total_ns"] = subtree_sums(n["parent"], bwd)
         return out
 
     def _op_display_names(self) -> np.ndarray:

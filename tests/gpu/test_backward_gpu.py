@@ -79,7 +79,7 @@ def test_every_backward_kernel_is_charged_to_its_node(tmp_path):
     torch = _torch()
     step = _mlp(torch)
     prof = _profile(torch, step)
-    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": ""}
+    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": "", "forward": True}
     bwd, _, ops = _backward_kernels(prof)
     assert len(bwd) >= STEPS * 16 * 2, bwd[["name", "op_name"]]  # two GEMMs a layer at least
     # 100% of their time (and every one of them) under a node row from "autograd"

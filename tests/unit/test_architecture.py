@@ -56,6 +56,7 @@ LAYERS = {
     "gpuprof._ondemand._capture": "recording",
     # results: the arrays from C and what reads them directly
     "gpuprof._results": "results",
+    "gpuprof._backward": "results",
     "gpuprof.occupancy": "results",
     "gpuprof.tables": "results",
     "gpuprof.views": "results",

@@ -29,7 +29,11 @@ def test_status_without_cuda_capture():
     for wanted, reason in ((True, "CUDA capture is off"), (False, "autograd_nodes=False")):
         with gpuprof.profile(activities=CPU, autograd_nodes=wanted) as prof:
             sum(range(10))
-        assert prof.results.cuda["autograd_nodes"] == {"on": False, "reason": reason}
+        assert prof.results.cuda["autograd_nodes"] == {
+            "on": False,
+            "reason": reason,
+            "forward": False,
+        }
 
 
 def test_footer_says_whether_nodes_were_on():
@@ -56,7 +60,7 @@ def test_cpu_wheel_says_why():
     assert st == {"usable": False, "reason": reason}
     part = _autograd.AutogradNodes(True, True, False)
     part.start(None)
-    assert part.status() == {"on": False, "reason": reason}
+    assert part.status() == {"on": False, "reason": reason, "forward": False}
 
 
 def test_the_call_is_one_the_real_binding_takes():
@@ -128,7 +132,7 @@ def test_on_only_while_a_window_records(monkeypatch):
     assert seen == [False, False, True, True, True, False, False, False, False]
     assert [c for c, _ in calls] == ["on", "off"]
     assert {t for _, t in calls} == {threading.get_ident()}
-    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": ""}
+    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": "", "forward": False}
 
 
 def test_without_a_schedule_from_start_to_stop(monkeypatch):
@@ -161,4 +165,50 @@ def test_torch_not_imported(monkeypatch):
     part = _autograd.AutogradNodes(True, True, False)
     part.start(None)
     part.started(None)
-    assert part.status() == {"on": False, "reason": "PyTorch is not imported"}
+    assert part.status() == {"on": False, "reason": "PyTorch is not imported", "forward": False}
+
+
+def test_forward_calls_record_the_nodes_they_make():
+    """The hook's side of the forward join, on the real CPU wheel: with PyTorch's
+    sequence counter read (what the part does on a CUDA build), each forward call
+    that made autograd nodes has the numbers of those nodes, and each node of the
+    graph is found under the call that made it."""
+    torch = pytest.importorskip("torch")
+    peek = _autograd.seq_peek_address(torch)
+    assert peek, "libtorch_cpu has at::sequence_number::peek"
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def block(x):
+        h = lin(x)  # torch._C._nn.linear: AddmmBackward0 (and TBackward0 of the weight)
+        h = h * 2.0  # Tensor.__mul__ from bytecode, no C call event: block itself
+        return torch.relu(h)  # ReluBackward0
+
+    gpuprof._gpuprof._set_seq_peek(peek)
+    try:
+        with gpuprof.profile(activities=CPU) as prof:
+            y = block(x)
+    finally:
+        gpuprof._gpuprof._set_seq_peek(0)
+    w = prof.results.window()
+    seqs, tree = w.raw["seqs"], w.call_tree()
+
+    def maker(seq):
+        hit = (seqs["lo"] <= seq) & (seq < seqs["hi"])
+        assert hit.sum() == 1, (seq, seqs)
+        return str(tree["name"][seqs["node"][hit][0]]).split(" (")[0].split(".<locals>.")[-1]
+
+    made = {}
+    fn = y.grad_fn
+    while fn is not None and fn.name() != "torch::autograd::AccumulateGrad":
+        made[fn.name()] = maker(fn._sequence_nr())
+        fn = fn.next_functions[0][0]
+    assert made == {
+        "ReluBackward0": "torch.relu",
+        "MulBackward0": "block",
+        "AddmmBackward0": "torch._C._nn.linear",
+    }
+    # nothing is read once the profile stopped
+    with gpuprof.profile(activities=CPU) as prof:
+        block(x)
+    assert len(prof.results.window().raw["seqs"]) == 0

@@ -990,3 +990,81 @@ def test_cli_run_capture_range(tmp_path):
         timeout=120,
     )
     assert bad.returncode != 0 and "--capture-range" in bad.stderr
+
+
+# -- the backward pass joined to the forward (gpuprof._backward) ----------------------------
+
+
+def linear(x):  # the forward calls of the synthetic window below, by their code objects
+    return x
+
+
+def relu(x):
+    return x
+
+
+def test_backward_nodes_join_the_forward_calls_that_made_them():
+    """The forward thread's counter moved by 2 in `linear` (nodes 5 and 6) and by 1 in
+    `relu` (node 7); autograd's thread ran nodes 6 and 7 and an AccumulateGrad, which has
+    no number: each backward kernel goes to the forward call that made its node."""
+    from gpuprof._results import Results
+
+    launch = gpuprof._gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]  # cudaLaunchKernel
+    add = gpuprof._gpuprof._test_nvtx_name("AddmmBackward0, seq = 6, op_id = 1")
+    rel = gpuprof._gpuprof._test_nvtx_name("ReluBackward0, seq = 7, op_id = 2")
+    acc = gpuprof._gpuprof._test_nvtx_name("torch::autograd::AccumulateGrad, op_id = 3")
+    ops = [(C["OP_PYTHON"], linear.__code__, 0), (C["OP_PYTHON"], relu.__code__, 0)]
+    lin_op, relu_op = 2, 3
+    seq, call, ret = C["EV_SEQ"], C["EV_CALL"], C["EV_RETURN"]
+    forward = [
+        (10, seq, 5, 0),  # the window's first reading: a baseline
+        (10, call, lin_op),
+        (20, seq, 7, 2),
+        (20, ret, 0),
+        (30, call, relu_op),
+        (40, seq, 8, 1),
+        (40, ret, 0),
+    ]
+    torch_ev = C["EV_NVTX_TORCH"]
+
+    def node(t, r, corr):
+        return [
+            (t, C["EV_NVTX_PUSH"], r["id"], 0),
+            (t, torch_ev, r["seq"], r["flags"]),
+            (t + 5, C["EV_API_ENTER"], corr, launch),
+            (t + 8, C["EV_API_EXIT"], corr),
+            (t + 30, C["EV_NVTX_POP"], 0, 0),
+        ]
+
+    backward = node(100, rel, 1) + node(200, add, 2) + node(300, acc, 3)
+    gpu = [
+        dict(kind=C["GPU_KERNEL"], correlation=c, start_ns=s, end_ns=s + d, name_id=0, stream=7)
+        for c, s, d in ((1, 500, 20), (2, 520, 50), (3, 600, 5))
+    ]
+    raw = gpuprof._gpuprof._test_aggregate(
+        ops, [(1, 101, forward), (2, 102, backward)], gpu, 0, 1000, ["_Z1kv"], 1
+    )
+    assert [(int(r["lo"]), int(r["hi"])) for r in raw["seqs"]] == [(5, 7), (7, 8)]
+    res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+    ev = res.gpu_events()
+    assert [str(n).split(" (")[0] for n in ev["fwd_op_name"]] == ["relu", "linear", "None"]
+    assert list(ev["op_name"]) == [
+        "ReluBackward0",
+        "AddmmBackward0",
+        "torch::autograd::AccumulateGrad",
+    ]
+    tree = res.call_tree()
+    by_name = {str(n).split(" (")[0]: r for n, r in zip(tree["name"], tree)}
+    assert by_name["linear"]["bwd_cuda_self_ns"] == 50
+    assert by_name["relu"]["bwd_cuda_total_ns"] == 20
+    assert by_name["ReluBackward0"]["bwd_cuda_self_ns"] == 0
+    o = res.ops()
+    row = {str(n): r for n, r in zip(o["name"], o)}
+    assert (row["linear"]["bwd_cuda_self_ns"], row["linear"]["bwd_cuda_total_ns"]) == (50, 50)
+    b = res.window().backward()
+    summary = b.summary(raw["gpu"], raw["op_names"], res.window().raw["spans"])
+    assert summary == {
+        "node_ns": 75,
+        "joined_ns": 70,
+        "unjoined_ns": {"torch::autograd::AccumulateGrad": 5},
+    }

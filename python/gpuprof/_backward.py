@@ -1,0 +1,162 @@
+"""The backward pass joined to the forward pass that made it (docs/backward.md).
+
+Two facts from a window meet here:
+
+- each autograd node's call on autograd's thread is a span carrying the node's
+  sequence number (csrc/nvtx.c reads it from PyTorch's range message), and the
+  GPU work it launched hangs below it (the launch's CUDA API span is a child of
+  the node's span);
+- each forward call that made autograd nodes has rows in the window's ``seqs``
+  table: the node numbers ``[lo, hi)`` it made, with its call-tree node and span
+  (csrc/hook.c reads PyTorch's per-thread counter at every event).
+
+So a backward kernel belongs to the node span above its launch, and that node to
+the forward call whose ``[lo, hi)`` holds its number. Sequence numbers are per
+forward thread: where several threads' ranges hold a number, the forward call
+that began last before the node ran wins (what torch.profiler does with its own
+records). All of it is a few sorted searches over the window's arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, OP_CUDA_API, OP_USER, OPF_AUTOGRAD
+
+__all__ = ["BackwardJoin", "join"]
+
+_WORK = (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET)  # what Self CUDA counts
+
+
+class BackwardJoin:
+    """Per GPU event of a window: the autograd node span that launched it
+    (``node_span``, -1 for work launched outside any node) and the forward call
+    that made that node (``fwd_node``, a call-tree node, and ``fwd_span``; -1
+    where the node has no number, as ``AccumulateGrad``, or none was found).
+    ``span_fwd`` is the forward span of each node span (-1 elsewhere), for the
+    trace's flow arrows."""
+
+    __slots__ = ("node_span", "fwd_node", "fwd_span", "span_fwd", "is_work")
+
+    def __init__(self, n_gpu: int, n_spans: int):
+        self.node_span = np.full(n_gpu, -1, dtype=np.int64)
+        self.fwd_node = np.full(n_gpu, -1, dtype=np.int64)
+        self.fwd_span = np.full(n_gpu, -1, dtype=np.int64)
+        self.span_fwd = np.full(n_spans, -1, dtype=np.int64)
+        self.is_work = np.zeros(n_gpu, dtype=bool)
+
+    def node_self_ns(self, gpu: np.ndarray, n_nodes: int) -> np.ndarray:
+        """Per forward call-tree node: the backward GPU time of the nodes it made."""
+        out = np.zeros(n_nodes, dtype=np.int64)
+        m = self.is_work & (self.fwd_node >= 0)
+        if m.any():
+            dur = (gpu["end_ns"][m] - gpu["start_ns"][m]).astype(np.int64)
+            np.add.at(out, self.fwd_node[m], dur)
+        return out
+
+    def summary(self, gpu: np.ndarray, names: list[str], spans: np.ndarray) -> dict:
+        """Backward GPU time: in nodes, joined to a forward call, and by node name
+        where not joined."""
+        m = self.is_work & (self.node_span >= 0)
+        dur = (gpu["end_ns"] - gpu["start_ns"]).astype(np.int64)
+        joined = m & (self.fwd_node >= 0)
+        rest: dict[str, int] = {}
+        for s, d in zip(self.node_span[m & ~joined].tolist(), dur[m & ~joined].tolist()):
+            name = names[int(spans["op_row"][s])]
+            rest[name] = rest.get(name, 0) + d
+        return {
+            "node_ns": int(dur[m].sum()),
+            "joined_ns": int(dur[joined].sum()),
+            "unjoined_ns": dict(sorted(rest.items(), key=lambda kv: -kv[1])),
+        }
+
+
+def _node_spans(spans: np.ndarray, op_flags: np.ndarray) -> np.ndarray:
+    """Per span: whether it is an autograd node's call."""
+    if not len(spans):
+        return np.zeros(0, dtype=bool)
+    rows = spans["op_row"].astype(np.int64)
+    ok = rows < len(op_flags)
+    flags = np.where(ok, op_flags[np.minimum(rows, len(op_flags) - 1)], 0)
+    return (spans["kind"] == OP_USER) & ((flags & OPF_AUTOGRAD) != 0)
+
+
+def _forward_of(seq: np.ndarray, start: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """Per node (its number and start): the index of the ``seqs`` row that made it,
+    -1 where none. Per thread, rows are in the order the counter moved, so their
+    ranges are sorted and disjoint."""
+    best = np.full(len(seq), -1, dtype=np.int64)
+    if not len(seqs) or not len(seq):
+        return best
+    best_ts = np.full(len(seq), np.iinfo(np.int64).min, dtype=np.int64)
+    for t in np.unique(seqs["thread"]).tolist():
+        idx = np.flatnonzero(seqs["thread"] == t)
+        lo = seqs["lo"][idx].astype(np.int64)
+        order = np.argsort(lo, kind="stable")
+        idx, lo = idx[order], lo[order]
+        hi = seqs["hi"][idx].astype(np.int64)
+        k = np.searchsorted(lo, seq, side="right") - 1
+        kk = np.maximum(k, 0)
+        hit = (k >= 0) & (seq < hi[kk])
+        cand = idx[kk]
+        ts = seqs["ts"][cand].astype(np.int64)
+        in_time = ts <= start  # a forward call cannot have made a node that ran before it
+        better = hit & in_time & (ts > best_ts)
+        fallback = hit & (best < 0) & ~in_time  # kept only if no thread has one in time
+        best = np.where(better | fallback, cand, best)
+        best_ts = np.where(better, ts, best_ts)
+    return best
+
+
+def join(raw: dict) -> BackwardJoin:
+    """The join of one window (a raw dict with its spans)."""
+    gpu, spans = raw["gpu"], raw.get("spans")
+    if spans is None:
+        spans = np.zeros(0, dtype=[("op_row", "u4"), ("kind", "u1")])
+    out = BackwardJoin(len(gpu), len(spans))
+    if not len(gpu) or not len(spans):
+        return out
+    out.is_work = np.isin(gpu["kind"], _WORK)
+    is_node = _node_spans(spans, raw["ops"]["flags"])
+    if not is_node.any():
+        return out
+    # each launch's API span, by correlation id
+    api = np.flatnonzero((spans["kind"] == OP_CUDA_API) & (spans["correlation"] != 0))
+    if not len(api):
+        return out
+    corr = spans["correlation"][api].astype(np.int64)
+    order = np.argsort(corr, kind="stable")
+    api, corr = api[order], corr[order]
+    want = gpu["correlation"].astype(np.int64)
+    k = np.minimum(np.searchsorted(corr, want), len(corr) - 1)
+    cur = np.where((want != 0) & (corr[k] == want), api[k], -1).astype(np.int64)
+    # up the parents to the first node span (a custom Function's Python backward
+    # puts frames between the node and its launches)
+    parent = spans["parent"].astype(np.int64)
+    node_span = np.full(len(gpu), -1, dtype=np.int64)
+    live = cur >= 0
+    while live.any():
+        c = cur[live]
+        hit = is_node[c]
+        sel = np.flatnonzero(live)
+        node_span[sel[hit]] = c[hit]
+        nxt = parent[c]
+        nxt[hit] = -1
+        cur[sel] = nxt
+        live = cur >= 0
+    out.node_span = node_span
+    # each node span's forward call
+    nodes = np.flatnonzero(is_node & (spans["seq"] >= 0))
+    seqs = raw.get("seqs")
+    if seqs is not None and len(nodes):
+        row = _forward_of(
+            spans["seq"][nodes].astype(np.int64), spans["start_ns"][nodes].astype(np.int64), seqs
+        )
+        ok = row >= 0
+        fwd_node = np.full(len(spans), -1, dtype=np.int64)
+        fwd_node[nodes[ok]] = seqs["node"][row[ok]]
+        out.span_fwd[nodes[ok]] = seqs["span"][row[ok]]
+        has = node_span >= 0
+        out.fwd_node[has] = fwd_node[node_span[has]]
+        out.fwd_span[has] = out.span_fwd[node_span[has]]
+    return out
