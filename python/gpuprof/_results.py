@@ -64,6 +64,9 @@ OPS_DTYPE = np.dtype(
         # autograd nodes this op made while innermost, and under its outermost calls
         ("bwd_cuda_self_ns", "i8"),
         ("bwd_cuda_total_ns", "i8"),
+        # GPU time launched under its outermost calls on their thread, plus the
+        # backward GPU time of the nodes made there: forward and backward together
+        ("fwd_bwd_cuda_ns", "i8"),
         # a C function that blocks its thread (time.sleep, a lock's acquire, a poll):
         # its time is waiting, which the tables leave out unless key_averages(idle=True)
         ("idle", "?"),
@@ -216,7 +219,7 @@ class _Window:
             out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
             out["line"] = self._raw["op_lines"]
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
-            for f in OPS_DTYPE.names[4:-3]:
+            for f in OPS_DTYPE.names[4:-4]:
                 out[f] = r[f]
             out["idle"] = (r["kind"] == OP_CFUNC) & ((r["flags"] & OPF_WAIT) != 0)
             bwd_self = self.node_backward_ns()
@@ -224,9 +227,11 @@ class _Window:
                 tree = self._raw["nodes"]
                 rows = tree["op_row"].astype(np.int64)
                 np.add.at(out["bwd_cuda_self_ns"], rows, bwd_self)
-                sub = subtree_sums(tree["parent"], bwd_self)
                 outer = outermost(tree["parent"], rows)
+                sub = subtree_sums(tree["parent"], bwd_self)
                 np.add.at(out["bwd_cuda_total_ns"], rows[outer], sub[outer])
+                both = subtree_sums(tree["parent"], tree["cuda_self_ns"] + bwd_self)
+                np.add.at(out["fwd_bwd_cuda_ns"], rows[outer], both[outer])
             self._ops = out
         return self._ops
 
@@ -624,6 +629,24 @@ class Results:
             waited = w.ops()["idle"][tree["op_row"].astype(np.int64)] & (tree["self_ns"] > 0)
             idents = w._raw["threads"]["ident"]
             out.update(int(idents[t]) for t in np.unique(tree["thread"][waited]).tolist())
+        return out
+
+    def backward_summary(self) -> dict:
+        """Backward GPU time (kernels, copies, sets) launched in autograd nodes
+        (``node_ns``), the part joined to the forward call that made its node
+        (``joined_ns``), and the rest by node name (``unjoined_ns``); zeros where
+        no window has the join (docs/backward.md)."""
+        out: dict = {"node_ns": 0, "joined_ns": 0, "unjoined_ns": {}}
+        for w in self._windows:
+            b = w.backward()
+            if b is None:
+                continue
+            s = b.summary(w.raw["gpu"], w.raw["op_names"], w.raw["spans"])
+            out["node_ns"] += s["node_ns"]
+            out["joined_ns"] += s["joined_ns"]
+            for k, v in s["unjoined_ns"].items():
+                out["unjoined_ns"][k] = out["unjoined_ns"].get(k, 0) + v
+        out["unjoined_ns"] = dict(sorted(out["unjoined_ns"].items(), key=lambda kv: -kv[1]))
         return out
 
     def gpu_events(self) -> np.ndarray:

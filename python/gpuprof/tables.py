@@ -39,6 +39,10 @@ SORT_KEYS = {
     "self_cpu_memory_usage": ("cpu_mem_self_bytes", False),
     "cpu_memory_usage": ("cpu_mem_total_bytes", False),
     "kernels": ("kernels", False),
+    # the backward pass joined to the forward (docs/backward.md)
+    "backward_cuda_time_total": ("bwd_cuda_total_ns", False),
+    "self_backward_cuda_time_total": ("bwd_cuda_self_ns", False),
+    "forward_backward_cuda_time_total": ("fwd_bwd_cuda_ns", False),
 }
 
 # time_unit= of table(): nanoseconds per unit
@@ -79,6 +83,10 @@ class KeyAverage:
         self.device_memory_usage = int(row["cuda_mem_total_bytes"])
         self.self_device_memory_usage = int(row["cuda_mem_self_bytes"])
         self.kernels = int(row["kernels"])
+        # backward GPU time of the autograd nodes this op made (docs/backward.md)
+        self.backward_device_time_total = float(row["bwd_cuda_total_ns"]) * us
+        self.self_backward_device_time_total = float(row["bwd_cuda_self_ns"]) * us
+        self.forward_backward_device_time_total = float(row["fwd_bwd_cuda_ns"]) * us
         self.input_shapes: list = []  # not recorded (docs/api.md)
         self.stack = list(stack)
         self.is_user_annotation = kind == "user"
@@ -94,6 +102,11 @@ class KeyAverage:
     cuda_time_total = property(lambda self: self.device_time_total)
     self_cuda_time_total = property(lambda self: self.self_device_time_total)
     cuda_time = property(lambda self: self.device_time)
+    backward_cuda_time_total = property(lambda self: self.backward_device_time_total)
+    self_backward_cuda_time_total = property(lambda self: self.self_backward_device_time_total)
+    forward_backward_cuda_time_total = property(
+        lambda self: self.forward_backward_device_time_total
+    )
     cuda_memory_usage = property(lambda self: self.device_memory_usage)
     self_cuda_memory_usage = property(lambda self: self.self_device_memory_usage)
 
@@ -519,6 +532,11 @@ def op_columns(ka: KeyAverages, unit: str | None = None) -> list[tuple]:
             ("CUDA total", r["cuda_total_ns"], time),
             ("CUDA time avg", cuda_avg, time),
         ]
+        if r["bwd_cuda_total_ns"].any():  # docs/backward.md
+            cols += [
+                ("Bwd CUDA", r["bwd_cuda_total_ns"], time),
+                ("Fwd+Bwd CUDA", r["fwd_bwd_cuda_ns"], time),
+            ]
     if ka.cpu_memory:
         cols += [
             ("CPU Mem", r["cpu_mem_total_bytes"], format_bytes),
@@ -613,6 +631,20 @@ def _render(
     return "\n".join(out) + "\n"
 
 
+def _joined_line(joined: dict) -> str:
+    """The footer's line on the backward pass joined to the forward."""
+    share = joined["joined_ns"] / joined["node_ns"]
+    line = (
+        f"Backward joined to the forward: {100 * share:.1f}% of backward GPU time "
+        "(Bwd CUDA, Fwd+Bwd CUDA columns)"
+    )
+    rest = joined["unjoined_ns"]
+    if rest:
+        parts = [f"{name} {100 * ns / joined['node_ns']:.1f}%" for name, ns in rest.items()]
+        line += "; not joined: " + ", ".join(parts[:3]) + (", ..." if len(parts) > 3 else "")
+    return line
+
+
 def _footer(res: Results) -> list[str]:
     lines = []
     mode = res.cuda.get("mode", "off")
@@ -632,6 +664,9 @@ def _footer(res: Results) -> list[str]:
                 if nodes["on"] and not nodes["reason"]
                 else f"Autograd nodes: {'on, ' if nodes['on'] else 'off '}({nodes['reason']})"
             )
+        joined = res.backward_summary()
+        if joined["node_ns"]:
+            lines.append(_joined_line(joined))
     elif res.cuda.get("error"):
         lines.append(f"CUDA capture: off ({res.cuda['error']})")
     else:

@@ -1068,3 +1068,16 @@ def test_backward_nodes_join_the_forward_calls_that_made_them():
         "joined_ns": 70,
         "unjoined_ns": {"torch::autograd::AccumulateGrad": 5},
     }
+    from gpuprof.tables import KeyAverages
+
+    ka = KeyAverages(res)
+    rows = {e.key.split(" (")[0]: e for e in ka}
+    assert rows["linear"].backward_cuda_time_total == 0.05  # us
+    assert rows["relu"].forward_backward_cuda_time_total == 0.02
+    table = ka.table(sort_by="forward_backward_cuda_time_total")
+    assert "Bwd CUDA" in table and "Fwd+Bwd CUDA" in table
+    assert (
+        "Backward joined to the forward: 93.3% of backward GPU time (Bwd CUDA, Fwd+Bwd CUDA "
+        "columns); not joined: torch::autograd::AccumulateGrad 6.7%"
+    ) in table
+    assert table.index("linear") < table.index("relu")  # sorted forward and backward together
