@@ -79,7 +79,7 @@ put_xyz(Out *o, const uint32_t v[3])
 
 static const Str gpu_activity_name = {"<gpu activity>", 14};
 
-/* One end of a flow of family `fam` ("ac2g", "blocked_call"). */
+/* One end of a flow of family `fam` ("ac2g", "blocked_call", "fwdbwd"). */
 static void
 put_flow_of(Out *o, const char *fam, char ph, uint32_t id, int64_t pid, int64_t tid, int64_t ts)
 {
@@ -98,6 +98,19 @@ put_flow_of(Out *o, const char *fam, char ph, uint32_t id, int64_t pid, int64_t 
         PUT(o, "\"}");
     else
         PUT(o, "\",\"bp\":\"e\"}");
+}
+
+void
+gp_trace_fwdbwd_write(const Ctx *c, Out *o)
+{
+    for (size_t i = 0; i < c->n_fwdbwd; i++) {
+        const int64_t *f = &c->fwdbwd[4 * i];
+        if (f[0] < 0 || f[2] < 0 || (size_t)f[0] >= c->n_threads || (size_t)f[2] >= c->n_threads)
+            continue;
+        uint32_t id = (uint32_t)i + 1;
+        put_flow_of(o, "fwdbwd", 's', id, c->pid, thread_tid(c, (uint32_t)f[0]), rel(c, f[1]));
+        put_flow_of(o, "fwdbwd", 'f', id, c->pid, thread_tid(c, (uint32_t)f[2]), rel(c, f[3]));
+    }
 }
 
 static void

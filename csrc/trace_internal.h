@@ -43,6 +43,10 @@ typedef struct Ctx {
     size_t n_thread_names;
     int64_t *sm_counts, *warp_sizes;
     size_t n_sm_counts, n_warp_sizes;
+    /* fwdbwd flows (meta['fwdbwd']): per flow, the forward call's thread row and
+     * start, then the autograd node's; ns on the profiler clock */
+    const int64_t *fwdbwd;
+    size_t n_fwdbwd;
 } Ctx;
 
 /* One slice in lane order: lane, start ascending, then longest first. */
@@ -229,5 +233,8 @@ int gp_trace_gpu_devices(const Ctx *c, Devices *d);
 /* Write every GPU record, its flows and the projected annotations. */
 int gp_trace_gpu_write(const Ctx *c, Out *o, Devices *devs, const ApiUp *api_up, const Anns *anns,
                        int64_t *max_end);
+
+/* Write the fwdbwd flows: from each forward call to the autograd node it made. */
+void gp_trace_fwdbwd_write(const Ctx *c, Out *o);
 
 #endif /* GPUPROF_CSRC_TRACE_INTERNAL_H */

@@ -347,6 +347,7 @@ write_all(const Ctx *c, Out *o)
         goto done;
     if (gp_trace_gpu_write(c, o, &devs, api_up, &anns, &end) < 0)
         goto done;
+    gp_trace_fwdbwd_write(c, o);
     if (closes)
         write_close(c, o, end);
     gp_trace_out_flush(o);
@@ -404,8 +405,9 @@ gp_trace_json_write(PyObject *module, PyObject *args)
         return NULL;
     Ctx c;
     Out o;
-    Rows spans, gpu, ops, steps, threads;
+    Rows spans, gpu, ops, steps, threads, fwdbwd;
     memset(&c, 0, sizeof(c));
+    memset(&fwdbwd, 0, sizeof(fwdbwd));
     memset(&o, 0, sizeof(o));
     memset(&spans, 0, sizeof(spans));
     memset(&gpu, 0, sizeof(gpu));
@@ -431,6 +433,12 @@ gp_trace_json_write(PyObject *module, PyObject *args)
     c.n_steps = steps.n;
     c.threads = threads.v;
     c.n_threads = threads.n;
+    if (PyDict_GetItemString(meta, "fwdbwd") != NULL) { /* optional: docs/backward.md */
+        if (get_rows(meta, "fwdbwd", 4 * sizeof(int64_t), &fwdbwd) < 0)
+            goto done;
+        c.fwdbwd = fwdbwd.v;
+        c.n_fwdbwd = fwdbwd.n;
+    }
     if (c.n_spans >= UINT32_MAX || c.n_gpu >= UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "_write_trace: too many events for one trace");
         goto done;
@@ -563,6 +571,7 @@ done:
     release_rows(&ops);
     release_rows(&steps);
     release_rows(&threads);
+    release_rows(&fwdbwd);
     return result;
 }
 

@@ -111,9 +111,12 @@ def test_every_backward_kernel_is_charged_to_its_node(tmp_path):
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     me = threading.get_native_id()
-    slices = [e for e in events if e.get("ph") == "X" and e.get("name") == "AddmmBackward0"]
+    named = [e for e in events if e.get("ph") == "X" and e.get("name") == "AddmmBackward0"]
+    slices = [e for e in named if e["cat"] == "user_annotation"]
     assert len(slices) == STEPS * 16
-    assert all(e["tid"] != me and e["cat"] == "user_annotation" for e in slices)
+    assert all(e["tid"] != me for e in slices)
+    # and the node's span of GPU time on the GPU lanes, as for every range
+    assert len([e for e in named if e["cat"] == "gpu_user_annotation"]) == STEPS * 16
     assert all(isinstance(e["args"].get("Sequence number"), int) for e in slices)
 
 

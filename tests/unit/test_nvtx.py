@@ -1003,7 +1003,7 @@ def relu(x):
     return x
 
 
-def test_backward_nodes_join_the_forward_calls_that_made_them():
+def test_backward_nodes_join_the_forward_calls_that_made_them(tmp_path):
     """The forward thread's counter moved by 2 in `linear` (nodes 5 and 6) and by 1 in
     `relu` (node 7); autograd's thread ran nodes 6 and 7 and an AccumulateGrad, which has
     no number: each backward kernel goes to the forward call that made its node."""
@@ -1081,3 +1081,22 @@ def test_backward_nodes_join_the_forward_calls_that_made_them():
         "columns); not joined: torch::autograd::AccumulateGrad 6.7%"
     ) in table
     assert table.index("linear") < table.index("relu")  # sorted forward and backward together
+    # the trace: a fwdbwd arrow from each forward call to the node it made
+    import json
+
+    from gpuprof.exporters.chrome import export_chrome_trace
+
+    path = export_chrome_trace(res, str(tmp_path / "t.json"))
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    slices = {(e["tid"], e["ts"]): e["name"] for e in events if e.get("ph") == "X"}
+    flows = [e for e in events if e.get("cat") == "fwdbwd"]
+    assert len(flows) == 4 and all(e["name"] == "fwdbwd" for e in flows)
+    pairs = {}
+    for e in flows:
+        pairs.setdefault(e["id"], {})[e["ph"]] = slices[(e["tid"], e["ts"])]
+    assert sorted((p["s"].split(": ")[-1], p["f"]) for p in pairs.values()) == [
+        ("linear", "AddmmBackward0"),
+        ("relu", "ReluBackward0"),
+    ]
+    assert all(e["bp"] == "e" for e in flows if e["ph"] == "f")

@@ -151,6 +151,39 @@ def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = No
     }
 
 
+_FLOW_DTYPE = np.dtype(
+    [("from_thread", "i8"), ("from_ns", "i8"), ("to_thread", "i8"), ("to_ns", "i8")]
+)
+
+
+def fwdbwd_flows(results, window: dict) -> np.ndarray:
+    """The trace's ``fwdbwd`` arrows (docs/backward.md): one from each forward call to
+    each autograd node it made, where both slices are in ``window`` (the last
+    recorded window, perhaps thinned) and the node was joined to its forward call."""
+    b = results.window(-1).backward()
+    if b is None:
+        return np.zeros(0, dtype=_FLOW_DTYPE)
+    full = results.window(-1).raw["spans"]
+    node = np.flatnonzero(b.span_fwd >= 0)
+    fwd = b.span_fwd[node]
+    out = np.zeros(len(node), dtype=_FLOW_DTYPE)
+    out["from_thread"], out["from_ns"] = full["thread"][fwd], full["start_ns"][fwd]
+    out["to_thread"], out["to_ns"] = full["thread"][node], full["start_ns"][node]
+    kept = window["spans"]
+    if kept is not full and len(out):  # thinned: both ends must still be slices
+        keys = np.sort(kept["start_ns"].astype(np.int64) * 65536 + kept["thread"])
+
+        def present(ns, thread):
+            k = ns * 65536 + thread
+            i = np.minimum(np.searchsorted(keys, k), max(len(keys) - 1, 0))
+            return (keys[i] == k) if len(keys) else np.zeros(len(k), dtype=bool)
+
+        out = out[
+            present(out["from_ns"], out["from_thread"]) & present(out["to_ns"], out["to_thread"])
+        ]
+    return out
+
+
 # -- subprocesses (docs/subprocesses.md): child processes as their own process lanes --
 def _child_thread_names(pid: int, window: dict) -> list[str]:
     """A child's thread names are not recorded: its main thread is the one whose
@@ -436,6 +469,9 @@ def export_chrome_trace(
     for _, m in calls:
         m["trace_name"] = path
     meta = trace_meta(results, window, path, thinned)
+    flows = fwdbwd_flows(results, window)
+    if len(flows):
+        meta["fwdbwd"] = flows
     if calls:
         # one file from several calls on one writer: the children's lanes first,
         # the parent's window last (it ends the file with the window end marker)
