@@ -39,6 +39,9 @@ Modes:
   gpuprof      gpuprof, CPU + CUDA (the default)
   gpuprof_mem  gpuprof, CPU + CUDA + profile_memory=True
   gpuprof_wait gpuprof under a schedule that is still waiting (WAIT-phase steps)
+  gpuprof_nobwd  gpuprof's default with autograd_nodes=False (docs/backward.md)
+  gpuprof_noseq  autograd node ranges without the forward join (PyTorch's sequence
+               counter left unread): with gpuprof_nobwd, what each part costs
   gp:PARTS     gpuprof with GPUPROF_CUPTI_PARTS=PARTS ('.'-separated), for the decision table
   gpraw:PARTS  the same with CUPTI clearing its buffers itself (GPUPROF_CUPTI_RAWBUF=1)
   gpenv:NAME=VALUE  gpuprof's default with one environment variable set
@@ -175,8 +178,13 @@ class _Session:
             acts.append(gpuprof.ProfilerActivity.CUDA)
         # gpuprof_wait: a schedule still waiting for its first window (every step WAIT)
         sched = gpuprof.schedule(wait=10 * self.steps, warmup=0, active=1)
+        if m == "gpuprof_noseq":  # node ranges, but no forward join (the counter unread)
+            from gpuprof import _autograd
+
+            _autograd.seq_peek_address = lambda torch: 0
         self.prof = gpuprof.profile(
             activities=acts,
+            autograd_nodes=(m != "gpuprof_nobwd"),
             profile_memory=(m == "gpuprof_mem"),
             max_events=50_000_000,
             schedule=sched if m == "gpuprof_wait" else None,
@@ -272,6 +280,7 @@ def measure(wl, mode, steps, want_table, floor_lib, blocks=1):
             out["kernels"] = int((ev["kind"] == "kernel").sum())
             out["attributed"] = res.attributed_gpu_fraction
             out["dropped_gpu"] = res.dropped_gpu_records
+            out["backward"] = res.backward_summary()
         out["dropped_events"] = res.dropped_events
         if want_table:
             out["table"] = table
@@ -366,7 +375,10 @@ def run_child(wl, mode, steps, want_table, floor_lib, fork, blocks, timeout=600)
 
 
 STEPS = {"mlp": 100, "gpt2": 20, "cupy": 100, "compute": 8}
+# gpuprof_nobwd: autograd_nodes=False (the backward pass one call); gpuprof_noseq: node
+# ranges without the forward join (docs/backward.md, "Cost")
 MODES = ["none", "floor", "gpuprof_cpu", "gpuprof", "gpuprof_mem", "torch"]
+EXTRA_MODES = ["gpuprof_nobwd", "gpuprof_noseq", "gpuprof_wait"]
 
 
 def summarize(results, workloads, modes):

@@ -12,9 +12,11 @@ Two facts from a window meet here:
 
 So a backward kernel belongs to the node span above its launch, and that node to
 the forward call whose ``[lo, hi)`` holds its number. Sequence numbers are per
-forward thread: where several threads' ranges hold a number, the forward call
-that began last before the node ran wins (what torch.profiler does with its own
-records). All of it is a few sorted searches over the window's arrays.
+forward thread: where several threads' ranges hold a number, the thread waiting
+in ``run_backward`` while the node ran wins (the innermost such call: reentrant
+checkpointing runs a backward pass inside a node), else the forward call that
+began last before the node. All of it is a few sorted searches over the
+window's arrays.
 """
 
 from __future__ import annotations
@@ -81,14 +83,37 @@ def _node_spans(spans: np.ndarray, op_flags: np.ndarray) -> np.ndarray:
     return (spans["kind"] == OP_USER) & ((flags & OPF_AUTOGRAD) != 0)
 
 
-def _forward_of(seq: np.ndarray, start: np.ndarray, seqs: np.ndarray) -> np.ndarray:
-    """Per node (its number and start): the index of the ``seqs`` row that made it,
-    -1 where none. Per thread, rows are in the order the counter moved, so their
-    ranges are sorted and disjoint."""
+def _waiting_thread(start: np.ndarray, spans: np.ndarray, names: list) -> np.ndarray:
+    """Per node start: the thread whose backward pass it ran in, the one inside
+    ``run_backward`` then that entered it last (a backward pass begun inside a node,
+    as reentrant checkpointing's, is inside its caller's); -1 where none."""
+    out = np.full(len(start), -1, dtype=np.int64)
+    rows = [i for i, n in enumerate(names) if str(n).endswith("_EngineBase.run_backward")]
+    if not rows or not len(start):
+        return out
+    calls = np.flatnonzero(np.isin(spans["op_row"], rows))
+    since = np.full(len(start), np.iinfo(np.int64).min, dtype=np.int64)
+    for c in calls[np.argsort(spans["start_ns"][calls], kind="stable")].tolist():
+        lo, hi = int(spans["start_ns"][c]), int(spans["end_ns"][c])
+        inside = (start >= lo) & (start <= hi) & (lo >= since)
+        out[inside] = int(spans["thread"][c])
+        since[inside] = lo
+    return out
+
+
+def _forward_of(
+    seq: np.ndarray, start: np.ndarray, seqs: np.ndarray, prefer: np.ndarray
+) -> np.ndarray:
+    """Per node (its number, start and the thread whose backward pass ran it): the
+    index of the ``seqs`` row that made it, -1 where none. Numbers are per thread:
+    a row of the thread whose backward pass it was wins; else the forward call that
+    began last before the node. Per thread, rows are in the order the counter
+    moved, so their ranges are sorted and disjoint."""
     best = np.full(len(seq), -1, dtype=np.int64)
     if not len(seqs) or not len(seq):
         return best
     best_ts = np.full(len(seq), np.iinfo(np.int64).min, dtype=np.int64)
+    own = np.full(len(seq), -1, dtype=np.int64)  # the row on the preferred thread
     for t in np.unique(seqs["thread"]).tolist():
         idx = np.flatnonzero(seqs["thread"] == t)
         lo = seqs["lo"][idx].astype(np.int64)
@@ -105,7 +130,8 @@ def _forward_of(seq: np.ndarray, start: np.ndarray, seqs: np.ndarray) -> np.ndar
         fallback = hit & (best < 0) & ~in_time  # kept only if no thread has one in time
         best = np.where(better | fallback, cand, best)
         best_ts = np.where(better, ts, best_ts)
-    return best
+        own = np.where(hit & (prefer == t), cand, own)
+    return np.where(own >= 0, own, best)
 
 
 def join(raw: dict) -> BackwardJoin:
@@ -131,8 +157,16 @@ def join(raw: dict) -> BackwardJoin:
     k = np.minimum(np.searchsorted(corr, want), len(corr) - 1)
     cur = np.where((want != 0) & (corr[k] == want), api[k], -1).astype(np.int64)
     # up the parents to the first node span (a custom Function's Python backward
-    # puts frames between the node and its launches)
+    # puts frames between the node and its launches), unless the way up passes
+    # through activation checkpointing's recomputation: that is the checkpointed
+    # module's forward, run again inside a node (when it unpacks what it saved)
     parent = spans["parent"].astype(np.int64)
+    files = raw["op_files"]
+    recompute = np.array(
+        [str(f).replace("\\", "/").endswith("torch/utils/checkpoint.py") for f in files] + [False]
+    )
+    rows = spans["op_row"].astype(np.int64)
+    stop = recompute[np.where(rows < len(files), rows, len(files))] & ~is_node
     node_span = np.full(len(gpu), -1, dtype=np.int64)
     live = cur >= 0
     while live.any():
@@ -141,7 +175,7 @@ def join(raw: dict) -> BackwardJoin:
         sel = np.flatnonzero(live)
         node_span[sel[hit]] = c[hit]
         nxt = parent[c]
-        nxt[hit] = -1
+        nxt[hit | stop[c]] = -1
         cur[sel] = nxt
         live = cur >= 0
     out.node_span = node_span
@@ -149,9 +183,9 @@ def join(raw: dict) -> BackwardJoin:
     nodes = np.flatnonzero(is_node & (spans["seq"] >= 0))
     seqs = raw.get("seqs")
     if seqs is not None and len(nodes):
-        row = _forward_of(
-            spans["seq"][nodes].astype(np.int64), spans["start_ns"][nodes].astype(np.int64), seqs
-        )
+        start = spans["start_ns"][nodes].astype(np.int64)
+        prefer = _waiting_thread(start, spans, raw["op_names"])
+        row = _forward_of(spans["seq"][nodes].astype(np.int64), start, seqs, prefer)
         ok = row >= 0
         fwd_node = np.full(len(spans), -1, dtype=np.int64)
         fwd_node[nodes[ok]] = seqs["node"][row[ok]]

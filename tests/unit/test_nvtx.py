@@ -1100,3 +1100,45 @@ def test_backward_nodes_join_the_forward_calls_that_made_them(tmp_path):
         ("relu", "ReluBackward0"),
     ]
     assert all(e["bp"] == "e" for e in flows if e["ph"] == "f")
+
+
+class _EngineBase:  # a stand-in with the name of torch's C method, for the window below
+    def run_backward(self):
+        pass
+
+
+def other_linear(x):
+    return x
+
+
+def test_the_thread_waiting_in_backward_owns_its_node_numbers():
+    """Each thread numbers its nodes from its own counter: a second thread that made
+    nodes 5 and 6 after the main thread did must not take the main thread's backward,
+    which the main thread waits for in run_backward."""
+    from gpuprof._results import Results
+
+    launch = gpuprof._gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]
+    add = gpuprof._gpuprof._test_nvtx_name("AddmmBackward0, seq = 6, op_id = 1")
+    ops = [
+        (C["OP_PYTHON"], linear.__code__, 0),
+        (C["OP_PYTHON"], other_linear.__code__, 0),
+        (C["OP_PYTHON"], _EngineBase.run_backward.__code__, 0),
+    ]
+    seq, call, ret = C["EV_SEQ"], C["EV_CALL"], C["EV_RETURN"]
+    main = [(10, seq, 5, 0), (10, call, 2), (20, seq, 7, 2), (20, ret, 0)]
+    main += [(100, call, 4), (400, ret, 0)]
+    other = [(50, seq, 5, 0), (50, call, 3), (60, seq, 7, 2), (60, ret, 0)]
+    autograd = [
+        (200, C["EV_NVTX_PUSH"], add["id"], 0),
+        (200, C["EV_NVTX_TORCH"], add["seq"], add["flags"]),
+        (205, C["EV_API_ENTER"], 1, launch),
+        (208, C["EV_API_EXIT"], 1),
+        (230, C["EV_NVTX_POP"], 0, 0),
+    ]
+    gpu = [dict(kind=C["GPU_KERNEL"], correlation=1, start_ns=500, end_ns=520, name_id=0)]
+    raw = gpuprof._gpuprof._test_aggregate(
+        ops, [(1, 101, main), (2, 102, autograd), (3, 103, other)], gpu, 0, 1000, ["_Z1kv"], 1
+    )
+    res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+    (name,) = res.gpu_events()["fwd_op_name"]
+    assert name.startswith("linear ("), name
