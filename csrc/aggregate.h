@@ -146,6 +146,9 @@ typedef struct GpSpanRow {
      * under emit_nvtx) mod 2^31, from the range's message (csrc/nvtx.c); -1
      * for every other span. */
     int32_t seq;
+    /* The torch.nn.Module instance a call of Module.__call__ ran on, + 1 (0 for
+     * every other span): an index into the session's instances (hook.c). */
+    uint32_t module;
 } GpSpanRow;
 
 /* The autograd nodes a forward call made (hook.c, "autograd sequence

@@ -123,6 +123,7 @@ static const Field span_fields[] = {
     F(GpSpanRow, kind, "u1"),
     F(GpSpanRow, flags, "u1"),
     F(GpSpanRow, seq, "i4"),
+    F(GpSpanRow, module, "u4"),
     {NULL, NULL, 0},
 };
 

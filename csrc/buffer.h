@@ -61,6 +61,8 @@ enum {
                            this window, a baseline). The nodes numbered
                            [arg - payload, arg) were made in the innermost open frame (hook.c,
                            "autograd sequence numbers") */
+    GP_EV_MODULE,       /* right after the GP_EV_CALL of torch.nn.Module's __call__: arg =
+                           the instance it was called on (hook.c, "module instances") */
 };
 
 /* Payload of GP_EV_NVTX_TORCH. */

@@ -15,7 +15,9 @@
 #include "buffer.h"
 #include "clock.h"
 #include "compat.h"
+#include "frames.h"
 #include "intern.h"
+#include "u64map.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -218,6 +220,78 @@ seq_check(GpThreadBuf *tb, uint64_t ts)
                    GP_EV_MAKE(GP_EV_SEQ, moved > 0xffffffu ? 0xffffffu : (uint32_t)moved));
 }
 
+/* ---- module instances ----------------------------------------------------
+ * Which torch.nn.Module instance each call of Module.__call__ ran on, so that
+ * the twelve blocks of a model are twelve rows (python/gpuprof/_modules.py
+ * names them). Where the profile asks for it, the hook compares each Python
+ * call's op with __call__'s; for those calls it reads `self` from the frame
+ * (frames.c), gives the instance a small number on first sight and writes a
+ * GP_EV_MODULE after the call. The instances are held (strong references)
+ * until gp_hook_set_module_code(NULL), so that a number never names two. */
+
+static uint32_t module_op = 0;       /* op id of Module.__call__'s code; 0: off. GIL */
+static PyObject *module_code = NULL; /* that code object */
+static PyObject *instances = NULL;   /* list: number -> instance */
+static GpU64Map instance_ids;        /* address -> number */
+
+int
+gp_hook_set_module_code(PyObject *code)
+{
+    module_op = 0;
+    Py_CLEAR(module_code);
+    Py_CLEAR(instances);
+    gp_u64map_free(&instance_ids);
+    if (code == NULL)
+        return 0;
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "_set_module_code: a code object or None is needed");
+        return -1;
+    }
+    instances = PyList_New(0);
+    if (instances == NULL || gp_u64map_init(&instance_ids, 256) < 0) {
+        Py_CLEAR(instances);
+        gp_u64map_free(&instance_ids);
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t op = gp_intern_code((PyCodeObject *)code);
+    if (op == 0) {
+        Py_CLEAR(instances);
+        gp_u64map_free(&instance_ids);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "_set_module_code: no recording session");
+        return -1;
+    }
+    module_code = Py_NewRef(code);
+    module_op = op;
+    return 0;
+}
+
+PyObject *
+gp_hook_module_instances(void)
+{
+    return instances ? PyList_GetSlice(instances, 0, PyList_GET_SIZE(instances)) : PyList_New(0);
+}
+
+/* A call of Module.__call__ on `self` (borrowed; NULL: unknown) was just pushed. */
+__attribute__((noinline)) static void
+module_call(GpThreadBuf *tb, uint64_t ts, PyObject *self)
+{
+    if (self == NULL || instances == NULL)
+        return;
+    uint32_t id = gp_u64map_get(&instance_ids, (uint64_t)(uintptr_t)self);
+    if (id == UINT32_MAX) {
+        id = (uint32_t)PyList_GET_SIZE(instances);
+        if (PyList_Append(instances, self) < 0) {
+            PyErr_Clear();
+            return;
+        }
+        if (gp_u64map_put(&instance_ids, (uint64_t)(uintptr_t)self, id) < 0)
+            return; /* (the next call of it appends it again) */
+    }
+    gp_buffer_push(tb, ts, id, GP_EV_MODULE);
+}
+
 static int
 profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
 {
@@ -255,6 +329,8 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
         uint32_t site = wants_site(tb, flags) ? user_call_site(frame, NULL) : 0;
         shadow_push(tb, flags);
         gp_buffer_push(tb, ts, op, GP_EV_MAKE(kind, site));
+        if (GP_UNLIKELY(op == module_op) && kind == GP_EV_CALL)
+            module_call(tb, ts, gp_frames_self(frame));
         break;
     }
     case PyTrace_RETURN:
@@ -580,6 +656,8 @@ mon_push_code(PyObject *const *args, Py_ssize_t nargs, uint32_t kind, int want_s
     seq_check(tb, ts);
     shadow_push(tb, flags);
     gp_buffer_push(tb, ts, op, GP_EV_MAKE(kind, site));
+    if (GP_UNLIKELY(op == module_op) && kind == GP_EV_CALL)
+        module_call(tb, ts, gp_frames_current_self());
     Py_RETURN_NONE;
 }
 

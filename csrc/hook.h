@@ -43,6 +43,15 @@ uint64_t gp_hook_intern_failures(void);
  * thread (at::sequence_number::peek), or NULL to read none (hook.c). GIL. */
 void gp_hook_set_seq_peek(void *fn);
 
+/* Record which torch.nn.Module instance each call of `code` (Module.__call__'s
+ * code object) runs on, or nothing with NULL, which also lets the instances
+ * go. Needs a recording session (the op is interned). 0, or -1 with an
+ * exception. GIL. */
+int gp_hook_set_module_code(PyObject *code);
+
+/* The instances numbered so far, by number (a new list). */
+PyObject *gp_hook_module_instances(void);
+
 /* sys.monitoring backend (3.12+): callbacks registered from Python by
  * python/gpuprof/_monitoring.py; each returns a new reference to None or to
  * sys.monitoring.DISABLE, and never raises. */

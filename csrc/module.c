@@ -185,6 +185,22 @@ mod_set_seq_peek(PyObject *module, PyObject *address)
 }
 
 static PyObject *
+mod_set_module_code(PyObject *module, PyObject *code)
+{
+    (void)module;
+    if (gp_hook_set_module_code(code == Py_None ? NULL : code) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_module_instances(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    return gp_hook_module_instances();
+}
+
+static PyObject *
 mod_clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
@@ -235,6 +251,11 @@ static PyMethodDef module_methods[] = {
     {"_set_seq_peek", mod_set_seq_peek, METH_O,
      "(address): the C function the hook reads PyTorch's autograd sequence counter with "
      "(at::sequence_number::peek), or 0 for none."},
+    {"_set_module_code", mod_set_module_code, METH_O,
+     "(code): record the torch.nn.Module instance of each call of this code object "
+     "(Module.__call__'s), or None for none."},
+    {"_module_instances", mod_module_instances, METH_NOARGS,
+     "The instances numbered so far (spans' module field - 1), as a list."},
     {"_ignore_thread", mod_ignore_thread, METH_O,
      "Leave the thread with this threading ident out of this (or the next) session's results."},
     {"_ignore_current_thread", mod_ignore_current_thread, METH_NOARGS,

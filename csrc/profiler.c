@@ -231,6 +231,7 @@ fail:
     }
     gp_buffer_quiesce();
     gp_buffer_session_end();
+    gp_hook_set_module_code(NULL);
     gp_intern_clear();
     return NULL;
 }
@@ -311,6 +312,7 @@ Profiler_stop(GpProfilerObject *self, PyObject *Py_UNUSED(ignored))
         self->cuda_on = 0;
     }
     gp_buffer_session_end();
+    gp_hook_set_module_code(NULL); /* its op id dies with the intern table */
     gp_intern_clear();
     gp_nvtx_clear();
     self->started = 0;

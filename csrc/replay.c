@@ -685,6 +685,13 @@ replay_other(Agg *a, const GpEvent *ev, int64_t ts)
         return nvtx_torch(a, ev);
     case GP_EV_SEQ:
         return seq_moved(a, ev, ts);
+    case GP_EV_MODULE: {
+        /* the Module.__call__ frame just pushed (hook.c, "module instances") */
+        size_t n = a->stack.n;
+        if (n > 0 && a->stack.v[n - 1].kind == E_PY && a->stack.v[n - 1].span >= 0)
+            a->t->spans.v[a->stack.v[n - 1].span].module = ev->arg + 1;
+        return 0;
+    }
     case GP_EV_NVTX_POP:
     case GP_EV_NVTX_END: {
         /* An end recorded on another thread closes the range on the thread

@@ -274,11 +274,11 @@ test_constants(PyObject *module, PyObject *Py_UNUSED(ignored))
         "SYNC_CONTEXT", GP_SYNC_CONTEXT, "API_RUNTIME", GP_API_RUNTIME, "API_DRIVER", GP_API_DRIVER,
         "CHUNK_EVENTS", GP_CHUNK_EVENTS, "EVENT_BYTES", (unsigned int)sizeof(GpEvent));
     /* NVTX events and PyTorch's range flags: a second dict, so the format above stays readable */
-    PyObject *nv = Py_BuildValue("{sisisisisisisisisi}", "EV_NVTX_PUSH", GP_EV_NVTX_PUSH,
-                                 "EV_NVTX_POP", GP_EV_NVTX_POP, "EV_NVTX_START", GP_EV_NVTX_START,
-                                 "EV_NVTX_END", GP_EV_NVTX_END, "EV_NVTX_TORCH", GP_EV_NVTX_TORCH,
-                                 "NVTXT_SEQ", GP_NVTXT_SEQ, "NVTXT_AUTOGRAD", GP_NVTXT_AUTOGRAD,
-                                 "NVTXT_ENGINE", GP_NVTXT_ENGINE, "EV_SEQ", GP_EV_SEQ);
+    PyObject *nv = Py_BuildValue(
+        "{sisisisisisisisisisi}", "EV_NVTX_PUSH", GP_EV_NVTX_PUSH, "EV_NVTX_POP", GP_EV_NVTX_POP,
+        "EV_NVTX_START", GP_EV_NVTX_START, "EV_NVTX_END", GP_EV_NVTX_END, "EV_NVTX_TORCH",
+        GP_EV_NVTX_TORCH, "NVTXT_SEQ", GP_NVTXT_SEQ, "NVTXT_AUTOGRAD", GP_NVTXT_AUTOGRAD,
+        "NVTXT_ENGINE", GP_NVTXT_ENGINE, "EV_SEQ", GP_EV_SEQ, "EV_MODULE", GP_EV_MODULE);
     if (d == NULL || nv == NULL || PyDict_Update(d, nv) < 0)
         Py_CLEAR(d);
     Py_XDECREF(nv);

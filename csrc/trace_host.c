@@ -157,6 +157,8 @@ gp_trace_host_write(const Ctx *c, Out *o, ApiUp *api_up, Anns *anns)
         f->span = key->idx;
         uint32_t id = c->id_base + key->idx + 1;
         const Str *name = name_of(c, s->op_row);
+        if (s->module > 0 && s->module - 1 < c->n_module_names) /* Module.__call__ on one */
+            name = &c->module_names[s->module - 1];
         int64_t dur = key->end - key->start;
         switch (s->kind) {
         case GP_OP_USER:

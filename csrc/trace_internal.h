@@ -47,6 +47,8 @@ typedef struct Ctx {
      * start, then the autograd node's; ns on the profiler clock */
     const int64_t *fwdbwd;
     size_t n_fwdbwd;
+    Str *module_names;  /* per module instance (meta['module_names']): module call slices */
+    size_t n_module_names;
 } Ctx;
 
 /* One slice in lane order: lane, start ascending, then longest first. */

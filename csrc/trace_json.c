@@ -369,6 +369,7 @@ free_ctx(Ctx *c)
     gp_trace_out_free_strs(c->files, c->n_files);
     gp_trace_out_free_strs(c->kernel_names, c->n_kernel_names);
     gp_trace_out_free_strs(c->thread_names, c->n_thread_names);
+    gp_trace_out_free_strs(c->module_names, c->n_module_names);
     free(c->sm_counts);
     free(c->warp_sizes);
 }
@@ -433,6 +434,9 @@ gp_trace_json_write(PyObject *module, PyObject *args)
     c.n_steps = steps.n;
     c.threads = threads.v;
     c.n_threads = threads.n;
+    if (PyDict_GetItemString(meta, "module_names") != NULL &&
+        meta_list(meta, "module_names", &c.module_names, &c.n_module_names, "meta") < 0)
+        goto done;
     if (PyDict_GetItemString(meta, "fwdbwd") != NULL) { /* optional: docs/backward.md */
         if (get_rows(meta, "fwdbwd", 4 * sizeof(int64_t), &fwdbwd) < 0)
             goto done;

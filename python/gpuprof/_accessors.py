@@ -335,6 +335,25 @@ class ResultAccessors:
 
         return kernel_table(self.kernels(), sort_by=sort_by, row_limit=row_limit)
 
+    def module_table(
+        self,
+        max_depth: int | None = None,
+        row_limit: int | None = None,
+        min_share: float = 0.0,
+    ):
+        """One line per ``torch.nn.Module`` instance, nested as the model is, with its
+        forward and backward GPU time (see gpuprof.views.module_table, docs/backward.md)."""
+        from .views import module_table
+
+        res = self.results
+        return module_table(
+            res.modules(), res.gpu_work_ns(), max_depth, row_limit, min_share=min_share
+        )
+
+    def modules(self):
+        """The modules table as a NumPy structured array (docs/backward.md, "Modules")."""
+        return self.results.modules()
+
     def step_table(self):
         """One line per recorded step: wall, GPU busy/idle, memcpy, comm, sync wait."""
         from .views import step_table

@@ -30,7 +30,10 @@ from . import _gpuprof
 from ._constants import (
     GF_BLOCKED_THREAD,
     GF_ROLLED_UP,
+    GPU_KERNEL,
     GPU_KINDS,
+    GPU_MEMCPY,
+    GPU_MEMSET,
     KERNEL_CATEGORIES,
     OP_CFUNC,
     OP_KINDS,
@@ -273,6 +276,13 @@ class _Window:
 
             self._backward = join(self.raw)
         return self._backward
+
+    def modules(self) -> np.ndarray:
+        """The modules table (:mod:`._module_rows`): one row per ``torch.nn.Module``
+        instance that ran."""
+        from ._module_rows import module_rows
+
+        return module_rows(self.raw, self.backward())
 
     def node_backward_ns(self) -> np.ndarray | None:
         """Per call-tree node: the backward GPU time of the autograd nodes it made
@@ -630,6 +640,36 @@ class Results:
             idents = w._raw["threads"]["ident"]
             out.update(int(idents[t]) for t in np.unique(tree["thread"][waited]).tolist())
         return out
+
+    def modules(self) -> np.ndarray:
+        """One row per ``torch.nn.Module`` instance that ran (docs/backward.md,
+        "Modules"); with several windows, rows of one name are summed (the nesting and
+        the shares are the first window's, the times of all)."""
+        parts = [w.modules() for w in self._windows]
+        if len(parts) == 1:
+            return parts[0]
+        out = merge_rows(parts, ("name", "cls"), keep=("parent", "depth", "share"))
+        total = self.gpu_work_ns()
+        if total:
+            out["share"] = (out["cuda_fwd_ns"] + out["cuda_bwd_ns"]) / total
+        first = parts[0]
+        rows = {n: i for i, n in enumerate(out["name"].tolist())}
+        out["parent"] = [
+            rows.get(first["name"][p], -1) if 0 <= p < len(first) else -1
+            for p in out["parent"].tolist()
+        ]
+        return out
+
+    def gpu_work_ns(self) -> int:
+        """GPU time of the kernels, copies and sets of every window (what Self CUDA
+        counts)."""
+        total = 0
+        for w in self._windows:
+            g = w._raw["gpu"]
+            if len(g):
+                work = np.isin(g["kind"], (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET))
+                total += int((g["end_ns"][work] - g["start_ns"][work]).sum())
+        return total
 
     def backward_summary(self) -> dict:
         """Backward GPU time (kernels, copies, sets) launched in autograd nodes

@@ -96,30 +96,48 @@ def read_array(f) -> np.ndarray:
     return arr
 
 
-def spans_with_seq(spans: np.ndarray) -> np.ndarray:
-    """A ``spans`` array read from a file written before spans had their ``seq``
-    (PyTorch's sequence number, docs/tables.md), with ``seq`` -1 (none) in the four
-    padding bytes that stood after ``flags``, so that every reader, the trace
-    writer included, sees one layout. Other arrays come back as they are."""
-    d = spans.dtype
-    if d.names is None or "seq" in d.names or "flags" not in d.names:
-        return spans
-    off = -(-(d.fields["flags"][1] + 1) // 4) * 4
-    if off + 4 > d.itemsize or any(
-        o < off + 4 and o + f.itemsize > off for f, o in (d.fields[n][:2] for n in d.names)
+def _with_field(arr: np.ndarray, name: str, fmt: str, offset: int, fill) -> np.ndarray:
+    """``arr`` viewed with field ``name`` (``fmt``) in the padding bytes at ``offset``,
+    set to ``fill``; ``arr`` itself where it has the field or no such padding."""
+    d = arr.dtype
+    size = np.dtype(fmt).itemsize
+    if name in d.names or offset + size > d.itemsize:
+        return arr
+    if any(
+        o < offset + size and o + f.itemsize > offset for f, o in (d.fields[n][:2] for n in d.names)
     ):
-        return spans
+        return arr
+    fields = sorted(
+        [(d.fields[n][1], n, d.fields[n][0]) for n in d.names] + [(offset, name, np.dtype(fmt))]
+    )
     new = np.dtype(
         {
-            "names": [*d.names, "seq"],
-            "formats": [d.fields[n][0] for n in d.names] + ["<i4"],
-            "offsets": [d.fields[n][1] for n in d.names] + [off],
+            "names": [n for _, n, _ in fields],
+            "formats": [f for _, _, f in fields],
+            "offsets": [o for o, _, _ in fields],
             "itemsize": d.itemsize,
         }
     )
-    out = np.frombuffer(np.ascontiguousarray(spans).tobytes(), dtype=new).copy()
-    out["seq"] = -1
+    out = np.frombuffer(np.ascontiguousarray(arr).tobytes(), dtype=new).copy()
+    out[name] = fill
     out.flags.writeable = False
+    return out
+
+
+def spans_with_seq(spans: np.ndarray) -> np.ndarray:
+    """A ``spans`` array read from a file written before spans had their ``seq``
+    (PyTorch's sequence number) or their ``module`` (the torch.nn.Module instance of a
+    module call; docs/tables.md): ``seq`` -1 (none) in the four padding bytes that
+    stood after ``flags``, ``module`` 0 (none) in the four after ``seq``, so that every
+    reader, the trace writer included, sees one layout. Other arrays come back as
+    they are."""
+    d = spans.dtype
+    if d.names is None or "flags" not in d.names:
+        return spans
+    seq_at = -(-(d.fields["flags"][1] + 1) // 4) * 4
+    out = _with_field(spans, "seq", "<i4", seq_at, -1)
+    if "seq" in out.dtype.names:
+        out = _with_field(out, "module", "<u4", out.dtype.fields["seq"][1] + 4, 0)
     return out
 
 

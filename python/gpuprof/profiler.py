@@ -20,6 +20,7 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md, docs/backward.md
     _cuda,
     _deepdive,
     _gpuprof,
+    _modules,
     _monitoring,
     _nvtx,
     _parts,
@@ -207,6 +208,11 @@ class profile(ResultAccessors):
             backward pass as one ``loss.backward()`` call. Whether it was on, or why
             not, is in ``results.cuda["autograd_nodes"]`` and the table footer; see
             docs/backward.md (and its cost).
+        modules: with PyTorch imported before ``start()``, note which
+            ``torch.nn.Module`` instance each module call ran on, for
+            ``prof.modules()`` and ``prof.module_table()`` (one row per instance, named
+            as in the model: ``transformer.h.3.attn``) and the trace's module slices
+            (docs/backward.md, "Modules"). False records module calls as plain calls.
         with_modules: accepted for torch.profiler compatibility: the module hierarchy
             is always recorded (each ``Module.forward`` frame is in the call tree, the
             trace and ``group_by_stack_n`` stacks).
@@ -241,6 +247,7 @@ class profile(ResultAccessors):
         use_cuda: bool | None = None,
         cuda_sync_events: bool = False,
         autograd_nodes: bool = True,
+        modules: bool = True,
     ):
         _check_torch_compat_args(
             with_flops=with_flops,
@@ -308,6 +315,7 @@ class profile(ResultAccessors):
             ("subprocesses", subprocesses),
             ("cuda_sync_events", cuda_sync_events),
             ("autograd_nodes", autograd_nodes),
+            ("modules", modules),
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
@@ -376,6 +384,7 @@ class profile(ResultAccessors):
             self._parts.append(_parts.MemorySampler(self.memory_sample_interval_s))
         # PyTorch's NVTX range per autograd node while recording (docs/backward.md)
         self._parts.append(_autograd.AutogradNodes(autograd_nodes, cuda, schedule is not None))
+        self._parts.append(_modules.ModuleInstances(modules))
         self._step_parts = [p for p in self._parts if p.steps]
         # prof.step() is the C method itself unless a part follows the steps: no
         # Python frame of ours per step.

@@ -1,6 +1,6 @@
-"""Printable views for terminals and notebooks: kernel and step tables, step plot.
+"""Printable views for terminals and notebooks: kernel, step and module tables, step plot.
 
-``prof.kernel_table()`` and ``prof.step_table()`` return :class:`Table`
+``prof.kernel_table()``, ``prof.step_table()`` and ``prof.module_table()`` return :class:`Table`
 objects: ``print()`` gives aligned text, and in Jupyter they render as HTML
 tables. ``prof.plot_steps()`` draws a stacked bar per step with matplotlib.
 """
@@ -13,7 +13,7 @@ import numpy as np
 
 from ._format import format_time
 
-__all__ = ["Table", "kernel_table", "plot_steps", "step_table"]
+__all__ = ["Table", "kernel_table", "module_table", "plot_steps", "step_table"]
 
 
 class Table:
@@ -177,6 +177,51 @@ def step_table(steps: np.ndarray) -> Table:
         "r" * len(headers),
         footer=f"{len(steps)} steps, mean {format_time(mean)}",
     )
+
+
+def module_table(
+    modules: np.ndarray,
+    total_gpu_ns: int,
+    max_depth: int | None = None,
+    row_limit: int | None = None,
+    min_share: float = 0.0,
+) -> Table:
+    """One line per ``torch.nn.Module`` instance (fields of ``prof.modules()``), nested
+    as the model is: its calls, forward CPU time, forward and backward GPU time and
+    their share of the window's GPU work. ``max_depth`` leaves out deeper modules,
+    ``min_share`` those below that share of the GPU work; ``row_limit`` cuts the list.
+    The footer puts what ran outside every module (optimizer, loss) beside it, so that
+    the top modules and it add up to the window's GPU work."""
+    headers = ["Module", "Class", "Calls", "CPU total", "Fwd CUDA", "Bwd CUDA", "Kernels"]
+    headers.append("% of GPU")
+    rows = []
+    for m in modules:
+        if max_depth is not None and int(m["depth"]) > max_depth:
+            continue
+        if float(m["share"]) < min_share:
+            continue
+        rows.append(
+            [
+                "  " * int(m["depth"]) + str(m["name"]),
+                str(m["cls"]),
+                str(int(m["calls"])),
+                format_time(m["cpu_total_ns"]),
+                format_time(m["cuda_fwd_ns"]),
+                format_time(m["cuda_bwd_ns"]),
+                str(int(m["kernels"])),
+                f"{100 * float(m['share']):.1f}%",
+            ]
+        )
+        if row_limit is not None and len(rows) >= row_limit:
+            break
+    top = modules[modules["parent"] < 0] if len(modules) else modules
+    inside = int(top["cuda_fwd_ns"].sum() + top["cuda_bwd_ns"].sum()) if len(top) else 0
+    outside = max(int(total_gpu_ns) - inside, 0)
+    footer = (
+        f"GPU work {format_time(total_gpu_ns)}: in modules {format_time(inside)}, "
+        f"outside every module (optimizer, loss, ...) {format_time(outside)}"
+    )
+    return Table("Modules", headers, rows, "ll" + "r" * (len(headers) - 2), footer=footer)
 
 
 def plot_steps(steps: np.ndarray, path_or_ax=None):

@@ -46,6 +46,8 @@ LAYERS = {
     "gpuprof._parts": "recording",
     "gpuprof._threads": "recording",
     "gpuprof._autograd": "recording",
+    "gpuprof._modules": "recording",
+    "gpuprof._module_rows": "results",
     "gpuprof._subprocess": "recording",
     "gpuprof._subprocess._current": "recording",
     "gpuprof._subprocess._protocol": "recording",

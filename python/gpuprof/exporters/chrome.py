@@ -472,6 +472,10 @@ def export_chrome_trace(
     flows = fwdbwd_flows(results, window)
     if len(flows):
         meta["fwdbwd"] = flows
+    if window.get("module_names"):  # module call slices named by instance
+        meta["module_names"] = [
+            f"{n} ({c})" for n, c in zip(window["module_names"], window["module_classes"])
+        ]
     if calls:
         # one file from several calls on one writer: the children's lanes first,
         # the parent's window last (it ends the file with the window end marker)
