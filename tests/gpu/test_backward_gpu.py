@@ -244,3 +244,27 @@ def test_backward_joins_the_forward_on_gpt2():
     # the attention's and the MLP's projections (Conv1D: torch.addmm) carry their backward
     assert ka["torch.addmm"].backward_cuda_time_total > 0
     print(prof.key_averages().table(sort_by="forward_backward_cuda_time_total", row_limit=15))
+    # the modules table: each block its own row, with its forward and backward GPU time
+    mods = prof.modules()
+    blocks = mods[mods["cls"] == "GPT2Block"]
+    assert list(blocks["name"]) == [f"transformer.h.{i}" for i in range(config.n_layer)]
+    assert (blocks["cuda_fwd_ns"] > 0).all() and (blocks["cuda_bwd_ns"] > 0).all()
+    assert (blocks["calls"] == STEPS).all()
+    top = mods[mods["parent"] < 0]
+    assert list(top["name"]) == ["GPT2LMHeadModel"]
+    # what no module made: the optimizer's and zero_grad's kernels, and backward work
+    # not joined to a forward call; with those the figures add up to the GPU work
+    ev = prof.gpu_events()
+    work = ev[np.isin(ev["kind"], ["kernel", "memcpy", "memset"])]
+    outside = int(prof.results.gpu_work_ns()) - int(top["cuda_fwd_ns"][0] + top["cuda_bwd_ns"][0])
+    opt_ns = _work_ns(
+        work[
+            [
+                ("AdamW" in str(n) or "_foreach" in str(n) or "zero_" in str(n))
+                for n in work["op_name"]
+            ]
+        ]
+    )
+    assert outside >= sum(summary["unjoined_ns"].values())
+    assert abs(outside - opt_ns - sum(summary["unjoined_ns"].values())) <= 0.02 * _work_ns(work)
+    print(prof.module_table())
