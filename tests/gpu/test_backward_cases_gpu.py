@@ -70,11 +70,29 @@ def _backward(prof):
     return w[w["thread"] != _main_thread_row(prof)]
 
 
+ACC = "torch::autograd::AccumulateGrad"
+
+
 def _joined(prof, min_share=0.99):
+    """Every backward node's work joined to its forward call, but AccumulateGrad's (a
+    leaf's gradient added into the one already there: it has no forward call), and at
+    least ``min_share`` of the whole."""
     s = prof.results.backward_summary()
     assert s["node_ns"] > 0, s
+    assert set(s["unjoined_ns"]) <= {ACC}, s
     assert s["joined_ns"] >= min_share * s["node_ns"], s
     return s
+
+
+def _in_nodes(prof):
+    """The GPU work of autograd's thread is all in node calls: per record, the node span
+    above its launch (gpuprof._backward)."""
+    w = prof.results.window()
+    b = w.backward()
+    ev = prof.gpu_events()
+    work = np.isin(ev["kind"], ["kernel", "memcpy", "memset"])
+    bwd = work & (ev["thread"] != _main_thread_row(prof))
+    return bwd, b.node_span >= 0
 
 
 def test_torch_compile_backward_is_compiled_function_backward():
@@ -93,12 +111,12 @@ def test_torch_compile_backward_is_compiled_function_backward():
     ops = prof.ops()
     names = set(ops["name"][ops["file"] == "autograd"])
     assert "CompiledFunctionBackward" in names, names
-    bwd = _backward(prof)
-    assert set(bwd["op_name"]) <= names | {None}, set(bwd["op_name"])
+    # the compiled backward's launches (Triton launchers, extern mm calls: Python
+    # frames inside the node) are all the node's, joined to the compiled forward call
+    bwd, in_node = _in_nodes(prof)
+    assert in_node[bwd].all()
     s = _joined(prof)
-    # the compiled region's backward kernels belong to the forward call that ran it
-    joined = bwd[bwd["fwd_op"] >= 0]
-    assert _ns(joined) == s["joined_ns"]
+    assert _ns(_backward(prof)) == s["node_ns"]
 
 
 def test_cuda_graph_replays_are_charged_to_their_node():
@@ -117,11 +135,13 @@ def test_cuda_graph_replays_are_charged_to_their_node():
     off = _record(torch, step, autograd_nodes=False)
     k_on, k_off = prof.kernels(), off.kernels()
     assert dict(zip(k_on["name"], k_on["calls"])) == dict(zip(k_off["name"], k_off["calls"]))
-    bwd = _backward(prof)
-    replayed = bwd[bwd["graph_id"] != 0]
-    assert len(replayed) > 0
-    assert all(NODE.search(str(n)) for n in replayed["op_name"]), set(replayed["op_name"])
-    _joined(prof)
+    bwd, in_node = _in_nodes(prof)
+    ev = prof.gpu_events()
+    replayed = bwd & (ev["graph_id"] != 0)
+    assert replayed.any()
+    # the backward graph's replay (CUDAGraph.replay, inside the Graphed node) is the node's
+    assert in_node[replayed].all(), set(ev["op_name"][replayed & ~in_node])
+    _joined(prof, min_share=0.9)
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
@@ -142,15 +162,18 @@ def test_checkpointed_forward_is_forward_not_backward(reentrant):
         opt.zero_grad(set_to_none=True)
 
     prof = _record(torch, step)
-    bwd = _backward(prof)
-    # the recomputed forward, launched on autograd's thread, is the Linear's forward...
-    again = bwd[[str(n) == "torch._C._nn.linear" for n in bwd["op_name"]]]
-    assert len(again) >= STEPS * 4, set(bwd["op_name"])
-    assert (again["fwd_op"] == -1).all()
-    # ... and every backward kernel is in a node, joined to a forward call
-    s = _joined(prof)
-    in_nodes = bwd[[bool(NODE.search(str(n))) for n in bwd["op_name"]]]
-    assert _ns(in_nodes) == s["node_ns"]
+    bwd, in_node = _in_nodes(prof)
+    ev = prof.gpu_events()
+    # the recomputed forward, launched on autograd's thread, is the Linear's forward,
+    # in no node and joined to nothing...
+    again = bwd & np.array([str(n) == "torch._C._nn.linear" for n in ev["op_name"]])
+    assert again.sum() >= STEPS * 4, set(ev["op_name"][bwd])
+    assert not in_node[again].any() and (ev["fwd_op"][again] == -1).all()
+    # ... and the backward proper is in nodes, joined but for AccumulateGrad (x.grad
+    # grows step by step)
+    s = _joined(prof, min_share=0.95)
+    assert _ns(ev[bwd & in_node]) == s["node_ns"]
+    assert _ns(ev[bwd & ~in_node]) > 0
 
 
 def test_gradient_accumulation_joins_each_micro_batch():
@@ -166,7 +189,7 @@ def test_gradient_accumulation_joins_each_micro_batch():
         opt.zero_grad(set_to_none=True)
 
     prof = _record(torch, step)
-    _joined(prof)
+    _joined(prof, min_share=0.8)  # the rest: the micro-batches' gradients added up
     # each micro-batch's Linear calls made their own nodes: one arrow per node
     b = prof.results.window().backward()
     spans = prof.results.window().raw["spans"]
@@ -222,13 +245,14 @@ def test_ddp_all_reduce_is_in_a_node():
         prof = _record(torch, step)
     finally:
         dist.destroy_process_group()
-    bwd = _backward(prof)
-    nccl = bwd[[("nccl" in str(n).lower()) for n in bwd["name"]]]
-    assert len(nccl) >= STEPS, set(bwd["name"])
-    # the reducer's all-reduce, launched from a gradient's hook, is that node's
-    assert all(NODE.search(str(n)) for n in nccl["op_name"]), set(nccl["op_name"])
-    s = prof.results.backward_summary()
-    assert s["node_ns"] == _ns(bwd[[bool(NODE.search(str(n))) for n in bwd["op_name"]]])
+    # the reducer's work (bucket copies, the all-reduce: one rank's is a copy), launched
+    # from a gradient's hook after its node, is that node's: all of autograd's thread's
+    # work is in a node
+    bwd, in_node = _in_nodes(prof)
+    ev = prof.gpu_events()
+    assert (bwd & (ev["kind"] == "memcpy")).any(), set(ev["name"][bwd])
+    assert in_node[bwd].all(), set(ev["op_name"][bwd & ~in_node])
+    _joined(prof, min_share=0.9)
 
 
 def test_a_second_forward_thread_does_not_take_the_main_threads_nodes():
@@ -258,9 +282,12 @@ def test_a_second_forward_thread_does_not_take_the_main_threads_nodes():
     finally:
         stop.set()
         t.join()
-    _joined(prof)
+    # (the side thread's backward has no node ranges and shares autograd's thread: its
+    # launches right after one of the main thread's nodes are charged to that node,
+    # docs/backward.md says so; only the join is checked here)
     w = prof.results.window()
     b = w.backward()
+    assert (b.fwd_node >= 0).any()
     tree = w.raw["nodes"]
     fwd_threads = set(tree["thread"][b.fwd_node[b.fwd_node >= 0]].tolist())
     assert fwd_threads == {_main_thread_row(prof)}
