@@ -723,3 +723,39 @@ def test_sdpa_on_the_cpu(torch):
     }
     assert total == fwd + bwd
     assert math.isclose(bwd / fwd, 2.5)
+
+
+def test_conv1d_runs_as_2d_inside_and_takes_the_outer_output():
+    """On a GPU, aten::_convolution runs a 1-D convolution as a 2-D one ([N, C, 1, L]):
+    the enclosing op's [N, C_out, L_out] output still gives the positions."""
+    x, w = [4, 6, 100], [12, 6, 5]
+    conv = OpRecord(
+        "aten::conv1d",
+        [x, w, [12], [], [], [], []],
+        op_id=1,
+        children=[
+            OpRecord(
+                "aten::convolution",
+                [x, w, [12]] + [[]] * 6,
+                op_id=2,
+                children=[
+                    OpRecord(
+                        "aten::_convolution",
+                        [x, w, [12]] + [[]] * 10,
+                        op_id=3,
+                        children=[
+                            OpRecord(
+                                "aten::cudnn_convolution",
+                                [[4, 6, 1, 100], [12, 6, 1, 5]] + [[]] * 7,
+                                op_id=4,
+                            )
+                        ],
+                    )
+                ],
+            )
+        ],
+    )
+    relu = OpRecord("aten::relu", [[4, 12, 48]], op_id=5, input_op_ids=[(1, 0)])
+    assert assign_flops([conv, relu]) == 2 * 48 * 5 * 4 * 12 * 6
+    inner = conv.children[0].children[0].children[0]
+    assert inner.flops == 2 * 48 * 5 * 4 * 12 * 6
