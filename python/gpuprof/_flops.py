@@ -335,7 +335,7 @@ def _conv(op, shapes, hints, *, fixed_transposed: bool | None = None):
     w = _shape(shapes, 1, len(x), op, "weight")
     out = None
     outs = hints.get("out_shapes")
-    if outs:
+    if outs and outs[0]:  # [None, shape]: output 0 was never consumed
         out = list(outs[0])
         if len(out) < 2:
             raise ValueError(f"{op}: out_shapes[0] must be an activation shape, got {out}")

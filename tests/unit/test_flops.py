@@ -759,3 +759,10 @@ def test_conv1d_runs_as_2d_inside_and_takes_the_outer_output():
     assert assign_flops([conv, relu]) == 2 * 48 * 5 * 4 * 12 * 6
     inner = conv.children[0].children[0].children[0]
     assert inner.flops == 2 * 48 * 5 * 4 * 12 * 6
+
+
+def test_an_unconsumed_first_output_leaves_the_shape_unknown():
+    conv = OpRecord("aten::convolution", [[2, 3, 32, 32], [8, 3, 3, 3], [8]] + [[]] * 6, op_id=1)
+    other = OpRecord("aten::relu", [[2, 8, 16, 16]], op_id=2, input_op_ids=[(1, 1)])
+    assign_flops([conv, other])
+    assert conv.flops is None and "out_shapes" in conv.flops_note
