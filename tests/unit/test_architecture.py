@@ -33,6 +33,8 @@ LAYERS = {
     "gpuprof._spans": "core",
     "gpuprof._steps": "core",
     "gpuprof._launch": "core",
+    "gpuprof._flops": "core",
+    "gpuprof._peaks": "core",
     "gpuprof._ondemand._proto": "core",
     "gpuprof.boot": "core",
     # recording: the parts a profile composes (CUDA, NVTX, sys.monitoring, schedule,
