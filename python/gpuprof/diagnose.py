@@ -805,6 +805,49 @@ def _cpu_hot_path(v: _View):
     return out
 
 
+def _backward_heavy(v: _View):
+    """The forward line whose backward costs the GPU the most, when the backward pass is
+    a large part of the GPU's work (docs/backward.md: the join of each backward node to
+    the forward call that made it)."""
+    b = v.res.window(v.window_index).backward()
+    g = v.raw["gpu"]
+    if b is None or not len(g):
+        return []
+    dur = (g["end_ns"] - g["start_ns"]).astype(np.int64)
+    total = int(dur[b.is_work].sum())
+    bwd = b.is_work & (b.node_span >= 0)
+    bwd_ns = int(dur[bwd].sum())
+    joined = bwd & (b.fwd_span >= 0)
+    if total <= 0 or bwd_ns < 0.4 * total or not joined.any():
+        return []
+    by_line: dict[tuple, list] = {}
+    for span, ns in zip(b.fwd_span[joined].tolist(), dur[joined].tolist()):
+        key, where, _ = v.caller(span)
+        entry = by_line.setdefault(key, [0, where, span])
+        entry[0] += ns
+    ns, where, span = max(by_line.values(), key=lambda e: e[0])
+    op = _op_label(v.ops, int(v.spans["op_row"][span]))
+    return [
+        Finding(
+            "backward_heavy",
+            ns / max(v.step_ns, 1),
+            f"The backward pass is {100 * bwd_ns / total:.0f}% of GPU time; "
+            f"{100 * ns / bwd_ns:.0f}% of it is the backward of one forward line ({op})",
+            {
+                "backward_ns": bwd_ns,
+                "gpu_work_ns": total,
+                "line_backward_ns": ns,
+                "joined_ns": int(dur[joined].sum()),
+            },
+            where,
+            "The backward of a layer costs about twice its forward: shrink the forward at "
+            "that line (fused ops with torch.compile, bf16 autocast, fewer recomputed "
+            "activations), and see prof.key_averages().table("
+            "sort_by='forward_backward_cuda_time_total') for the lines next to it.",
+        )
+    ]
+
+
 CHECKS = (
     _data_stall,
     _sync_points,
@@ -814,6 +857,7 @@ CHECKS = (
     _communication,
     _memory_churn,
     _cpu_hot_path,
+    _backward_heavy,
 )
 
 

@@ -1003,10 +1003,9 @@ def relu(x):
     return x
 
 
-def test_backward_nodes_join_the_forward_calls_that_made_them(tmp_path):
-    """The forward thread's counter moved by 2 in `linear` (nodes 5 and 6) and by 1 in
-    `relu` (node 7); autograd's thread ran nodes 6 and 7 and an AccumulateGrad, which has
-    no number: each backward kernel goes to the forward call that made its node."""
+def _join_window():
+    """A forward thread whose counter moved by 2 in `linear` (nodes 5 and 6) and by 1 in
+    `relu` (node 7), and autograd's thread running nodes 6 and 7 and an AccumulateGrad."""
     from gpuprof._results import Results
 
     launch = gpuprof._gpuprof._test_api_key(C["API_RUNTIME"], 211)["key"]  # cudaLaunchKernel
@@ -1044,8 +1043,16 @@ def test_backward_nodes_join_the_forward_calls_that_made_them(tmp_path):
     raw = gpuprof._gpuprof._test_aggregate(
         ops, [(1, 101, forward), (2, 102, backward)], gpu, 0, 1000, ["_Z1kv"], 1
     )
+    return Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
+
+
+def test_backward_nodes_join_the_forward_calls_that_made_them(tmp_path):
+    """The forward thread's counter moved by 2 in `linear` (nodes 5 and 6) and by 1 in
+    `relu` (node 7); autograd's thread ran nodes 6 and 7 and an AccumulateGrad, which has
+    no number: each backward kernel goes to the forward call that made its node."""
+    res = _join_window()
+    raw = res.windows[-1]
     assert [(int(r["lo"]), int(r["hi"])) for r in raw["seqs"]] == [(5, 7), (7, 8)]
-    res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
     ev = res.gpu_events()
     assert [str(n).split(" (")[0] for n in ev["fwd_op_name"]] == ["relu", "linear", "None"]
     assert list(ev["op_name"]) == [
@@ -1142,3 +1149,14 @@ def test_the_thread_waiting_in_backward_owns_its_node_numbers():
     res = Results([raw], cuda={"active": True, "mode": "callbacks", "error": None})
     (name,) = res.gpu_events()["fwd_op_name"]
     assert name.startswith("linear ("), name
+
+
+def test_diagnosis_names_the_forward_line_of_a_heavy_backward(tmp_path):
+    # the window of the join test above: all of its GPU work is backward
+    import gpuprof.diagnose as dg
+
+    res = _join_window()
+    (f,) = [f for f in dg.diagnose(res) if f.kind == "backward_heavy"]
+    assert f.evidence["backward_ns"] == 75 and f.evidence["line_backward_ns"] == 50
+    assert f.title.startswith("The backward pass is 100% of GPU time; 67% of it")
+    assert "linear" in f.title and "test_nvtx.py" in f.location
