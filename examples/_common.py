@@ -77,6 +77,8 @@ def report(prof, per_step: int, started: float, save: str | None, unit: str = "s
     print(f"recorded steps: {len(steps)}; mean step {step_ms:.2f} ms; "
           f"{per_step / step_ms * 1e3:,.0f} {unit}/s; wall {time.perf_counter() - started:.1f} s\n")
     print(prof.diagnose())
+    if len(prof.modules()):  # PyTorch models: where the GPU time goes, module by module
+        print(prof.module_table(max_depth=3, min_share=0.01))
     if save:
         prof.save(save)
         print(f"saved {save}")
