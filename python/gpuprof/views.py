@@ -192,26 +192,30 @@ def module_table(
     ``min_share`` those below that share of the GPU work; ``row_limit`` cuts the list.
     The footer puts what ran outside every module (optimizer, loss) beside it, so that
     the top modules and it add up to the window's GPU work."""
-    headers = ["Module", "Class", "Calls", "CPU total", "Fwd CUDA", "Bwd CUDA", "Kernels"]
-    headers.append("% of GPU")
+    gpu = total_gpu_ns > 0  # a CPU program: no GPU columns
+    headers = ["Module", "Class", "Calls", "CPU total"]
+    if gpu:
+        headers += ["Fwd CUDA", "Bwd CUDA", "Kernels", "% of GPU"]
     rows = []
     for m in modules:
         if max_depth is not None and int(m["depth"]) > max_depth:
             continue
-        if float(m["share"]) < min_share:
+        if total_gpu_ns and float(m["share"]) < min_share:  # (no GPU work: no shares)
             continue
-        rows.append(
-            [
-                "  " * int(m["depth"]) + str(m["name"]),
-                str(m["cls"]),
-                str(int(m["calls"])),
-                format_time(m["cpu_total_ns"]),
+        cells = [
+            "  " * int(m["depth"]) + str(m["name"]),
+            str(m["cls"]),
+            str(int(m["calls"])),
+            format_time(m["cpu_total_ns"]),
+        ]
+        if gpu:
+            cells += [
                 format_time(m["cuda_fwd_ns"]),
                 format_time(m["cuda_bwd_ns"]),
                 str(int(m["kernels"])),
                 f"{100 * float(m['share']):.1f}%",
             ]
-        )
+        rows.append(cells)
         if row_limit is not None and len(rows) >= row_limit:
             break
     top = modules[modules["parent"] < 0] if len(modules) else modules
@@ -220,6 +224,8 @@ def module_table(
     footer = (
         f"GPU work {format_time(total_gpu_ns)}: in modules {format_time(inside)}, "
         f"outside every module (optimizer, loss, ...) {format_time(outside)}"
+        if gpu
+        else "No GPU work recorded: forward CPU time per module"
     )
     return Table("Modules", headers, rows, "ll" + "r" * (len(headers) - 2), footer=footer)
 

@@ -181,6 +181,9 @@ def test_lightning_fit_records_batches_and_logs_their_metrics_to_the_csv_logger(
         "[_TrainingEpochLoop].train_dataloader_next" in text
     )
     assert "hottest_inside=time.sleep" in text
+    # ... and the model's modules, by instance: the LightningModule's net and its layers
+    mods = text[text.index("Modules") :]
+    assert "\nSequential  Sequential      2" in mods and "\n  2         Linear" in mods
     assert profiler.prof.key_averages().table().startswith("-")  # the last window's view
 
 

@@ -487,8 +487,8 @@ class StepSession:
         return [trace, saved]
 
     def summary(self, title: str, files=()) -> str:
-        """The op table of the last kept window, the step metrics of the run and the
-        diagnosis, as text."""
+        """The op table of the last kept window, the step metrics of the run, the
+        diagnosis and the model's top modules, as text."""
         if self.view is None:
             return (
                 f"{title}\nNo step was recorded: the run ended after {self._k} step"
@@ -504,6 +504,8 @@ class StepSession:
         if len(metrics):
             parts.append(str(metrics_table(metrics, gpu)))
         parts.append(str(diagnose(view.results, data_fetch=self.data_fetch)))
+        if len(view.modules()):  # the model's top modules, forward and backward
+            parts.append(str(view.module_table(max_depth=2, row_limit=15, min_share=0.01)))
         if files:
             parts.append("gpuprof wrote:\n" + "\n".join(f"  {f}" for f in files) + "\n")
         return "\n".join(p.rstrip("\n") + "\n" for p in parts)
