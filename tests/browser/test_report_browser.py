@@ -342,3 +342,29 @@ def test_process_and_rank_sections(browser, tmp_path):
         assert p.errors == [] and p.requests == []
     finally:
         p.close()
+
+
+def test_module_tree_opens_and_closes(browser, tmp_path):
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(3)]
+    )
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    p = Page(browser, prof.export_html(str(tmp_path / "report.html")))
+    try:
+        page = p.page
+        assert "could not be drawn" not in page.inner_text("main")
+        summaries = page.locator("#modules details.module > summary")
+        assert summaries.count() == 4  # the top Sequential and its three blocks
+        assert page.locator("#modules .module-leaf").count() == 6  # Linear and ReLU each
+        block = page.locator("#modules details.module details.module").first
+        assert block.get_attribute("open") is None  # blocks start closed
+        block.locator("summary").click()
+        assert block.get_attribute("open") is not None
+        assert "0.0 (Linear) 2 calls" in block.inner_text()
+        assert p.errors == [] and p.requests == []
+    finally:
+        p.close()

@@ -99,3 +99,17 @@ def test_instances_are_let_go_after_stop():
     gc.collect()
     assert ref() is None  # the profile holds names, not modules
     assert len(prof.modules()) == 8
+
+
+def test_html_report_has_the_module_tree(tmp_path):
+    prof = _run()
+    from gpuprof.exporters.html import report_data
+
+    data = report_data(prof.results)
+    rows = data["modules"]["rows"]
+    assert [r["name"] for r in rows][:2] == ["Net", "h.0"]
+    assert rows[1]["parent"] == 0 and data["modules"]["gpu"] is False
+    path = prof.export_html(str(tmp_path / "r.html"))
+    with open(path) as f:
+        page = f.read()
+    assert "modulesSection" in page and "h.11.fc" in page

@@ -572,6 +572,33 @@ def _ranks(results: Results) -> dict | None:
     }
 
 
+def _modules(results: Results) -> dict | None:
+    """The modules table (prof.modules()) for the report's collapsible tree, or None
+    without module calls. Times in ns; the page formats them."""
+    mods = results.modules()
+    if not len(mods):
+        return None
+    gpu = results.gpu_work_ns()
+    return {
+        "gpu": bool(gpu),
+        "gpu_work_ns": int(gpu),
+        "rows": [
+            {
+                "name": str(m["name"]),
+                "cls": str(m["cls"]),
+                "parent": int(m["parent"]),
+                "calls": int(m["calls"]),
+                "cpu_ns": int(m["cpu_total_ns"]),
+                "fwd_ns": int(m["cuda_fwd_ns"]),
+                "bwd_ns": int(m["cuda_bwd_ns"]),
+                "kernels": int(m["kernels"]),
+                "share": float(m["share"]),
+            }
+            for m in mods
+        ],
+    }
+
+
 def _trace_link(trace, path: str) -> dict | None:
     if trace is None:
         return None
@@ -633,6 +660,7 @@ def report_data(
         "ops": op_table(ka) | {"cuda": ka.cuda},
         "kernels": _kernel_table(results.kernels()),
         "flame": _flame(results),
+        "modules": _modules(results),
         "memory": _memory(results, sampler),
         "processes": _processes(results, processes),
         "ranks": _ranks(results),

@@ -305,6 +305,32 @@
     return sec;
   }
 
+  // ---- modules: one row per torch.nn.Module instance, nested as the model is -----------------
+  function modulesSection() {
+    var M = D.modules, sec = section("modules", "Modules");
+    add(sec, el("p", { "class": "muted", text: "One row per torch.nn.Module instance that ran (prof.module_table()), " +
+      "named as in the model; forward CPU time" + (M.gpu ? ", the GPU time its forward launched and the backward " +
+      "GPU time of the autograd nodes its forward made, and their share of all GPU work" : "") + ". Click a row to open it." }));
+    var kids = {};
+    M.rows.forEach(function (r, i) { (kids[r.parent] = kids[r.parent] || []).push(i); });
+    function line(r) {
+      var t = r.name + "  (" + r.cls + ")  " + r.calls + " calls, CPU " + fmtTime(r.cpu_ns);
+      if (M.gpu) t += ", forward CUDA " + fmtTime(r.fwd_ns) + ", backward CUDA " + fmtTime(r.bwd_ns) +
+        ", " + r.kernels + " kernels, " + (100 * r.share).toFixed(1) + "% of GPU work";
+      return t;
+    }
+    function node(i) {
+      var r = M.rows[i], below = kids[i] || [];
+      if (!below.length) return el("div", { "class": "module-leaf", text: line(r) });
+      var d = el("details", { "class": "module", open: r.parent < 0 ? true : null },
+        el("summary", { text: line(r) }));
+      below.forEach(function (k) { add(d, node(k)); });
+      return d;
+    }
+    (kids[-1] || []).forEach(function (i) { add(sec, node(i)); });
+    return sec;
+  }
+
   // ---- flame graph ----------------------------------------------------------------------------
   var KIND_HUE = { python: 32, c: 200, user: 280, step: 280, cuda_api: 110, none: 0, thread: 220 };
   function hash(s) { var h = 0; for (var i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0; return h; }
@@ -646,6 +672,7 @@
     var app = document.getElementById("app");
     var links = [["diagnosis", "Diagnosis"], ["steps", "Steps"], ["ops", "Ops"], ["kernels", "Kernels"],
       ["flame", "Flame graph"], ["memory", "Memory"]];
+    if (D.modules) links.splice(4, 0, ["modules", "Modules"]);
     if (D.processes) links.push(["processes", "Processes"]);
     if (D.ranks) links.push(["ranks", "Rank"]);
     links.push(["trace", "Perfetto"]);
@@ -653,6 +680,7 @@
     var main = el("main");
     add(app, main);
     var builders = [summarySection, diagnosisSection, stepsSection, opsSection, kernelsSection, flameSection, memorySection];
+    if (D.modules) builders.splice(4, 0, modulesSection);
     if (D.processes) builders.push(processesSection);
     if (D.ranks) builders.push(ranksSection);
     builders.push(traceSection);
