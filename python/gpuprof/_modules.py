@@ -112,6 +112,6 @@ class ModuleInstances(Part):
         if self._names is None and not self._on:
             return
         names, classes = self._current()
-        for raw in results.windows:
+        for raw in results.raw_windows():
             if "module_names" not in raw or len(raw["module_names"]) < len(names):
                 raw["module_names"], raw["module_classes"] = names, classes

@@ -470,6 +470,11 @@ class Results:
     def windows(self) -> list[dict]:
         return [w.raw for w in self._windows]
 
+    def raw_windows(self) -> list[dict]:
+        """The windows' dicts as they are: a CPU-only window's spans not built yet (the
+        parts that add keys to them use this: :attr:`windows` builds the spans)."""
+        return [w._raw for w in self._windows]
+
     def window_bounds(self) -> tuple[int, int]:
         return (
             int(self._windows[0]._raw["window_start_ns"]),
