@@ -8,7 +8,7 @@ PYTEST_ARGS ?= -q
 # PyTorch's CPU build (a pinned version), for the command-line tests on real training scripts
 TORCH ?= torch==2.13.0
 
-.PHONY: help venv frameworks build demo test test-python test-gpu bench lint lint-tools format asan valgrind docs clean
+.PHONY: help venv frameworks build demo test test-slow test-python test-gpu bench lint lint-tools format asan valgrind docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -38,8 +38,13 @@ build: $(VPY)  ## build and install gpuprof into .venv (editable)
 demo: build  ## profile the bundled training loop and print its table and diagnosis
 	$(VPY) -m gpuprof demo
 
-test: build  ## run the test suite (GPU tests skip without a GPU)
-	$(VPY) -m pytest $(PYTEST_ARGS) tests
+# Tests marked slow (tens of seconds each) are left out of `make test`; `make test-slow`
+# runs them, and CI runs both.
+test: build  ## run the test suite, less the slow tests (GPU tests skip without a GPU)
+	$(VPY) -m pytest $(PYTEST_ARGS) -m "not slow" tests
+
+test-slow: build  ## run only the tests marked slow
+	$(VPY) -m pytest $(PYTEST_ARGS) -m slow tests
 
 # The unit tests on another CPython (PY=python3.12) in its own venv (.venv-py), with the
 # extension built in place beside the default one (their file names differ by ABI tag):
@@ -59,20 +64,23 @@ test-gpu: build  ## run only the GPU tests, failing if no GPU is usable
 bench: build  ## run the benchmarks side by side with peers
 	$(VPY) benchmarks/bench_python_hook.py
 
-# The C style is .clang-format's; ruff and clang-format come from PyPI at pinned versions
-# (the clang-format wheel), so that every machine formats alike.
+# The C style is .clang-format's; ruff, clang-format and mypy come from PyPI at pinned
+# versions (the clang-format wheel), so that every machine formats and checks alike.
 C_SOURCES = csrc/*.c csrc/*.h cuda/*.c cuda/*.h
-LINT_TOOLS = "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)"
+LINT_TOOLS = "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)" "mypy==$(MYPY_VERSION)"
 CLANG_FORMAT_VERSION ?= 23.1.5
 RUFF_VERSION ?= 0.17.6
+MYPY_VERSION ?= 2.4.1
 
 lint-tools: $(VPY)
 	$(VPY) -m pip install -q $(LINT_TOOLS)
 
-lint: lint-tools  ## ruff check, ruff format --check and clang-format --dry-run (what CI runs)
+# mypy reads its settings (the files, the strict public API) from pyproject.toml.
+lint: lint-tools  ## ruff check, ruff format --check, clang-format --dry-run and mypy (what CI runs)
 	$(VPY) -m ruff check python tests benchmarks
 	$(VPY) -m ruff format --check python tests benchmarks
 	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
+	$(VPY) -m mypy
 
 format: lint-tools  ## format C with clang-format and Python with ruff
 	$(VENV)/bin/clang-format -i $(C_SOURCES)

@@ -1,4 +1,5 @@
-/* NumPy structured arrays from plain row structs (STYLE.md section 9). */
+/* NumPy structured arrays from plain row structs (docs/development.md,
+ * "NumPy arrays from C"). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 

@@ -4,7 +4,8 @@
  * pointer. Events go into fixed-size chunks taken from a global budget of
  * `max_events`; when the budget is spent the thread drops events, counts
  * them, and remembers when dropping began so aggregation can close the
- * thread's open frames there. No Python API here (STYLE.md section 3).
+ * thread's open frames there. No Python API here (docs/development.md,
+ * "C headers").
  *
  * Chunks come from a process-wide pool of 2 MiB slabs that is never
  * returned to the system: windows,

@@ -28,8 +28,8 @@
  * handler the profiler registers (gp_nvtx_capture_handler); the CUPTI side
  * calls the same notifier for cudaProfilerStart/Stop.
  *
- * No Python API here (STYLE.md section 3). Every build compiles this file:
- * it needs no CUDA header.
+ * No Python API here (docs/development.md, "C headers"). Every build
+ * compiles this file: it needs no CUDA header.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* RTLD_NOLOAD, clock_gettime */

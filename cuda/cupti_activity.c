@@ -7,8 +7,8 @@
  * (cupti_store.c), which gp_cuda_take_records hands to the aggregator; the
  * emptied buffer goes back to the pool.
  *
- * Lock rule (STYLE.md section 8): CUPTI is never called while pool_lock is
- * held.
+ * Lock rule (docs/development.md, "Threads, locks and CUPTI"): CUPTI is
+ * never called while pool_lock is held.
  */
 #include "cupti_internal.h"
 

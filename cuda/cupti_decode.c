@@ -4,9 +4,10 @@
  * record is decoded into a GpGpuRecord, staged on the stack, and appended
  * to the session's records (cupti_store.c) a batch at a time.
  *
- * Lock rule (STYLE.md section 8): CUPTI is never called while cuda_lock is
- * held. Decoding calls cuptiActivityGetNextRecord, so it runs unlocked into
- * a stack batch; only the append takes the lock.
+ * Lock rule (docs/development.md, "Threads, locks and CUPTI"): CUPTI is
+ * never called while cuda_lock is held. Decoding calls
+ * cuptiActivityGetNextRecord, so it runs unlocked into a stack batch; only
+ * the append takes the lock.
  */
 #include "cupti_internal.h"
 

@@ -1,6 +1,6 @@
 /* Private declarations shared by cuda/cupti_*.c; csrc/ never includes this
  * (it sees only gp_cuda.h, free of CUPTI types). No Python API here or in
- * any file that includes it (STYLE.md section 3).
+ * any file that includes it (docs/development.md, "C headers").
  */
 #ifndef GPUPROF_CUDA_CUPTI_INTERNAL_H
 #define GPUPROF_CUDA_CUPTI_INTERNAL_H

@@ -7,7 +7,7 @@
  * Appends come on CUPTI's threads (buffer completion) and from the API
  * callbacks; take, strings and session calls on the control thread. All of
  * it is under cuda_lock, which is never held while CUPTI is called
- * (STYLE.md section 8).
+ * (docs/development.md, "Threads, locks and CUPTI").
  */
 #include "cupti_internal.h"
 

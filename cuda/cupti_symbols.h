@@ -1,9 +1,9 @@
 /* Every entry point gpuprof takes from libcupti and libcuda, listed once.
  *
- * libcupti and libcuda are never linked (STYLE.md section 10): cupti_loader.c
- * dlopens them and resolves these lists all or none, so a missing symbol
- * disables CUDA capture with a reason that names it instead of failing at
- * import. Each entry is X(name, return type, (parameter list)); the users
+ * libcupti and libcuda are never linked (docs/development.md, "Optional
+ * CUDA"): cupti_loader.c dlopens them and resolves these lists all or
+ * none, so a missing symbol disables CUDA capture with a reason that names
+ * it instead of failing at import. Each entry is X(name, return type, (parameter list)); the users
  * expand it into a table of function pointers (cupti_internal.h) and into
  * the dlsym loop (cupti_loader.c).
  *

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os as _os
 import runpy as _runpy
+from typing import Any
 
 from . import (  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
     _gpuprof,
@@ -35,7 +36,7 @@ from .schedule import ProfilerAction, Schedule, schedule
 from .tables import KeyAverages
 
 
-def cuda_status() -> dict:
+def cuda_status() -> dict[str, Any]:
     """Whether GPU capture can work here, and if not, why (see ``gpuprof._cuda.cuda_status``
     for the keys), plus ``nvtx``: where NVTX ranges go and which libraries' ranges gpuprof
     cannot see (``gpuprof._nvtx.status``, docs/nvtx.md), and ``autograd_nodes``:

@@ -9,8 +9,23 @@ and ``subprocesses`` (bools).
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from ._progress import progress
+
+if TYPE_CHECKING:  # for the annotations alone: each method imports what it calls
+    import os
+
+    import numpy as np
+
+    from ._results import Results
+    from .diagnose import Diagnosis
+    from .events import EventList
+    from .memory import MemorySummary
+    from .tables import KeyAverages
+    from .views import Table
+
+    Path = str | os.PathLike[str]
 
 __all__ = ["ResultAccessors"]
 
@@ -18,17 +33,30 @@ __all__ = ["ResultAccessors"]
 class ResultAccessors:
     """ops(), kernels(), steps(), key_averages(), diagnose(), exports and views."""
 
+    if TYPE_CHECKING:  # what a class using the mixin provides (the module's docstring)
+
+        @property
+        def results(self) -> Results: ...
+
+        @property
+        def profile_memory(self) -> bool: ...
+
+        @property
+        def subprocesses(self) -> bool: ...
+
+        def processes(self) -> np.ndarray: ...
+
     def key_averages(
         self,
         group_by_input_shape: bool = False,
         group_by_stack_n: int = 0,
-        pid=None,
+        pid: int | str | None = None,
         *,
         include_context: bool = False,
-        group_by_overload_name=False,
+        group_by_overload_name: bool = False,
         idle: bool = False,
         group_by_thread: bool = False,
-    ):
+    ) -> KeyAverages:
         """Op statistics as a :class:`gpuprof.tables.KeyAverages`: ``.table()`` prints
         them, iterating gives one row object with torch.profiler's attribute names.
 
@@ -95,7 +123,7 @@ class ResultAccessors:
             group_by_thread=group_by_thread,
         )
 
-    def ops(self, pid=None):
+    def ops(self, pid: int | str | None = None) -> np.ndarray:
         """One row per op: see docs/tables.md for the fields. ``pid`` (with
         ``subprocesses=True``): None the main process, an int that process,
         "workers" summed over child processes, "all" summed over every process."""
@@ -105,7 +133,7 @@ class ResultAccessors:
             return processes.select(self.results, pid, self.subprocesses).ops()
         return self.results.ops()
 
-    def events(self):
+    def events(self) -> EventList:
         """Every call, range and CUDA API call of the last window, one
         :class:`gpuprof.events.FunctionEvent` each (torch.profiler's ``prof.events()``;
         times in microseconds)."""
@@ -113,23 +141,23 @@ class ResultAccessors:
 
         return EventList(self.results)
 
-    def kernels(self):
+    def kernels(self) -> np.ndarray:
         """One row per GPU activity name and device."""
         return self.results.kernels()
 
-    def gpu_events(self):
+    def gpu_events(self) -> np.ndarray:
         """One row per GPU activity, joined to the op that launched it."""
         return self.results.gpu_events()
 
-    def steps(self):
+    def steps(self) -> np.ndarray:
         """One row per recorded step with CPU and GPU time breakdowns."""
         return self.results.steps()
 
-    def call_tree(self):
+    def call_tree(self) -> np.ndarray:
         """The call tree: node id, parent id, op row, times and calls."""
         return self.results.call_tree()
 
-    def diagnose(self):
+    def diagnose(self) -> Diagnosis:
         """Findings about the last recorded window, most severe first (see gpuprof.diagnose)."""
         from .diagnose import diagnose
 
@@ -137,7 +165,7 @@ class ResultAccessors:
 
     def export_chrome_trace(
         self,
-        path,
+        path: Path,
         use_python_export: bool = False,
         *,
         min_duration_us: float = 0.0,
@@ -170,7 +198,7 @@ class ResultAccessors:
                 results, path, min_duration_us=min_duration_us, max_events=max_events
             )
 
-    def export_stacks(self, path, metric: str = "self_cpu_time_total") -> str:
+    def export_stacks(self, path: Path, metric: str = "self_cpu_time_total") -> str:
         """Write collapsed stacks for flame graphs; ``metric`` is
         ``"self_cpu_time_total"`` or ``"self_cuda_time_total"``."""
         from .exporters.stacks import export_stacks
@@ -179,7 +207,9 @@ class ResultAccessors:
         with progress(f"writing {path}", sum(len(w["nodes"]) for w in results.windows)):
             return export_stacks(results, path, metric)
 
-    def export_html(self, path, *, trace=None, title: str | None = None) -> str:
+    def export_html(
+        self, path: Path, *, trace: Path | None = None, title: str | None = None
+    ) -> str:
         """Write one self-contained HTML report (no network needed to open it): the
         diagnosis, the steps, the op and kernel tables, a flame graph of the call tree,
         the memory curves and, where recorded, the processes and this rank's
@@ -197,7 +227,7 @@ class ResultAccessors:
                 results, path, sampler=sampler, processes=processes, trace=trace, title=title
             )
 
-    def save(self, path) -> str:
+    def save(self, path: Path) -> str:
         """Save every kept window to one file; ``gpuprof.load(path)`` reopens it."""
         from .exporters.saved import save
 
@@ -219,7 +249,7 @@ class ResultAccessors:
                 f"{what}: memory was not recorded; use gpuprof.profile(profile_memory=True)"
             )
 
-    def memory_curve(self, device: str = "cuda:0", source: str = "auto"):
+    def memory_curve(self, device: str = "cuda:0", source: str = "auto") -> np.ndarray:
         """Memory over time of one device, as a NumPy structured array.
 
         Args:
@@ -245,7 +275,7 @@ class ResultAccessors:
         results = self.results
         return memory.memory_curve(results, device, sampler=results.memory_samples, source=source)
 
-    def memory_summary(self):
+    def memory_summary(self) -> MemorySummary:
         """Peak memory per device and on the host, the op and line that reached it, the
         largest allocations, and allocator overhead (a :class:`gpuprof.memory.MemorySummary`:
         ``print()`` it, ``.to_dict()``).
@@ -259,7 +289,7 @@ class ResultAccessors:
         results = self.results
         return memory.memory_summary(results, sampler=results.memory_samples)
 
-    def plot_memory(self, path_or_ax=None):
+    def plot_memory(self, path_or_ax: Any = None) -> Any:
         """Plot the memory curves with matplotlib (``pip install matplotlib``).
 
         Args:
@@ -273,7 +303,7 @@ class ResultAccessors:
         results = self.results
         return memory.plot_memory(results, path_or_ax, sampler=results.memory_samples)
 
-    def export_memory_timeline(self, path, device: str | None = None) -> str:
+    def export_memory_timeline(self, path: Path, device: str | None = None) -> str:
         """Write memory over time, as torch.profiler's ``export_memory_timeline``: a path
         ending in ``.html`` gets the plot (a PNG inside, needs matplotlib); ``.json`` or
         ``.json.gz`` gets ``[times, sizes]``: times in microseconds on the profiler
@@ -319,7 +349,7 @@ class ResultAccessors:
                 f"</html>\n"
             )
         else:
-            fields = [f for f in curve.dtype.names if f != "timestamp_ns"]
+            fields = [f for f in curve.dtype.names or () if f != "timestamp_ns"]
             times = (curve["timestamp_ns"] / 1e3).tolist()
             sizes = np.stack([curve[f] for f in fields], axis=1).tolist() if len(curve) else []
             text = json.dumps([times, sizes])
@@ -329,7 +359,7 @@ class ResultAccessors:
         return path
 
     # -- printable views (terminal text, HTML in notebooks) -----------------
-    def kernel_table(self, sort_by: str = "total_ns", row_limit: int = 20):
+    def kernel_table(self, sort_by: str = "total_ns", row_limit: int = 20) -> Table:
         """GPU activities by name, most time first (see gpuprof.views.kernel_table)."""
         from .views import kernel_table
 
@@ -340,7 +370,7 @@ class ResultAccessors:
         max_depth: int | None = None,
         row_limit: int | None = None,
         min_share: float = 0.0,
-    ):
+    ) -> Table:
         """One line per ``torch.nn.Module`` instance, nested as the model is, with its
         forward and backward GPU time (see gpuprof.views.module_table, docs/backward.md)."""
         from .views import module_table
@@ -350,17 +380,17 @@ class ResultAccessors:
             res.modules(), res.gpu_work_ns(), max_depth, row_limit, min_share=min_share
         )
 
-    def modules(self):
+    def modules(self) -> np.ndarray:
         """The modules table as a NumPy structured array (docs/backward.md, "Modules")."""
         return self.results.modules()
 
-    def step_table(self):
+    def step_table(self) -> Table:
         """One line per recorded step: wall, GPU busy/idle, memcpy, comm, sync wait."""
         from .views import step_table
 
         return step_table(self.steps())
 
-    def plot_steps(self, path_or_ax=None):
+    def plot_steps(self, path_or_ax: Any = None) -> Any:
         """Stacked bar per step of GPU compute, memcpy, comm, sync wait and idle (matplotlib)."""
         from .views import plot_steps
 

@@ -152,6 +152,8 @@ class AutogradNodes(Part):
                 "stopped the profile, and stay on there"
             )
             return
+        if self._fns is None:
+            return
         try:
             self._fns[1]()
         except RuntimeError as e:  # someone else took PyTorch's profiler state off

@@ -9,12 +9,15 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+from typing import TypeVar
 
 from ._format import format_time
 from ._results import Results, display_name
 from .diagnose import diagnose
 
 __all__ = ["Comparison", "Delta", "build"]
+
+_C = TypeVar("_C", bound="Comparison")
 
 
 def _results(x) -> Results:
@@ -151,7 +154,7 @@ def _kernel_times(res: Results, steps: int) -> dict[str, float]:
     return out
 
 
-def build(before, after, limit: int, cls: type[Comparison] = Comparison) -> Comparison:
+def build(before: object, after: object, limit: int, cls: type[_C]) -> _C:
     """The comparison of two profiles (loaded profiles or Results) as a ``cls``;
     ``limit``: rows per table, already checked (see :func:`gpuprof.compare`)."""
     rb, ra = _results(before), _results(after)

@@ -44,8 +44,7 @@ def candidate_paths() -> list[str]:
         for sub in ("lib64", "extras/CUPTI/lib64", "lib"):
             out += sorted(glob.glob(os.path.join(root, sub, "libcupti.so*")), reverse=True)
     out += ["libcupti.so.13", "libcupti.so"]
-    seen: set[str] = set()
-    return [p for p in out if not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(out))  # each path once, in order
 
 
 def ensure_cupti() -> tuple[bool, str]:

@@ -756,8 +756,8 @@ def assign_flops(roots: Iterable[Any]) -> int:
                 forward_flag.setdefault(seq, []).append(hint(r, "transposed"))
         elif name == "aten::convolution_backward":
             if has_links and op_id:
-                got = consumed.get(op_id, set())
-                d["output_mask"] = (0 in got, 1 in got, 2 in got)
+                used = consumed.get(op_id, set())
+                d["output_mask"] = (0 in used, 1 in used, 2 in used)
             for p in reversed(parents):
                 if _BACKWARD_NODE.search(p.name) and getattr(p, "seq", None) is not None:
                     d["backward_seq"] = p.seq

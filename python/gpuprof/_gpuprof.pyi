@@ -2,9 +2,10 @@
 # csrc/threads.c, csrc/testing.c). tests/unit/test_architecture.py checks that it names what the
 # extension defines.
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
+from _typeshed import SupportsWrite
 
 HAVE_CUPTI: int
 EVENT_CLOCK: str
@@ -73,7 +74,7 @@ class Profiler:
         cuda: bool = ...,
         memory: bool = ...,
         schedule: Any = ...,
-        schedule_fn: Callable[[int], int] | None = ...,
+        schedule_fn: Callable[[int], object] | None = ...,
         on_trace_ready: Callable[[Any], object] | None = ...,
         owner: Any = ...,
         capture: int = ...,
@@ -130,7 +131,9 @@ def epoch_offset_ns() -> int: ...
 
 # results and traces
 def _complete_window(raw: dict[str, Any], /) -> dict[str, Any]: ...
-def _write_trace(dest: str | BinaryIO, window: dict[str, Any], meta: dict[str, Any], /) -> int: ...
+def _write_trace(
+    dest: str | SupportsWrite[bytes], window: dict[str, Any], meta: dict[str, Any], /
+) -> int: ...
 def _trace_keep(window: dict[str, Any], min_ns: int, /) -> tuple[np.ndarray, int]: ...
 
 # test entry points (csrc/testing.c)

@@ -130,11 +130,11 @@ class HostSampler:
         self.dropped_adapters: list = []  # disabled after an error; their samples stay
         self.errors: list[str] = []
         self._owner = weakref.ref(owner) if owner is not None else None
-        self._rss = None
+        self._rss: _RssReader | None = None
         self._stop = _thread.allocate_lock()  # held while the thread should run
         self._done = _thread.allocate_lock()  # held while the thread runs
         self._running = False
-        self._thread_id = None
+        self._thread_id: int | None = None
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from . import processes
 from ._accessors import ResultAccessors
 from ._results import Results
@@ -15,7 +17,7 @@ from .exporters.saved import read
 __all__ = ["LoadedProfile", "load"]
 
 
-def load(path) -> LoadedProfile:
+def load(path: str | os.PathLike[str]) -> LoadedProfile:
     """Open a file written by ``prof.save(path)``.
 
     Returns:
@@ -39,7 +41,7 @@ class LoadedProfile(ResultAccessors):
     ``export_stacks()``; ``results`` is the underlying :class:`gpuprof.Results`.
     """
 
-    def __init__(self, results: Results, path: str | None = None):
+    def __init__(self, results: Results, path: str | None = None) -> None:
         self._results = results
         self.path = path
 
@@ -63,7 +65,7 @@ class LoadedProfile(ResultAccessors):
         """Whether the recording profiled child processes (``subprocesses=True``)."""
         return self._results.subprocesses is not None
 
-    def processes(self):
+    def processes(self) -> np.ndarray:
         """One row per recorded process, the main process first, as
         ``profile.processes()`` returned it when it was saved."""
         out = processes.processes_array(self._results)

@@ -81,7 +81,7 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     outer_inst = np.where(outer_call >= 0, mod[np.maximum(outer_call, 0)], -1)
     inst = mod[calls]
     # rows: the instances that ran, in the order their first call began
-    first = {}
+    first: dict[int, int] = {}
     for i, s in zip(inst.tolist(), calls.tolist()):
         first.setdefault(i, s)
     order = sorted(first, key=lambda i: (int(spans["start_ns"][first[i]]), first[i]))

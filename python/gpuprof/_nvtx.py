@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from . import _gpuprof
 from ._constants import CAPTURE_NONE, CAPTURE_NVTX, CAPTURE_PROFILER_API
@@ -62,7 +63,7 @@ def _mapped_libnvtoolsext() -> list[str]:
         return []
 
 
-def _probe_callables() -> list[tuple[str, object]]:
+def _probe_callables() -> list[tuple[str, Callable[[str], object]]]:
     """(library, callable(message)) for each NVTX client loaded here that can be probed
     without importing anything."""
     out = []

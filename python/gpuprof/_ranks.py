@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+from typing import Any
 
 __all__ = ["distributed_info", "expand_name", "rank_info"]
 
@@ -124,7 +125,7 @@ def distributed_info() -> dict:
     dist = _torch_dist()
     if dist is not None:
         try:
-            info = {
+            info: dict[str, Any] = {
                 "backend": str(dist.get_backend()),
                 "rank": int(dist.get_rank()),
                 "world_size": int(dist.get_world_size()),

@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable, Collection, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -159,17 +161,17 @@ def subtree_sums(parent: np.ndarray, own: np.ndarray) -> np.ndarray:
     return total
 
 
-def outermost(parent: np.ndarray, key) -> np.ndarray:
+def outermost(parent: np.ndarray, key: np.ndarray | Sequence[Hashable]) -> np.ndarray:
     """Per tree node: True when no ancestor has the same key (its total time or
     memory is not already inside an enclosing node of that key: recursion)."""
     n = len(parent)
     out = np.ones(n, dtype=bool)
     children: dict[int, list[int]] = {}
-    roots = []
+    roots: list[int] = []
     for i in range(n):
         p = int(parent[i])
         (roots if p < 0 else children.setdefault(p, [])).append(i)
-    on_path: dict = {}
+    on_path: dict[Any, int] = {}
     stack = [(r, False) for r in reversed(roots)]
     while stack:
         i, leaving = stack.pop()
@@ -201,16 +203,20 @@ def display_name(name: str, file: str, line: int, kind: str) -> str:
 class _Window:
     """One window's raw dict plus the public arrays built from it (lazily)."""
 
-    def __init__(self, raw: dict, device_props=None):
+    def __init__(
+        self,
+        raw: dict[str, Any],
+        device_props: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self._raw = raw  # spans may still be missing: use .raw for them
         self._device_props = device_props  # callable -> device_props() list, for occupancy
-        self._ops = None
-        self._kernels = None
-        self._op_names = None  # _op_display_names()
-        self._backward = None  # _backward.join(), when it applies
+        self._ops: np.ndarray | None = None
+        self._kernels: np.ndarray | None = None
+        self._op_names: np.ndarray | None = None  # _op_display_names()
+        self._backward: Any = None  # _backward.join(), when it applies
 
     @property
-    def raw(self) -> dict:
+    def raw(self) -> dict[str, Any]:
         """The window's dict, spans included (built now if they were not yet)."""
         return complete_window(self._raw)
 
@@ -222,7 +228,7 @@ class _Window:
             out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
             out["line"] = self._raw["op_lines"]
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
-            for f in OPS_DTYPE.names[4:-4]:
+            for f in (OPS_DTYPE.names or ())[4:-4]:
                 out[f] = r[f]
             out["idle"] = (r["kind"] == OP_CFUNC) & ((r["flags"] & OPF_WAIT) != 0)
             bwd_self = self.node_backward_ns()
@@ -264,7 +270,7 @@ class _Window:
             self._kernels = out
         return self._kernels
 
-    def backward(self):
+    def backward(self) -> Any:
         """The backward pass joined to the forward (:mod:`._backward`), or None for a
         window without autograd sequence numbers (no forward calls made nodes, the
         numbers were off, or a file from before them)."""
@@ -403,32 +409,37 @@ class _DevicePropsOf:
     its spans are built. Pickles (Lightning's ddp_spawn pickles the profiler with its
     results); the unpickled Results binds its windows to itself again."""
 
-    def __init__(self, results):
+    def __init__(self, results: Results) -> None:
         self._ref = weakref.ref(results)
 
-    def __call__(self) -> list[dict]:
+    def __call__(self) -> list[dict[str, Any]]:
         res = self._ref()
         return res._device_props() if res is not None else []
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[], list[dict[str, Any]]], tuple[()]]:
         return (_no_device_props, ())
 
 
-def _no_device_props() -> list[dict]:
+def _no_device_props() -> list[dict[str, Any]]:
     return []
 
 
 class Results:
     """Read-only view over one or more recorded windows."""
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("subprocesses", None)  # pickled before it was set here
         props = _DevicePropsOf(self)
         for w in self._windows:
             w._device_props = props
 
-    def __init__(self, windows: list[dict], cuda: dict | None = None, meta: dict | None = None):
+    def __init__(
+        self,
+        windows: list[dict[str, Any]],
+        cuda: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         if not windows:
             raise RuntimeError(
                 "no recorded window: the profiler has not completed a recording "
@@ -440,12 +451,12 @@ class Results:
         self.meta = dict(meta or {})
         # host and allocator memory samples (profile_memory=True): the live sampler
         # (gpuprof._host_sampler.HostSampler) or the saved ones (SampleSnapshot)
-        self.memory_samples = None
+        self.memory_samples: Any = None
         # the child processes (subprocesses=True): one gpuprof.processes.ProcessData
         # per child, [] when none was recorded; None when they were not profiled
-        self.subprocesses = None
+        self.subprocesses: list[Any] | None = None
 
-    def _device_props(self) -> list[dict]:
+    def _device_props(self) -> list[dict[str, Any]]:
         """Device properties for occupancy: saved with the results, else the live
         devices' when GPU capture was on (a CPU-only run never touches CUDA)."""
         props = self.meta.get("device_properties")
@@ -467,10 +478,10 @@ class Results:
         return int(max(w._raw["dropped_gpu"] for w in self._windows))
 
     @property
-    def windows(self) -> list[dict]:
+    def windows(self) -> list[dict[str, Any]]:
         return [w.raw for w in self._windows]
 
-    def raw_windows(self) -> list[dict]:
+    def raw_windows(self) -> list[dict[str, Any]]:
         """The windows' dicts as they are: a CPU-only window's spans not built yet (the
         parts that add keys to them use this: :attr:`windows` builds the spans)."""
         return [w._raw for w in self._windows]
@@ -540,7 +551,11 @@ class Results:
             ),
         )
 
-    def _per_op(self, per_window, combine) -> np.ndarray:
+    def _per_op(
+        self,
+        per_window: Callable[[_Window], np.ndarray],
+        combine: Callable[[Any, Any], Any],
+    ) -> np.ndarray:
         """A per-op-row value of every window (``per_window(window)``), merged like
         ``ops()`` merges rows (by name, file, line and kind) with ``combine``."""
         if len(self._windows) == 1:
@@ -549,7 +564,7 @@ class Results:
         index = {
             k: i for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"], ops["kind"]))
         }
-        out = None
+        out: np.ndarray | None = None
         seen = np.zeros(len(ops), dtype=bool)
         for w in self._windows:
             wops = w.ops()
@@ -562,7 +577,7 @@ class Results:
                     continue
                 out[i] = combine(out[i], v) if seen[i] else v
                 seen[i] = True
-        return out
+        return out  # type: ignore[return-value]  # None only for no windows, which never are
 
     def context_rows(self) -> np.ndarray:
         """Per row of ``ops()``: True for frames that were already running when
@@ -574,7 +589,7 @@ class Results:
         """Per row of ``ops()``: True when some call of it had no caller inside the
         window (its parent is a thread's root or a frame that was already running)."""
 
-        def top(w):
+        def top(w: _Window) -> np.ndarray:
             tree = w.raw["nodes"]
             ctx = w.context_rows()
             rows = tree["op_row"].astype(np.int64)
@@ -599,7 +614,7 @@ class Results:
         outermost call counted once; the same on the host, which gpuprof does not
         measure per op and leaves at 0)."""
 
-        def cuda_total(w):
+        def cuda_total(w: _Window) -> np.ndarray:
             _, sub = w.node_memory()
             tree = w.raw["nodes"]
             rows = tree["op_row"].astype(np.int64)
@@ -617,7 +632,7 @@ class Results:
         ``idle`` ops below them (all of an idle op's own time). ``cpu_total_ns`` less
         this is the time the op computed; read from the call tree."""
 
-        def below(w):
+        def below(w: _Window) -> np.ndarray:
             tree = w._raw["nodes"]
             idle = w.ops()["idle"]
             out = np.zeros(len(idle), dtype=np.int64)
@@ -676,12 +691,12 @@ class Results:
                 total += int((g["end_ns"][work] - g["start_ns"][work]).sum())
         return total
 
-    def backward_summary(self) -> dict:
+    def backward_summary(self) -> dict[str, Any]:
         """Backward GPU time (kernels, copies, sets) launched in autograd nodes
         (``node_ns``), the part joined to the forward call that made its node
         (``joined_ns``), and the rest by node name (``unjoined_ns``); zeros where
         no window has the join (docs/backward.md)."""
-        out: dict = {"node_ns": 0, "joined_ns": 0, "unjoined_ns": {}}
+        out: dict[str, Any] = {"node_ns": 0, "joined_ns": 0, "unjoined_ns": {}}
         for w in self._windows:
             b = w.backward()
             if b is None:
@@ -735,7 +750,7 @@ class Results:
     def threads(self) -> np.ndarray:
         return self._windows[-1]._raw["threads"]
 
-    def thread_row_names(self, window: dict | None = None) -> list[str]:
+    def thread_row_names(self, window: dict[str, Any] | None = None) -> list[str]:
         """One name per thread row of ``window`` (a raw window dict; default the
         last), as the trace and the report show them: the name the profile kept for
         that OS thread (taken when the thread ended, or when profiling started or
@@ -763,12 +778,18 @@ class Results:
         return dict(zip(idents, self.thread_row_names(), strict=True))
 
 
-def merge_rows(parts: list[np.ndarray], key: tuple[str, ...], mins=(), maxs=(), keep=()):
+def merge_rows(
+    parts: list[np.ndarray],
+    key: tuple[str, ...],
+    mins: Collection[str] = (),
+    maxs: Collection[str] = (),
+    keep: Collection[str] = (),
+) -> np.ndarray:
     """One row per distinct ``key`` over the rows of ``parts`` (arrays of one dtype), in
     order of first appearance: numeric fields summed, ``mins`` and ``maxs`` the least and
     the greatest, ``keep`` and the key fields as the first row with that key has them."""
     rows = np.concatenate(parts) if len(parts) != 1 else parts[0]
-    ids: dict[tuple, int] = {}
+    ids: dict[tuple[Any, ...], int] = {}
     group = np.fromiter(
         (ids.setdefault(k, len(ids)) for k in zip(*(rows[f].tolist() for f in key))),
         dtype=np.int64,
@@ -777,7 +798,8 @@ def merge_rows(parts: list[np.ndarray], key: tuple[str, ...], mins=(), maxs=(), 
     first = np.full(len(ids), len(rows), dtype=np.int64)
     np.minimum.at(first, group, np.arange(len(rows)))
     out = rows[first].copy()
-    for f in rows.dtype.names:
+    combine: np.ufunc
+    for f in rows.dtype.names or ():
         if f in key or f in keep or rows.dtype[f].kind not in "iuf":
             continue
         if f in mins or f in maxs:

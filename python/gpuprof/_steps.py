@@ -33,12 +33,20 @@ import keyword
 import sys
 import weakref
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from ._constants import ACT_RECORD, ACT_RECORD_AND_SAVE
 
 __all__ = ["ImportWatch", "OptimizerSteps", "StartupApart", "StepCounter", "StepFunction"]
 
 TORCH_OPTIMIZER_MODULE = "torch.optim.optimizer"
+
+
+class _Counts(Protocol):
+    """What a step source calls at each boundary it finds: a :class:`StepCounter`, or
+    the on-demand process's own counter (gpuprof._ondemand)."""
+
+    def step(self) -> object: ...
 
 
 class StepCounter:
@@ -208,12 +216,13 @@ class OptimizerSteps:
     then on.
     """
 
-    def __init__(self, counter: StepCounter):
+    def __init__(self, counter: _Counts):
         self.counter = counter
         self.imported = False
         self.optimizers: dict[str, None] = {}  # class names of the counted optimizers, in order
         self._handle = None
-        self._lead = None  # weakref to the optimizer whose steps count
+        # weakref to the optimizer whose steps count (or a callable returning it)
+        self._lead: Callable[[], Any] | None = None
         self._others: dict[int, int] = {}  # id(optimizer) -> steps since the lead's last one
 
     def install(self, watch: ImportWatch) -> None:
@@ -284,7 +293,7 @@ class StepFunction:
 
     GLOBAL = "__gpuprof_step_fn__"  # the binder, in the program's globals
 
-    def __init__(self, spec: str, counter: StepCounter, main_names: set[str]):
+    def __init__(self, spec: str, counter: _Counts, main_names: set[str]):
         self.spec = spec
         self.module, self.attr = parse(spec)
         self.counter = counter

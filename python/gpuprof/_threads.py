@@ -43,7 +43,8 @@ def _install(names: dict[int, str]) -> None:
     if current is not None and not isinstance(current, _gpuprof._ThreadEnd):
         _original_delete = current
     if _original_delete is not None:  # else a Python whose threads end otherwise
-        threading.Thread._delete = _gpuprof._ThreadEnd(_original_delete, names)
+        # a private method of CPython's Thread, absent from its stubs
+        threading.Thread._delete = _gpuprof._ThreadEnd(_original_delete, names)  # type: ignore[attr-defined]
     _session = names
 
 
@@ -52,7 +53,7 @@ def _uninstall() -> None:
     _session = None
     current = threading.Thread.__dict__.get("_delete")
     if isinstance(current, _gpuprof._ThreadEnd):  # unless someone wrapped ours since
-        threading.Thread._delete = _original_delete
+        threading.Thread._delete = _original_delete  # type: ignore[attr-defined]  # as above
 
 
 def _running(names: dict[int, str]) -> None:

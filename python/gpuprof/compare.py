@@ -9,9 +9,16 @@ gpuprof._comparison; this module opens saved files and writes the page.
 
 from __future__ import annotations
 
+import os
+
 from . import _comparison
+from ._accessors import ResultAccessors
 from ._comparison import Delta
 from ._loaded import load
+from ._results import Results
+
+# what compare() takes on either side
+Profile = ResultAccessors | Results | str
 
 __all__ = ["Comparison", "Delta", "compare"]
 
@@ -19,7 +26,7 @@ __all__ = ["Comparison", "Delta", "compare"]
 class Comparison(_comparison.Comparison):
     """What changed between two profiles (per-step figures)."""
 
-    def export_html(self, path, *, title: str | None = None) -> str:
+    def export_html(self, path: str | os.PathLike[str], *, title: str | None = None) -> str:
         """Write this comparison as one self-contained HTML page (docs/report.md):
         step time and where it goes on each side, the op and kernel changes as
         sortable tables, and the findings gone, new and kept. Returns ``path``."""
@@ -28,7 +35,7 @@ class Comparison(_comparison.Comparison):
         return export_compare_html(self, path, title=title)
 
 
-def compare(before, after, limit: int = 15) -> Comparison:
+def compare(before: Profile, after: Profile, limit: int = 15) -> Comparison:
     """Compare two profiles; ``print()`` the result for a report.
 
     Args:

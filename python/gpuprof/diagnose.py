@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 import numpy as np
 
@@ -374,7 +375,7 @@ def _data_stall(v: _View):
     where = v.caller(int(idx[np.flatnonzero(sp["op_row"][idx] == row)[0]]))[1]
     # the hottest function inside the loader
     inner = _hottest_below(v, set(int(i) for i in idx))
-    ev = {
+    ev: dict[str, Any] = {
         "wait_ns": wait,
         "wait_per_step_ns": wait // v.n_steps,
         "gpu_busy_during_wait_share": busy / max(wait, 1),
@@ -415,14 +416,14 @@ def _hottest_below(v: _View, roots: set[int]) -> str:
         p = int(sp["parent"][i])
         inside[i] = i in roots or (p >= 0 and inside[p])
     own = _span_self_ns(sp)  # a loader's outer frames only pass the wait down
-    for i in np.flatnonzero(inside):
-        if i in roots:
+    for k in np.flatnonzero(inside):
+        if k in roots:
             continue
-        row = int(sp["op_row"][i])
-        self_ns[row] = self_ns.get(row, 0) + int(own[i])
+        row = int(sp["op_row"][k])
+        self_ns[row] = self_ns.get(row, 0) + int(own[k])
     if not self_ns:
         return ""
-    return _op_label(v.ops, max(self_ns, key=self_ns.get))
+    return _op_label(v.ops, max(self_ns, key=lambda r: self_ns[r]))
 
 
 def _merged(gpu, kinds):
@@ -613,8 +614,8 @@ def _communication(v: _View):
         return []
     k = v.gpu[(v.gpu["category"] == "compute") & (v.gpu["kind"] == "kernel")]
     # the exposed communication of distributed.comm_overlap, over the window, not per step
-    _, total, hidden = _cover_split(_union(k["start_ns"], k["end_ns"]), cm, cm[0][0], cm[1][-1])
-    total, exposed = int(total), int(total - hidden)
+    _, covered, hidden = _cover_split(_union(k["start_ns"], k["end_ns"]), cm, cm[0][0], cm[1][-1])
+    total, exposed = int(covered), int(covered - hidden)
     share = exposed / max(v.step_ns, 1)
     if share < 0.05:
         return []

@@ -8,6 +8,9 @@ millions of objects. Times are in microseconds, as in torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any, overload
+
 import numpy as np
 
 from ._constants import OP_CUDA_API, SF_ENTERED
@@ -60,7 +63,7 @@ class FunctionEvent:
         self.line = int(ev._spans["line"][i])
         self.is_context = bool(ev._spans["flags"][i] & SF_ENTERED)
         self.count = 1
-        self.input_shapes: list = []  # not recorded (docs/api.md)
+        self.input_shapes: list[Any] = []  # not recorded (docs/api.md)
         self.stack: list[str] = []
         self.is_async = False
         self.device_type = "CPU"
@@ -114,7 +117,7 @@ class EventList:
         self._dev_self_us = dev_self / 1e3
         self._dev_total_us = dev_total / 1e3
         self._parent = parent
-        self._child_index = None
+        self._child_index: tuple[np.ndarray, np.ndarray] | None = None
 
     def _children(self, i: int) -> np.ndarray:
         if self._child_index is None:
@@ -127,7 +130,13 @@ class EventList:
     def __len__(self) -> int:
         return len(self._spans)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> FunctionEvent: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[FunctionEvent]: ...
+
+    def __getitem__(self, i: int | slice) -> FunctionEvent | list[FunctionEvent]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = int(i)
@@ -137,7 +146,7 @@ class EventList:
             raise IndexError(f"event index {i} out of range ({len(self)} events)")
         return FunctionEvent(self, i)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[FunctionEvent]:
         for i in range(len(self)):
             yield FunctionEvent(self, i)
 
@@ -145,7 +154,9 @@ class EventList:
         return f"<EventList: {len(self)} events of the last window>"
 
 
-def _device_times(spans, parent, gpu):
+def _device_times(
+    spans: np.ndarray, parent: np.ndarray, gpu: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """GPU time (ns) per span: of the work launched by the CUDA API calls directly
     under it (self), and under it at any depth (total), joined by correlation id."""
     n = len(spans)

@@ -25,6 +25,7 @@ import html
 import math
 import os
 import re
+from typing import Any
 
 import numpy as np
 
@@ -159,7 +160,9 @@ def _driver_curve(results: Results, device: int):
     by_window: dict[int, list] = {}
     for wi, i, delta in events:
         by_window.setdefault(wi, []).append((i, delta))
-    ts, val, src = [], [], []
+    ts: list[int] = []
+    val: list[int] = []
+    src: list[Any] = []
     running = 0
     for wi, w in enumerate(_windows(results)):
         g = w.raw["gpu"]

@@ -11,7 +11,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType, TracebackType
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -35,6 +37,10 @@ from ._results import Results
 from .schedule import Schedule
 
 __all__ = ["ProfilerActivity", "profile", "record_function"]
+
+_P = TypeVar("_P", bound=_parts.Part)
+_A = ParamSpec("_A")
+_R = TypeVar("_R")
 
 
 class ProfilerActivity(enum.Enum):
@@ -63,7 +69,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def _user_stacklevel() -> int:
     """The warnings.warn stacklevel of the innermost frame outside gpuprof, for a
     warning raised from gpuprof code (the user's ``with`` line, ``prof.stop()``)."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
     return level
@@ -99,7 +106,7 @@ def _kernel_threads() -> list[int]:
     return out[:16]
 
 
-def _name_the_callback(error: BaseException, callback, step: int) -> None:
+def _name_the_callback(error: BaseException, callback: object, step: int) -> None:
     """Add a note to an error ``on_trace_ready`` raised: which callback, at which
     step (on Python 3.10, which has no notes, the line goes to stderr)."""
     name = getattr(callback, "__qualname__", None) or repr(callback)
@@ -116,7 +123,7 @@ def _name_the_callback(error: BaseException, callback, step: int) -> None:
         print(note, file=sys.stderr)
 
 
-def _check_torch_compat_args(**args) -> None:
+def _check_torch_compat_args(**args: Any) -> None:
     """Check the torch.profiler arguments gpuprof accepts for compatibility, and warn
     once (per profile) for each set argument it cannot honour, naming it."""
     for name in ("with_flops", "with_modules", "record_shapes"):
@@ -224,6 +231,10 @@ class profile(ResultAccessors):
             naming the argument says so when one is set.
     """
 
+    # set in __init__; ResultAccessors reads them
+    profile_memory: bool
+    subprocesses: bool
+
     def __init__(
         self,
         *,
@@ -240,15 +251,15 @@ class profile(ResultAccessors):
         capture: str | None = None,
         with_flops: bool = False,
         with_modules: bool = False,
-        experimental_config=None,
-        execution_trace_observer=None,
-        custom_trace_id_callback=None,
+        experimental_config: object = None,
+        execution_trace_observer: object = None,
+        custom_trace_id_callback: Callable[[], str] | None = None,
         post_processing_timeout_s: float | None = None,
         use_cuda: bool | None = None,
         cuda_sync_events: bool = False,
         autograd_nodes: bool = True,
         modules: bool = True,
-    ):
+    ) -> None:
         _check_torch_compat_args(
             with_flops=with_flops,
             with_modules=with_modules,
@@ -332,10 +343,15 @@ class profile(ResultAccessors):
         self.cuda_sync_events = cuda_sync_events
         self.autograd_nodes = autograd_nodes
         self.memory_sample_interval_s = _memory.validate_interval(memory_sample_interval_s)
-        self._windows: list[dict] = []
-        self._cuda_state: dict = {"active": False, "mode": "off", "error": cuda_off_reason}
+        self._windows: list[dict[str, Any]] = []
+        self._cuda_state: dict[str, Any] = {
+            "active": False,
+            "mode": "off",
+            "error": cuda_off_reason,
+        }
         self._metadata: dict[str, str] = {}  # add_metadata(): top-level keys of the trace
-        self._partial = None  # the cut-short window stop() dropped (docs/schedule.md)
+        # the cut-short window stop() dropped (docs/schedule.md): True while it closes
+        self._partial: bool | dict[str, Any] | None = None
         self._windows_before = 0
         cuda = ProfilerActivity.CUDA in acts
         if cuda:
@@ -475,7 +491,12 @@ class profile(ResultAccessors):
         self.start()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if not self._core.running:
             return
         try:
@@ -485,7 +506,7 @@ class profile(ResultAccessors):
                 raise
             # the user's exception propagates; ours would hide it
 
-    def _cut_short(self):
+    def _cut_short(self) -> tuple[int, int] | None:
         """At stop(), before the window closes: (closed steps, complete windows) when
         the schedule is recording a cycle whose RECORD_AND_SAVE step never came, else
         None. When a complete window came before (and windows are not accumulated),
@@ -524,16 +545,17 @@ class profile(ResultAccessors):
                 f"gpuprof: the loop ended at step {step}, inside the first recording "
                 f"window of the schedule; the results show that cut-short window"
             )
-        cycle = self.schedule.wait + self.schedule.warmup + active if active else 0
-        hint = (
-            f"run whole cycles ({cycle} step{'s' if cycle != 1 else ''} each) or set "
-            f"repeat= so the last cycle ends before the loop does"
-            if isinstance(self.schedule, Schedule)
-            else "make the schedule's last recording window end before the loop does"
-        )
+        if isinstance(self.schedule, Schedule):
+            cycle = self.schedule.wait + self.schedule.warmup + active if active else 0
+            hint = (
+                f"run whole cycles ({cycle} step{'s' if cycle != 1 else ''} each) or set "
+                f"repeat= so the last cycle ends before the loop does"
+            )
+        else:
+            hint = "make the schedule's last recording window end before the loop does"
         warnings.warn(f"{msg}; to avoid this, {hint}", UserWarning, stacklevel=_user_stacklevel())
 
-    def _window_ready(self, _core) -> None:
+    def _window_ready(self, _core: _gpuprof.Profiler) -> None:
         if self._partial is True:  # stop() cut this window short: keep the complete one
             self._partial = self._core.result
         else:
@@ -586,12 +608,12 @@ class profile(ResultAccessors):
             part.contribute(res)
         return res
 
-    def _part(self, kind: type[_parts.Part]) -> _parts.Part | None:
+    def _part(self, kind: type[_P]) -> _P | None:
         """This profile's part of that kind, or None."""
         return next((p for p in self._parts if isinstance(p, kind)), None)
 
     @property
-    def _memory_sampler(self):
+    def _memory_sampler(self) -> _parts.HostSampler | None:
         """The live host/allocator sampler (profile_memory=True), else None."""
         part = self._part(_parts.MemorySampler)
         return part.sampler if part is not None else None
@@ -607,7 +629,7 @@ class profile(ResultAccessors):
         """CPU events dropped because the buffer was full, in the kept windows."""
         return self.results.dropped_events
 
-    def buffer_stats(self) -> dict:
+    def buffer_stats(self) -> dict[str, int]:
         """Bytes and events held by the event buffers right now."""
         return self._core.buffer_stats()
 
@@ -651,14 +673,14 @@ class profile(ResultAccessors):
     def deep_dive(
         self,
         top: int = 5,
-        replay=None,
+        replay: Callable[[], object] | None = None,
         *,
-        command=None,
+        command: Sequence[str] | str | None = None,
         backend: str = "auto",
         max_kernels: int = 20000,
         timeout_s: float | None = 1800.0,
-        ncu=None,
-    ):
+        ncu: str | None = None,
+    ) -> _deepdive.DeepDiveReport:
         """Hardware metrics (SM and DRAM throughput as % of peak, achieved occupancy,
         L1/L2 hit rates, tensor-pipe use, FLOP/s) and a compute-, memory- or
         latency-bound verdict for the ``top`` kernels with the most GPU time.
@@ -706,7 +728,7 @@ class profile(ResultAccessors):
 
     # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
 
-    def processes(self):
+    def processes(self) -> np.ndarray:
         """One row per profiled process of the kept window(s), the main process first:
         pid, ppid, role ("main"/"worker"), name, start_method, status ("ok", "exited",
         "lost", "timeout"), windows, events, dropped, recorded_ns, cpu_self_ns
@@ -725,7 +747,7 @@ class record_function:
 
     __slots__ = ("name", "_token")
 
-    def __init__(self, name: str, args: str | None = None):
+    def __init__(self, name: str, args: str | None = None) -> None:
         if not isinstance(name, str):
             raise TypeError(f"record_function(): name must be a str, got {type(name).__name__}")
         if args is not None and not isinstance(args, str):
@@ -737,15 +759,15 @@ class record_function:
         self._token = _gpuprof.range_push(self.name)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         token, self._token = self._token, 0
         _gpuprof.range_pop(token)
 
-    def __call__(self, fn: Callable) -> Callable:
+    def __call__(self, fn: Callable[_A, _R]) -> Callable[_A, _R]:
         name = self.name
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: _A.args, **kwargs: _A.kwargs) -> _R:
             token = _gpuprof.range_push(name)
             try:
                 return fn(*args, **kwargs)
@@ -755,7 +777,7 @@ class record_function:
         return wrapper
 
 
-def kernel_sequence(replay) -> list[tuple[str, int]]:
+def kernel_sequence(replay: Callable[[], object]) -> list[tuple[str, int]]:
     """Run ``replay`` under a plain gpuprof profile: (name, device) of its
     kernels in launch order (correlation id, then start for graph kernels).
     The deep dive (gpuprof.deepdive) names its CUPTI ranges with it."""

@@ -48,7 +48,15 @@ class Schedule:
 
     __slots__ = ("wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait")
 
-    def __init__(self, wait, warmup, active, repeat=0, skip_first=0, skip_first_wait=0):
+    def __init__(
+        self,
+        wait: int,
+        warmup: int,
+        active: int,
+        repeat: int = 0,
+        skip_first: int = 0,
+        skip_first_wait: int = 0,
+    ) -> None:
         self.wait = _check_int("wait", wait, 0)
         self.warmup = _check_int("warmup", warmup, 0)
         self.active = _check_int("active", active, 1)

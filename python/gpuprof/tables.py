@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +68,9 @@ class KeyAverage:
     attribute names. Times are in microseconds (float) and memory in bytes, as in
     torch; ``count`` is the number of calls."""
 
-    def __init__(self, row, key: str, stack: list[str], kind: str, thread: str | None = None):
+    def __init__(
+        self, row: np.void, key: str, stack: list[str], kind: str, thread: str | None = None
+    ) -> None:
         us = 1e-3
         calls = int(row["calls"])
         self.key = key
@@ -87,7 +91,7 @@ class KeyAverage:
         self.backward_device_time_total = float(row["bwd_cuda_total_ns"]) * us
         self.self_backward_device_time_total = float(row["bwd_cuda_self_ns"]) * us
         self.forward_backward_device_time_total = float(row["fwd_bwd_cuda_ns"]) * us
-        self.input_shapes: list = []  # not recorded (docs/api.md)
+        self.input_shapes: list[Any] = []  # not recorded (docs/api.md)
         self.stack = list(stack)
         self.is_user_annotation = kind == "user"
         self.is_context = bool(row["context"])
@@ -175,6 +179,7 @@ class KeyAverages:
         self.group_by_thread = group_by_thread
         ops = results.ops()
         self.cuda = bool(results.cuda.get("active")) or bool((ops["cuda_total_ns"] != 0).any())
+        stacks: list[list[str]] | None
         if group_by_stack_n or group_by_thread:
             rows, stacks = self._by_stack(group_by_stack_n, group_by_thread, idle)
             if not group_by_stack_n:
@@ -221,7 +226,9 @@ class KeyAverages:
         )
         self.cpu_memory = show_memory and bool((rows["cpu_mem_self_bytes"] != 0).any())
 
-    def _by_stack(self, n: int, by_thread: bool = False, idle: bool = True):
+    def _by_stack(
+        self, n: int, by_thread: bool = False, idle: bool = True
+    ) -> tuple[np.ndarray, list[list[str]]]:
         """Group call-tree nodes by (op, nearest n Python callers), and by thread with
         ``by_thread``. A group's total time and memory count each outermost node once
         (recursion is not counted again inside itself); without ``idle`` its total
@@ -235,7 +242,7 @@ class KeyAverages:
         is_py = ops["kind"] == "python"
         keys = []
         for i in range(len(tree)):
-            stack = []
+            stack: list[int] = []
             p = parent[i]
             while p >= 0 and len(stack) < n:
                 if is_py[op_of[p]]:
@@ -251,7 +258,7 @@ class KeyAverages:
         )
         mem_self, mem_sub = res.node_memory()
         top = (parent < 0) | context[op_of[np.maximum(parent, 0)]]
-        groups: dict[tuple, dict] = {}
+        groups: dict[tuple[int, tuple[int, ...], int], dict[str, Any]] = {}
         for i, key in enumerate(keys):
             g = groups.setdefault(
                 key,
@@ -277,8 +284,8 @@ class KeyAverages:
                 g["cuda_mem_total_bytes"] += int(mem_sub[i])
         rows = _with_extra_fields(ops[:0], len(groups))
         stacks = []
-        for j, ((op, stack, thread), g) in enumerate(groups.items()):
-            for f in ops.dtype.names:
+        for j, ((op, path, thread), g) in enumerate(groups.items()):
+            for f in ops.dtype.names or ():
                 rows[f][j] = ops[f][op]
             for f, v in g.items():
                 rows[f][j] = v
@@ -288,7 +295,7 @@ class KeyAverages:
             stacks.append(
                 [
                     display_name(ops["name"][s], ops["file"][s], ops["line"][s], "python")
-                    for s in stack
+                    for s in path
                 ]
             )
         return rows, stacks
@@ -329,7 +336,7 @@ class KeyAverages:
             self.thread_names[self.rows["thread"][i]] if self.group_by_thread else None,
         )
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KeyAverage]:
         for i in range(len(self)):
             yield self[i]
 
@@ -354,7 +361,7 @@ class KeyAverages:
         return KeyAverage(total[0], "Total", [], "total")
 
     # -- the table ---------------------------------------------------------------------
-    def _sort_field(self, sort_by: str | None):
+    def _sort_field(self, sort_by: str | None) -> tuple[str | None, bool, str | None]:
         """(field, per-call average, note) of a sort key; a key whose figures were not
         recorded falls back to self CPU time, and the note says so."""
         if sort_by is None:
@@ -485,10 +492,11 @@ def _thread_labels(results: Results) -> list[str]:
 
 def _with_extra_fields(rows: np.ndarray, n: int | None = None) -> np.ndarray:
     """``rows`` (ops() fields) copied into the KeyAverages dtype, or n zero rows."""
-    dtype = np.dtype(rows.dtype.descr + [f for f in _EXTRA_FIELDS if f[0] not in rows.dtype.names])
+    names = rows.dtype.names or ()
+    dtype = np.dtype(rows.dtype.descr + [f for f in _EXTRA_FIELDS if f[0] not in names])
     out = np.zeros(len(rows) if n is None else n, dtype=dtype)
     if n is None:
-        for f in rows.dtype.names:
+        for f in names:
             out[f] = rows[f]
     return out
 
@@ -504,7 +512,11 @@ def _cut(s: str, width: int) -> str:
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def op_columns(ka: KeyAverages, unit: str | None = None) -> list[tuple]:
+# one column of the op table: (title, a value per row, the cell of a value)
+Column = tuple[str, np.ndarray, Callable[[Any], str]]
+
+
+def op_columns(ka: KeyAverages, unit: str | None = None) -> list[Column]:
     """The columns of ``ka.table()`` after Name (Source Location aside), in order: one
     ``(title, values, format)`` each, ``values`` a number per row of ``ka.rows``
     and ``format(value)`` its cell. The HTML report builds its op table from these
@@ -514,10 +526,10 @@ def op_columns(ka: KeyAverages, unit: str | None = None) -> list[tuple]:
     total_self_cuda = float(ka.total_self_cuda_ns)
     avg = r["cpu_total_ns"] / np.maximum(r["calls"].astype(np.int64), 1)
 
-    def time(v):
+    def time(v: float) -> str:
         return format_time(v, unit)
 
-    cols = [
+    cols: list[Column] = [
         ("Self CPU %", r["cpu_self_ns"], lambda v: _pct(v, total_self_cpu)),
         ("Self CPU", r["cpu_self_ns"], time),
         ("CPU total %", r["cpu_total_ns"], lambda v: _pct(v, total_self_cpu)),
@@ -553,12 +565,19 @@ def op_columns(ka: KeyAverages, unit: str | None = None) -> list[tuple]:
     return cols
 
 
-def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None, note: str | None):
+def _cells(
+    ka: KeyAverages,
+    order: Sequence[int] | np.ndarray,
+    name_w: int,
+    src_w: int,
+    unit: str | None,
+    note: str | None,
+) -> tuple[list[tuple[str, str | None]], list[tuple[list[str], list[str]]], list[str]]:
     """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
     total_self_cpu = float(ka.total_self_cpu_ns)
     total_self_cuda = float(ka.total_self_cuda_ns)
     numeric = op_columns(ka, unit)
-    cols = [("Name", None)]
+    cols: list[tuple[str, str | None]] = [("Name", None)]
     if ka.group_by_thread:
         cols += [("Thread", None)]
     cols += [(title, "r") for title, _, _ in numeric]
@@ -585,7 +604,7 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None, no
             f"key_averages(include_context=True) shows them"
         )
     if ka.idle_self_ns:
-        footer.append(ka.idle_note(unit))
+        footer.append(ka.idle_note(unit) or "")
     if note:
         footer.append(note)
     footer += _footer(ka._results)
@@ -594,7 +613,7 @@ def _cells(ka: KeyAverages, order, name_w: int, src_w: int, unit: str | None, no
 
 def _render(
     ka: KeyAverages,
-    order,
+    order: Sequence[int] | np.ndarray,
     name_w: int,
     src_w: int,
     header: str | None,
@@ -609,7 +628,7 @@ def _render(
         for frame in more:  # continuation lines of the Source Location column
             widths[-1] = max(widths[-1], len(_cut(frame, src_w)))
 
-    def fmt(cells):
+    def fmt(cells: list[str]) -> str:
         parts = []
         for j, c in enumerate(cells):
             parts.append(c.ljust(widths[j]) if cols[j][1] is None else c.rjust(widths[j]))
@@ -631,7 +650,7 @@ def _render(
     return "\n".join(out) + "\n"
 
 
-def _joined_line(joined: dict) -> str:
+def _joined_line(joined: dict[str, Any]) -> str:
     """The footer's line on the backward pass joined to the forward."""
     share = joined["joined_ns"] / joined["node_ns"]
     line = (

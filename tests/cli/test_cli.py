@@ -320,7 +320,34 @@ def test_no_frame_of_gpuprof_or_runpy_in_tables_or_trace(whole, tmp_path):
         assert "ProfilerStep*" in children(main)
 
 
+# A program that runs until gpuprof's time window is over, however fast the machine:
+# --delay and --duration are ITIMER_REAL timers whose handler runs on the main thread,
+# so the timer reads 0 at two checks in a row (bytecodes run between them, and with
+# them a pending handler, which arms the next timer) only once the window has ended.
+UNTIL_THE_WINDOW_ENDS = """
+import signal
+
+
+def work():
+    return sum(range(100_000))  # one C call: a short trace
+
+
+def after_the_window():
+    return sum(range(10))
+
+
+unarmed = 0
+while unarmed < 2:
+    work()
+    unarmed = unarmed + 1 if signal.getitimer(signal.ITIMER_REAL)[0] == 0 else 0
+after_the_window()
+print("done")
+"""
+
+
 def test_time_window_runs_no_thread_of_gpuprof(tmp_path):
+    prog = tmp_path / "until_the_window_ends.py"
+    prog.write_text(UNTIL_THE_WINDOW_ENDS)
     out = tmp_path / "out"
     r = gpuprof(
         "run",
@@ -331,16 +358,21 @@ def test_time_window_runs_no_thread_of_gpuprof(tmp_path):
         "0.4",
         "--output",
         str(out),
-        script("cpu_train.py"),
-        "150",
+        str(prog),
     )
     assert r.returncode == 0, r.stderr
+    assert "done" in r.stdout
     assert "steps: 0 recorded in the --delay/--duration window" in r.stdout  # no step() ran
     loaded = saved(out)
     threads = loaded.results.threads()
     assert len(threads) == 1, threads  # the program's main thread only
+    # the timer ended the window, not the program's end: the work in the window is
+    # recorded, what the program did after it is not; and a timer never fires early
+    ops = loaded.ops()
+    assert int(ops["calls"][ops["name"] == "work"].sum()) > 0
+    assert "after_the_window" not in set(ops["name"])
     start, end = loaded.results.window_bounds()
-    assert 0.3e9 <= end - start <= 2e9
+    assert end - start >= 0.4e9
     doc = trace(out)
     lanes = {e["tid"] for e in doc["traceEvents"] if e.get("cat") == "python_function"}
     assert lanes == {int(threads["os_tid"][0])}, lanes

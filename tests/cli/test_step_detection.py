@@ -126,6 +126,7 @@ def test_run_by_default_leaves_the_start_up_out_and_says_so(tmp_path):
     assert loaded.steps()["start_ns"][0] >= startup["end_ns"]
 
 
+@pytest.mark.slow  # 20 s: the whole of import torch is recorded and written out
 def test_run_whole_run_records_the_start_up_too(tmp_path):
     out = tmp_path / "out"
     r = gpuprof(

@@ -18,6 +18,7 @@ from gpuprof._results import Results
 
 C = _gpuprof._test_constants()
 MiB = 1 << 20
+SOURCE_LINES = open(__file__, encoding="utf-8").read().splitlines()
 CPU = [gpuprof.ProfilerActivity.CPU]
 PKG_DIR = os.path.dirname(os.path.abspath(gpuprof.__file__)) + os.sep
 CUDA_MALLOC = 20  # CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020 (only its key is used)
@@ -31,20 +32,39 @@ def _tasks():
 
 
 # -- host curve -------------------------------------------------------------------------------
-def _hold_200mb():
+def _samples_taken(sampler):
+    """Host samples the sampler has taken so far (its ring buffer's rows and drops)."""
+    return len(sampler.host.data) // sampler.host.ncols + sampler.host.dropped
+
+
+def _let_the_sampler_run(prof, samples=2):
+    """Wait until the memory sampler's thread has taken ``samples`` more samples, so
+    that what was set before is in the curves however slowly the machine runs (a
+    count, not a sleep that the sampler must win). Fails, rather than hangs, if the
+    thread never samples."""
+    sampler = prof._memory_sampler
+    target = _samples_taken(sampler) + samples
+    for _ in range(120_000):
+        if _samples_taken(sampler) >= target:
+            return
+        time.sleep(0.0005)  # WAIT LINE
+    pytest.fail(f"the memory sampler took no {samples} samples in a minute")
+
+
+def _hold_200mb(prof):
     buf = bytearray(200 * MiB)  # zero-filled: every page is touched
-    time.sleep(0.1)
+    _let_the_sampler_run(prof)
     return len(buf)
 
 
 def test_host_curve_rises_with_a_200mb_allocation():
     with gpuprof.profile(activities=CPU, profile_memory=True) as prof:
-        _hold_200mb()
-        time.sleep(0.03)
+        _hold_200mb(prof)
+        _let_the_sampler_run(prof)
     curve = prof.memory_curve("cpu")
     assert curve.dtype == HOST_DTYPE
     assert curve.dtype.names == ("timestamp_ns", "rss_bytes")
-    assert len(curve) >= 5
+    assert len(curve) >= 5  # the start's, 2 + 2 of the thread's, the stop's
     ts = curve["timestamp_ns"]
     assert np.all(np.diff(ts) > 0)
     start, end = prof.results.window_bounds()
@@ -56,18 +76,27 @@ def test_host_curve_rises_with_a_200mb_allocation():
     assert s.host["peak_bytes"] == rss.max()
     assert s.host["rss_source"] in ("statm", "getrusage")
     if s.host["rss_source"] == "statm":
-        sleep_line = _hold_200mb.__code__.co_firstlineno + 2
-        assert s.host["peak_location"].endswith(f"test_memory.py:{sleep_line}")
+        # the peak was sampled while the program waited, holding the buffer
+        wait_line = SOURCE_LINES.index("        time.sleep(0.0005)  # WAIT LINE") + 1
+        assert s.host["peak_location"].endswith(f"test_memory.py:{wait_line}")
     assert "host RSS" in str(s) or "host max RSS" in str(s)
 
 
-def test_interval_is_configurable():
+@pytest.mark.parametrize("interval_s", [0.002, 0.02])
+def test_interval_is_configurable(interval_s):
+    """The thread waits the interval between samples: its samples are at least that
+    far apart, so the window holds at most its length over the interval of them (a
+    bound from the sampler's structure; how many it takes depends on the load)."""
     with gpuprof.profile(
-        activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
+        activities=CPU, profile_memory=True, memory_sample_interval_s=interval_s
     ) as prof:
-        time.sleep(0.1)
-    n = len(prof.memory_curve("cpu"))
-    assert 10 <= n <= 70
+        _let_the_sampler_run(prof, 5)
+    ts = prof.memory_curve("cpu")["timestamp_ns"].astype(np.int64)
+    # the start's sample, the thread's, the stop's (taken at once, however close)
+    assert len(ts) >= 7
+    assert np.diff(ts[:-1]).min() >= 0.99 * interval_s * 1e9
+    start, end = prof.results.window_bounds()
+    assert len(ts) <= (end - start) / (0.99 * interval_s * 1e9) + 2
 
 
 def test_sampler_thread_stops_with_the_profile():
@@ -116,8 +145,10 @@ def test_sampler_frames_and_calls_are_hidden(monkeypatch, no_gc):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.001
     ) as prof:
-        deadline = time.monotonic() + 0.15
-        while time.monotonic() < deadline:
+        sampler = prof._memory_sampler
+        for _ in range(10_000_000):  # until the sampler took 5 samples (a count)
+            if _samples_taken(sampler) > 5:
+                break
             _busy(1000)
     assert len(prof.memory_curve("cpu")) > 5  # the sampler ran while the loop held the GIL
     assert {a.name for a in prof._memory_sampler.adapters} == {"torch", "cupy"}
@@ -130,7 +161,8 @@ def test_sampler_frames_and_calls_are_hidden(monkeypatch, no_gc):
     assert names <= {
         "test_sampler_frames_and_calls_are_hidden",
         "_busy",
-        "time.monotonic",
+        "_samples_taken",
+        "len",
         "ProfilerStep*",
     }, names
     # the sampler thread never ran under the hook
@@ -321,11 +353,11 @@ def test_torch_adapter_curve_peak_and_gap(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)  # 150 MiB was reached between samples
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         _set(stats, 0, 400 * MiB, 150 * MiB)
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
     c = prof.memory_curve("cuda:0", source="torch")
     assert c.dtype.names == ("timestamp_ns", "allocated_bytes", "reserved_bytes")
     assert set(c["allocated_bytes"].tolist()) == {1 * MiB, 100 * MiB, 0}
@@ -351,7 +383,7 @@ def test_no_gap_note_when_reserved_is_close(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
     d = prof.memory_summary().devices["cuda:0"]
     assert d.peak_bytes == 100 * MiB and not d.notes
 
@@ -362,9 +394,9 @@ def test_torch_reads_the_current_device_from_the_start(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
         _set(stats, 256 * MiB, 256 * MiB, 256 * MiB)
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
     c = prof.memory_curve("cuda:1", source="torch")
     assert c["allocated_bytes"][0] == 0 and c["allocated_bytes"][-1] == 256 * MiB
     assert len(prof.memory_curve("cuda:0", source="torch")) == 0
@@ -376,9 +408,9 @@ def test_torch_adapter_waits_for_cuda_init(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
         torch.cuda._initialized = True
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
     c = prof.memory_curve("cuda:0", source="torch")
     assert len(c) >= 1 and c["allocated_bytes"][0] == 5 * MiB
 
@@ -388,9 +420,9 @@ def test_cupy_adapter(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
         state.update(used=256 * MiB, total=256 * MiB)
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
     c = prof.memory_curve("cuda:0", source="cupy")
     assert c["allocated_bytes"][0] == 0 and c["allocated_bytes"].max() == 256 * MiB
     assert prof.memory_summary().devices["cuda:0"].peak_source == "cupy"
@@ -402,7 +434,7 @@ def test_failing_adapter_is_dropped_with_a_note(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
     s = prof.memory_summary()
     assert any("torch allocator adapter disabled" in n for n in s.notes)
     assert len(prof.memory_curve("cpu")) >= 2
@@ -415,9 +447,9 @@ def test_torch_rescans_idle_devices(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
         _set(stats, 8 * MiB, 8 * MiB, 8 * MiB)
-        time.sleep(0.04)
+        _let_the_sampler_run(prof)
     c = prof.memory_curve("cuda:0", source="torch")
     assert len(c) >= 2 and c["allocated_bytes"].min() == 8 * MiB
 
@@ -516,13 +548,13 @@ def test_default_device_curve_sums_every_allocator(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         cupy.update(used=96 * MiB, total=96 * MiB)  # a 96 MiB CuPy array
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         _set(stats, 50 * MiB, 60 * MiB, 50 * MiB)
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         cupy.update(used=0)
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
     c = prof.memory_curve("cuda:0")
     torch_c = prof.memory_curve("cuda:0", source="torch")
     cupy_c = prof.memory_curve("cuda:0", source="cupy")
@@ -547,9 +579,9 @@ def test_an_allocator_that_holds_nothing_leaves_the_curve_alone(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)  # 150 MiB between two samples
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
     assert np.array_equal(prof.memory_curve("cuda:0"), prof.memory_curve("cuda:0", "torch"))
     d = prof.memory_summary().devices["cuda:0"]
     assert d.peak_source == "torch" and d.peak_bytes == 150 * MiB

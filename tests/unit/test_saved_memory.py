@@ -2,14 +2,13 @@
 memory_summary(), memory_curve() and plot_memory() as the live one did."""
 
 import json
-import time
 import zipfile
 
 import gpuprof
 import numpy as np
 import pytest
 from gpuprof.exporters.saved import FORMAT_VERSION
-from test_memory import MiB, _fake_torch, _set, _torch_stats
+from test_memory import MiB, _fake_torch, _let_the_sampler_run, _set, _torch_stats
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 
@@ -23,12 +22,12 @@ def torch_memory_prof(monkeypatch):
     with gpuprof.profile(
         activities=CPU, profile_memory=True, memory_sample_interval_s=0.002
     ) as prof:
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
         _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)
         held = bytearray(64 * MiB)  # zero-filled: every page is touched
-        time.sleep(0.03)
+        _let_the_sampler_run(prof)
         _set(stats, 0, 400 * MiB, 150 * MiB)
-        time.sleep(0.02)
+        _let_the_sampler_run(prof)
     del held
     return prof
 

@@ -155,14 +155,37 @@ def test_a_call_cut_at_a_step_boundary_is_one_call(both):
         assert len(steps) == 1 and steps[0]["calls"] == 8
 
 
+STAMP = "<built-in function time.perf_counter_ns>"
+APPEND = "<built-in method append of list object>"  # stamps.append(the stamp)
+
+
+def starts_inside(events, s, cat="python_function"):
+    """The events of ``cat`` that start inside slice ``s``, in time order."""
+    return sorted(
+        (e for e in events if e.get("cat") == cat and s["ts"] <= e["ts"] < s["ts"] + s["dur"]),
+        key=lambda e: e["ts"],
+    )
+
+
 def test_step_slices_span_the_measured_step(both, tmp_path):
+    """Each slice spans its iteration, up to the stamp each loop takes right before it
+    calls prof.step(). Checked by the order of the recorded events, not by durations
+    measured twice (which a preempted thread makes differ)."""
     for (prof, stamps), name in zip(both, ("hand", "hooked"), strict=True):
         slices = step_slices(prof, tmp_path / f"{name}.json")
         events = json.loads((tmp_path / f"{name}.json").read_text())["traceEvents"]
         assert [s["name"] for s in slices] == [f"ProfilerStep#{i}" for i in range(8)]
+        assert len(stamps) == 8
         for a, b in zip(slices, slices[1:]):
-            # each step begins where one ends (prof.step() itself runs between the two)
-            assert 0 <= b["ts"] - (a["ts"] + a["dur"]) < 0.01 * a["dur"]
+            # each step begins where one ends (prof.step() itself runs between the two,
+            # and nothing of the program)
+            assert b["ts"] >= a["ts"] + a["dur"] - 1e-3
+            gap = [
+                e
+                for e in events
+                if e.get("cat") == "python_function" and a["ts"] + a["dur"] <= e["ts"] < b["ts"]
+            ]
+            assert not gap, gap
         for s in slices:
             # each step holds its iteration: one load, one forward and backward
             inside = [
@@ -173,11 +196,10 @@ def test_step_slices_span_the_measured_step(both, tmp_path):
                 and e["ts"] + e["dur"] <= s["ts"] + s["dur"]
             ]
             assert inside.count("load") == 1 and inside.count("forward_backward") == 1, s
-        # and lasts as long as the loop measured: stamps right before each prof.step()
-        by_step = {int(s["name"].split("#")[1]): s["dur"] for s in slices}
-        for n in range(1, 8):
-            measured_us = (stamps[n] - stamps[n - 1]) / 1e3
-            assert by_step[n] == pytest.approx(measured_us, rel=0.05), (name, n)
+            # and ends with the loop's stamp: nothing but its append starts after it
+            started = [e["name"] for e in starts_inside(events, s)]
+            assert started.count(STAMP) == 1, (name, s)
+            assert started[started.index(STAMP) + 1 :] in ([], [APPEND]), (name, started[-3:])
 
 
 def test_the_trace_nests_on_every_lane(both, tmp_path):
@@ -221,8 +243,8 @@ def test_a_step_begun_right_after_a_window_opens_has_no_empty_pieces(tmp_path):
 
 def _recorded_structure(loaded, trace_path, stamps, tmp_path, iteration):
     """What every way of marking steps must give: at most one step in any stack, each
-    step slice holding one call of ``iteration`` (the framework's training step), the
-    first within 5% of the step the framework's own callback measured."""
+    step slice holding one call of ``iteration`` (the framework's training step) and
+    the stamp of the framework's own step-end callback before it."""
     for frames in stacks(loaded, tmp_path / "stacks.txt"):
         assert frames.count("ProfilerStep*") <= 1, frames
     with gzip.open(trace_path, "rt") as f:
@@ -240,11 +262,16 @@ def _recorded_structure(loaded, trace_path, stamps, tmp_path, iteration):
             and e["ts"] + e["dur"] <= s["ts"] + s["dur"]
         ]
         assert len(inside) == 1, (s["name"], len(inside))
-    # the callback's time for the last step also holds the window's close: the first
-    first = min(slices, key=lambda s: s["ts"])
-    n = int(first["name"].split("#")[1])
-    measured_us = (stamps[n] - stamps[n - 1]) / 1e3
-    assert first["dur"] == pytest.approx(measured_us, rel=0.05)
+    # Each slice spans the framework's step: it begins before the callback that
+    # stamped the end of the step before (the framework calls it after the step ends)
+    # and holds the iteration; the stamp of its own end falls in the next slice.
+    # Checked by the order of the recorded events, not by measuring durations twice.
+    assert len(stamps) >= 2
+    for s in sorted(slices, key=lambda s: s["ts"]):
+        started = [e["name"] for e in starts_inside(events, s)]
+        assert started.count(STAMP) == 1, (s["name"], started.count(STAMP))
+        first_iteration = next(i for i, n in enumerate(started) if n.endswith(iteration))
+        assert started.index(STAMP) < first_iteration, s["name"]
 
 
 def test_lightning_steps_are_siblings_spanning_their_batches(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import Any
 
 from ._report import (
     _CUPTI_EXPLAIN,
@@ -26,7 +27,7 @@ _u8p = ctypes.POINTER(ctypes.c_uint8)
 def _params(name: str, fields: list[tuple[str, object]]):
     """A CUPTI parameter struct: structSize and pPriv first; ``size`` is
     CUPTI_PROFILER_STRUCT_SIZE (the end of the last field, no tail padding)."""
-    cls = type(
+    cls: Any = type(
         name, (ctypes.Structure,), {"_fields_": [("structSize", _sz), ("pPriv", _vp)] + fields}
     )
     last = getattr(cls, cls._fields_[-1][0])
@@ -226,6 +227,7 @@ class _Cupti:
             fn.restype = ctypes.c_int
             fn.argtypes = [_vp]
             self.fns[entry] = fn
+        args: list[Any]  # ctypes argument types, of one kind or another
         for name, args in (
             ("cuptiSubscribe", [ctypes.POINTER(_vp), _vp, _vp]),
             ("cuptiUnsubscribe", [_vp]),

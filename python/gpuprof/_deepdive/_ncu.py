@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 
 from ._report import (
     METRICS,
@@ -158,7 +159,7 @@ def _ncu_known_metrics(exe: str, names: list[str]) -> list[str]:
 
 
 def _run_ncu(
-    report: DeepDiveReport, command: list[str], ncu: str | None, timeout_s: float | None
+    report: DeepDiveReport, command: Sequence[str], ncu: str | None, timeout_s: float | None
 ) -> tuple[bool, str]:
     exe = ncu or shutil.which("ncu")
     if not exe:

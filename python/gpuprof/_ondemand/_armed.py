@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from . import _capture as capture_
 from . import _proto as proto
@@ -94,7 +95,7 @@ class OnDemand(_Requests, _Recording):
         self._captures = 0
         self._runtime = ""
         self._handler = self._on_signal
-        self._previous_handler = None
+        self._previous_handler: Any = None
         self._signal_lost: str | None = None
         self._wake_r = self._wake_w = -1
         self._thread: threading.Thread | None = None

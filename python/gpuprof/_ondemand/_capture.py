@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from . import _proto as proto
 
@@ -169,7 +170,7 @@ class Capture:
         self.found_at_request = found
         self.reply = reply
         self.state = "pending"  # -> starting -> recording -> writing, or cancelled
-        self.prof = None
+        self.prof: Any = None  # a gpuprof.profile once prepared (api layer: not imported)
         self.thread: int | None = None  # ident of the thread that started and steps it
         self.first_step: int | None = None
         self.recorded = 0  # steps closed so far

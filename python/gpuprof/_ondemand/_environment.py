@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any
 
 from ._armed import arm, armed
 from ._shared import _say
@@ -50,7 +51,7 @@ def arm_from_environment() -> None:
         _say(f"GPUPROF_ON_DEMAND={value!r}: set it to 1 to arm, 0 or nothing not to; not armed")
         return
     env = os.environ
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "signal": env.get("GPUPROF_ON_DEMAND_SIGNAL", "SIGUSR2"),
         "trigger_dir": env.get("GPUPROF_TRIGGER_DIR") or None,
         "step_fn": env.get("GPUPROF_STEP_FN") or None,

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from .. import _gpuprof
 from . import _capture as capture_
@@ -24,6 +25,20 @@ class _Recording:
     Methods of :class:`OnDemand`, which sets every attribute they use in its
     ``__init__`` (``_armed``).
     """
+
+    if TYPE_CHECKING:  # what OnDemand sets and defines, for the type checker
+        pid: int
+        found: int
+        _cuda: bool | None
+        _closed: bool
+        _work: capture_.Capture | None
+        _lock: threading.Lock
+        _captures: int
+        _thread: threading.Thread | None
+
+        def _poke(self) -> None: ...
+        def _who(self) -> dict[str, Any]: ...
+        def status(self) -> dict[str, Any]: ...
 
     def _boundary(self) -> None:
         cap = self._work

@@ -12,6 +12,9 @@ import select
 import signal
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import _gpuprof
 from . import _capture as capture_
@@ -28,6 +31,39 @@ class _Requests:
     Methods of :class:`OnDemand`, which sets every attribute they use in its
     ``__init__`` (``_armed``).
     """
+
+    if TYPE_CHECKING:  # what OnDemand sets and defines, for the type checker
+        from .. import _steps
+
+        pid: int
+        found: int
+        source: _steps.StepFunction | _steps.OptimizerSteps
+        _trigger_dir: str | None
+        _poll_s: float
+        _work: capture_.Capture | None
+        _explicit: bool
+        _lock: threading.Lock
+        _closing: bool
+        _closed: bool
+        _inbox: deque[tuple[dict[str, Any], Any]]
+        _samples: deque[tuple[float, int]]
+        _seen: set[str]
+        _captures: int
+        _runtime: str
+        _handler: Callable[[int, Any], None]
+        _signum: int | None
+        _signal_lost: str | None
+        _wake_r: int
+        _wake_w: int
+        _armed_at: float
+        _refreshed: float
+        _job: dict[str, Any] | None
+
+        def _write_state(self) -> None: ...
+        def _prepare(self, cap: capture_.Capture) -> None: ...
+        def _start(self, cap: capture_.Capture, timed: bool = False) -> None: ...
+        def _stop(self, cap: capture_.Capture, synchronous: bool = False) -> None: ...
+        def _discard(self, cap: capture_.Capture) -> None: ...
 
     # -- requests (the control thread) ----------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:

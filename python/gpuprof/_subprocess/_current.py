@@ -5,8 +5,16 @@ Every module of the package reads and writes these names through this module
 Protected by the GIL (and, in a child, by ``_Child.lock`` for the session itself).
 """
 
-ctx = None  # _protocol.Ctx: the shared folder while a session with subprocesses runs
-child = None  # _child._Child: this process's own child session, if it is a child
-parent = None  # _parent.ParentSession: the running parent session of this process
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only
+    from ._protocol import Ctx
+
+ctx: Ctx | None = None  # the shared folder while a session with subprocesses runs
+# (the modules of these two import this one: no import back, so Any)
+child: Any = None  # _child._Child: this process's own child session, if it is a child
+parent: Any = None  # _parent.ParentSession: the running parent session of this process
 fork_hook = False  # os.register_at_fork done (once per process)
 patches: list = []  # (owner, attribute, original) of the multiprocessing patches now on

@@ -223,7 +223,7 @@ class ParentSession(Part):
         )
 
     def _registered(self) -> list[int]:
-        out = []
+        out: list[int] = []
         try:
             names = os.listdir(self.ctx.dir)
         except OSError:
@@ -307,7 +307,8 @@ class ParentSession(Part):
         out: list[ChildWindow] = []
         registered = self._registered()
         for pid in sorted(set(pieces) | set(registered)):
-            raws, meta = [], {}
+            raws: list[dict] = []
+            meta: dict = {}
             for _, n in sorted(pieces.get(pid, [])):
                 path = os.path.join(folder, n)
                 try:

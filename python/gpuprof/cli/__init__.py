@@ -25,7 +25,6 @@ the argument parser and holds ``main()``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ._capture import _pid_arg, _signal_arg, cmd_capture
@@ -42,7 +41,7 @@ def _version() -> str:
     return f"gpuprof {__version__}"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _Parser:
     p = _Parser(
         prog="python -m gpuprof",
         description="Profile Python programs that drive GPUs: Python and C calls, "

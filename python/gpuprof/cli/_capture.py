@@ -107,7 +107,7 @@ def _run_on_demand(args) -> int:
     )
     in_main = isinstance(od.source, _steps.StepFunction) and od.source.in_main
     try:
-        code = program.compile(od.source.transform if in_main else None)
+        code = program.compile(od.source.transform if in_main else None)  # type: ignore[union-attr]  # in_main: a StepFunction
     except _launch.LaunchError as e:
         raise _CliError(f"--step-fn: {e}") from None
     except SyntaxError as e:
@@ -123,7 +123,8 @@ def _run_on_demand(args) -> int:
         file=sys.stderr,
     )
     try:
-        return _run_program(program, code, args.args, od.source.binder() if in_main else None)
+        binder = od.source.binder() if in_main else None  # type: ignore[union-attr]  # as above
+        return _run_program(program, code, args.args, binder)
     finally:
         _ondemand.disarm()
 

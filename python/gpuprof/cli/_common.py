@@ -18,6 +18,8 @@ class _CliError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (naming the argument), exit code 2."""
 
+    run_parser: argparse.ArgumentParser  # the top-level parser's `run` (cli._parser)
+
     def error(self, message):
         self.exit(2, f"gpuprof: error: {message} (see {self.prog} --help)\n")
 

@@ -191,12 +191,12 @@ def _trace_report(path: str, kernels: bool, limit: int):
     host_cats = {"python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver"}
     cats = gpu_cats if kernels else host_cats
     totals: dict[str, list] = {}
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in cats:
+    for ev in events:
+        if ev.get("ph") != "X" or ev.get("cat") not in cats:
             continue
-        t = totals.setdefault(e.get("name", "?"), [0, 0.0])
+        t = totals.setdefault(ev.get("name", "?"), [0, 0.0])
         t[0] += 1
-        t[1] += float(e.get("dur", 0.0))
+        t[1] += float(ev.get("dur", 0.0))
     order = sorted(totals.items(), key=lambda kv: -kv[1][1])[:limit]
     rows = [
         [
@@ -234,7 +234,7 @@ def cmd_compare(args) -> int:
             loaded.append(gpuprof.load(f))
         except (OSError, ValueError, KeyError) as e:
             raise _CliError(f"{flag}: cannot read {f!r}: {e}") from None
-    result = gpuprof.compare(*loaded, limit=args.limit)
+    result = gpuprof.compare(loaded[0], loaded[1], limit=args.limit)  # BEFORE, AFTER
     if args.html:  # -- html report --
         _write_html(lambda: result.export_html(args.html), args.html)
         return 0

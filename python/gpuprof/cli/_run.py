@@ -13,6 +13,7 @@ import signal
 import sys
 import traceback
 import warnings
+from typing import Any
 
 from ._capture import _run_on_demand
 from ._common import (
@@ -132,7 +133,7 @@ class _TimeWindow:
         self.duration = duration
         self.state = "waiting"  # -> recording -> done
         self.error: str | None = None
-        self._previous = None
+        self._previous: Any = None
 
     def arm(self) -> None:
         if self.delay == 0:
@@ -189,6 +190,7 @@ def cmd_run(args) -> int:
         raise _CliError(str(e)) from None
     counter = _steps.StepCounter(prof)
     watch = _steps.ImportWatch()
+    source: _steps.StepFunction | _steps.OptimizerSteps
     if args.step_fn:
         main_names = {"__main__", program.module_name}
         source = _steps.StepFunction(args.step_fn, counter, main_names)

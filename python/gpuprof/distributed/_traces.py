@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import re
+from typing import Any
 
 import numpy as np
 
@@ -231,7 +232,8 @@ def _is_gpu_lane(ev: dict, gpu_lanes: set, host_lanes: set) -> bool:
 
 def _rank_events(t: _RankTrace, index: int, n_ranks: int, shift: int, base: int):
     """The rank's events, relaid on pid = rank, plus its lane metadata."""
-    gpu_lanes, host_lanes = set(), set()
+    gpu_lanes: set[tuple[Any, Any]] = set()
+    host_lanes: set[tuple[Any, Any]] = set()
     for _, ev in t.events:
         if ev.get("ph") == "X":
             (gpu_lanes if ev.get("cat") in _GPU_CATS else host_lanes).add(

@@ -25,6 +25,7 @@ import math
 import os
 import re
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ _ASSETS = "html_assets"
 
 
 def _asset(name: str) -> str:
-    return resources.files(__package__).joinpath(_ASSETS, name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath(_ASSETS).joinpath(name).read_text(encoding="utf-8")
 
 
 # Inside <script>, "</script" or "<!--" would end or change the element; JSON escapes
@@ -385,7 +386,7 @@ def _memory(results: Results, sampler) -> dict:
     summary = memory.memory_summary(results, sampler=sampler)
     devices = []
     for name, dm in summary.devices.items():
-        d = {
+        d: dict[str, Any] = {
             "device": name,
             "peak_bytes": dm.peak_bytes,
             "peak_source": dm.peak_source,
@@ -531,7 +532,7 @@ def _processes(results: Results, processes) -> dict | None:
                 int(p["cpu_self_ns"]),
             ]
         )
-    out = {"table": _table(cols, rows, keys, 10)}
+    out: dict[str, Any] = {"table": _table(cols, rows, keys, 10)}
     workers = processes[processes["role"] == "worker"]
     if len(workers) and int(workers["windows"].sum()) > 0:
         ka = _proc.key_averages(results, "workers", True, 0, False)

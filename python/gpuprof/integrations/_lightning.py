@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from ..profiler import record_function
 from ._session import SessionResults, StepSession, check_output
@@ -21,6 +22,11 @@ _WHO = "GpuprofProfiler()"
 class GpuprofProfilerMixin(SessionResults):
     """Everything of ``GpuprofProfiler`` but its Lightning base class (see :func:`build`)."""
 
+    if TYPE_CHECKING:  # set by Lightning's Profiler and by build(), which compose the class
+        _stage: str | None
+        _end_callback_class: Any
+        dirpath: Any
+
     def __init__(
         self,
         schedule=None,
@@ -34,7 +40,9 @@ class GpuprofProfilerMixin(SessionResults):
         dirpath=None,
         **profile_kwargs,
     ):
-        super().__init__(dirpath=None, filename=None)  # first: its __del__ needs its fields
+        # Lightning's Profiler, which build() puts after this class; first: its __del__
+        # needs its fields
+        super().__init__(dirpath=None, filename=None)  # type: ignore[call-arg]
         if dirpath is not None:
             if output is not None:
                 raise ValueError(
@@ -67,7 +75,7 @@ class GpuprofProfilerMixin(SessionResults):
         self._in_fetch = False
         self._fitting = False  # between setup("fit") and the end of training
         self._fit_stage = False  # the Trainer's current stage is fit
-        self._trainer = None  # weakref to the Trainer, set in setup()
+        self._trainer: weakref.ref[Any] | None = None  # weakref to the Trainer, set in setup()
         self._files: list[str] = []
         self._summary: str | None = None
 
@@ -79,7 +87,7 @@ class GpuprofProfilerMixin(SessionResults):
 
     # -- Lightning's Profiler interface ----------------------------------------------------
     def setup(self, stage: str, local_rank=None, log_dir=None) -> None:
-        super().setup(stage=stage, local_rank=local_rank, log_dir=log_dir)
+        super().setup(stage=stage, local_rank=local_rank, log_dir=log_dir)  # type: ignore[misc]  # Lightning's
         if not self._output:  # the log dir of this run (a new version for each fit)
             self.dirpath = log_dir
         self._summary = None
@@ -130,7 +138,7 @@ class GpuprofProfilerMixin(SessionResults):
             self._close_fetch()
             session.stop()  # without files: training did not end (the Trainer is going away)
         self._fitting = False
-        super().teardown(stage=stage)
+        super().teardown(stage=stage)  # type: ignore[misc]  # Lightning's Profiler, after this class
 
     # -- pickling (Lightning's ddp_spawn pickles the Trainer and its profiler) ---------------
     def __getstate__(self) -> dict:

@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -273,12 +274,12 @@ class StepSession:
         self._new_profile()  # checks every profile argument now, before training starts
         # the recording profile, made by start(); None keeps the session picklable
         # (Lightning's ddp_spawn pickles the Trainer and its profiler)
-        self.live = None
+        self.live: _profile | None = None
         self.log = log if log_metrics else None
         self.data_fetch = tuple(data_fetch)
         self.row_limit = row_limit
         self.sort_by = sort_by
-        self.view = None  # the last kept window (a gpuprof LoadedProfile)
+        self.view: LoadedProfile | None = None  # the last kept window
         self._view_complete = False
         self._user_on_trace_ready = on_trace_ready
         self._pending: list = []  # (results, step offset) of windows closed, not yet read
@@ -292,7 +293,7 @@ class StepSession:
             maxlen=schedule.active if isinstance(schedule, Schedule) else 100_000
         )
         # -- peak device memory: torch.cuda's peak counter, reset at each recorded step --
-        self._torch = None
+        self._torch: Any = None  # torch, when CUDA is there
         self._device = None
         self._peaks: dict[int, int] = {}
         self._peak_armed = False
@@ -514,7 +515,7 @@ class StepSession:
 def metrics_table(metrics: np.ndarray, gpu: bool) -> Table:
     """Median and maximum of each step metric over the recorded steps."""
     step_ns = np.maximum(metrics["step_ns"], 1).astype(np.float64)
-    cols = [
+    cols: list[tuple[str, np.ndarray, Callable[[float], str]]] = [
         ("Step time", metrics["step_ns"].astype(np.float64), format_time),
         ("Data wait", 100 * metrics["data_wait_ns"] / step_ns, _pct),
     ]

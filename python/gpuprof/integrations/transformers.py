@@ -11,12 +11,13 @@ import logging
 import os
 import sys
 import warnings
+from typing import Any
 
 from ._session import SessionResults, StepSession, check_output, require
 
 __all__ = ["GpuprofCallback"]
 
-_transformers = require(
+_transformers: Any = require(  # the module, imported at run time
     "transformers",
     what="gpuprof.integrations.transformers",
     pip="transformers",
