@@ -1,5 +1,14 @@
-"""Where the time from the window's end to the printed table goes (MLP, 100 steps)."""
-import cProfile, pstats, sys, time
+"""Where the time from the window's end to the printed table goes (launch-bound MLP, 100
+steps, with and without autograd nodes), as cProfile sees it. GPU machine:
+
+    PYTHONPATH=python python benchmarks/bench_table_time.py
+"""
+
+import cProfile
+import pstats
+import sys
+import time
+
 sys.path.insert(0, "benchmarks")
 import gpuprof
 import torch
@@ -10,7 +19,9 @@ for _ in range(20):
     step()
 torch.cuda.synchronize()
 for modes in ({}, {"autograd_nodes": False}):
-    prof = gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA], **modes)
+    prof = gpuprof.profile(
+        activities=[gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA], **modes
+    )
     prof.start()
     for _ in range(100):
         step()
@@ -25,4 +36,3 @@ for modes in ({}, {"autograd_nodes": False}):
     t2 = time.perf_counter()
     print(modes, f"stop {t1 - t0:.4f}s table {t2 - t1:.4f}s")
     pstats.Stats(pr).sort_stats("cumtime").print_stats(18)
-print(prof.module_table() if False else "")
