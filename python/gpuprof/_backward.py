@@ -25,7 +25,7 @@ import numpy as np
 
 from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, OP_CUDA_API, OP_USER, OPF_AUTOGRAD
 
-__all__ = ["BackwardJoin", "join"]
+__all__ = ["BackwardJoin", "join", "launch_spans"]
 
 _WORK = (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET)  # what Self CUDA counts
 
@@ -134,6 +134,21 @@ def _forward_of(
     return np.where(own >= 0, own, best)
 
 
+def launch_spans(spans: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """Per GPU record: the span of the CUDA call that launched it (same correlation
+    id), -1 where none."""
+    api = np.flatnonzero((spans["kind"] == OP_CUDA_API) & (spans["correlation"] != 0))
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    if not len(api) or not len(gpu):
+        return out
+    corr = spans["correlation"][api].astype(np.int64)
+    order = np.argsort(corr, kind="stable")
+    api, corr = api[order], corr[order]
+    want = gpu["correlation"].astype(np.int64)
+    k = np.minimum(np.searchsorted(corr, want), len(corr) - 1)
+    return np.where((want != 0) & (corr[k] == want), api[k], -1).astype(np.int64)
+
+
 def join(raw: dict) -> BackwardJoin:
     """The join of one window (a raw dict with its spans)."""
     gpu, spans = raw["gpu"], raw.get("spans")
@@ -146,16 +161,7 @@ def join(raw: dict) -> BackwardJoin:
     is_node = _node_spans(spans, raw["ops"]["flags"])
     if not is_node.any():
         return out
-    # each launch's API span, by correlation id
-    api = np.flatnonzero((spans["kind"] == OP_CUDA_API) & (spans["correlation"] != 0))
-    if not len(api):
-        return out
-    corr = spans["correlation"][api].astype(np.int64)
-    order = np.argsort(corr, kind="stable")
-    api, corr = api[order], corr[order]
-    want = gpu["correlation"].astype(np.int64)
-    k = np.minimum(np.searchsorted(corr, want), len(corr) - 1)
-    cur = np.where((want != 0) & (corr[k] == want), api[k], -1).astype(np.int64)
+    cur = launch_spans(spans, gpu)
     # up the parents to the first node span (a custom Function's Python backward
     # puts frames between the node and its launches), unless the way up passes
     # through activation checkpointing's recomputation: that is the checkpointed

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, OP_CUDA_API
+from ._backward import launch_spans
+from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET
 
 __all__ = ["MODULES_DTYPE", "module_rows"]
 
@@ -47,20 +48,6 @@ def _innermost_module(spans: np.ndarray, is_mod: np.ndarray) -> np.ndarray:
         if not pending.any():
             return up
         up[pending] = up[up[pending]]
-
-
-def _launch_spans(spans: np.ndarray, gpu: np.ndarray) -> np.ndarray:
-    """Per GPU record: the span of the CUDA call that launched it, -1 where none."""
-    api = np.flatnonzero((spans["kind"] == OP_CUDA_API) & (spans["correlation"] != 0))
-    out = np.full(len(gpu), -1, dtype=np.int64)
-    if not len(api) or not len(gpu):
-        return out
-    corr = spans["correlation"][api].astype(np.int64)
-    order = np.argsort(corr, kind="stable")
-    api, corr = api[order], corr[order]
-    want = gpu["correlation"].astype(np.int64)
-    k = np.minimum(np.searchsorted(corr, want), len(corr) - 1)
-    return np.where((want != 0) & (corr[k] == want), api[k], -1).astype(np.int64)
 
 
 def module_rows(raw: dict, backward=None) -> np.ndarray:
@@ -105,7 +92,7 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     gpu = raw["gpu"]
     if len(gpu):
         work = np.isin(gpu["kind"], _WORK)
-        at = _launch_spans(spans, gpu)
+        at = launch_spans(spans, gpu)
         bwd = np.zeros(len(gpu), dtype=bool)
         if backward is not None:
             bwd = backward.node_span >= 0
