@@ -1,6 +1,8 @@
 """Helpers shared by the GPU tests (tests/gpu): PyTorch on a CUDA device, and the share
 of a window's kernel time that a function's call owns."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,24 @@ def cuda_torch():
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA device (CPU-only build?)")
+    return torch
+
+
+# an autograd node's name, as gpuprof names node rows (docs/backward.md)
+NODE = re.compile(r"(Backward\d*|^torch::autograd::\w+|^AccumulateGrad)$")
+
+
+def autograd_torch():
+    """A CUDA build of PyTorch with GPU capture and autograd node ranges usable here,
+    or the test skips saying why not."""
+    import gpuprof
+
+    torch = cuda_torch()
+    st = gpuprof.cuda_status()
+    if not st["usable"]:
+        pytest.skip(f"GPU capture is off: {st['reason']}")
+    if not st["autograd_nodes"]["usable"]:
+        pytest.skip(f"no autograd node ranges here: {st['autograd_nodes']['reason']}")
     return torch
 
 

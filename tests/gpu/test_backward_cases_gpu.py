@@ -8,27 +8,19 @@ Marked `gpu`: skipped where GPU capture is unusable or PyTorch sees no CUDA devi
 import gpuprof  # noqa: I001  (first: NVTX attaches to gpuprof at torch's first NVTX call)
 
 import os
-import re
 import threading
 
 import numpy as np
 import pytest
-from gpu_helpers import cuda_torch
+from gpu_helpers import autograd_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
-NODE = re.compile(r"(Backward\d*|^torch::autograd::\w+|^AccumulateGrad)$")
 STEPS = 3
 
 
 def _torch():
-    torch = cuda_torch()
-    st = gpuprof.cuda_status()
-    if not st["usable"]:
-        pytest.skip(f"GPU capture is off: {st['reason']}")
-    if not st["autograd_nodes"]["usable"]:
-        pytest.skip(f"no autograd node ranges here: {st['autograd_nodes']['reason']}")
-    return torch
+    return autograd_torch()
 
 
 def _mlp(torch, depth=4, width=512):

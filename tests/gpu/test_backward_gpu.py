@@ -9,27 +9,19 @@ first NVTX call.
 import gpuprof  # noqa: I001  (first: see the module docstring)
 
 import json
-import re
 import threading
 
 import numpy as np
 import pytest
-from gpu_helpers import cuda_torch
+from gpu_helpers import NODE, autograd_torch
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
-NODE = re.compile(r"(Backward\d*|^torch::autograd::\w+|^AccumulateGrad)$")
 STEPS = 4
 
 
 def _torch():
-    torch = cuda_torch()
-    st = gpuprof.cuda_status()
-    if not st["usable"]:
-        pytest.skip(f"GPU capture is off: {st['reason']}")
-    if not st["autograd_nodes"]["usable"]:
-        pytest.skip(f"no autograd node ranges here: {st['autograd_nodes']['reason']}")
-    return torch
+    return autograd_torch()
 
 
 def _mlp(torch):
