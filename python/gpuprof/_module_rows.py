@@ -17,7 +17,7 @@ import numpy as np
 from ._backward import launch_spans
 from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET
 
-__all__ = ["MODULES_DTYPE", "module_rows"]
+__all__ = ["MODULES_DTYPE", "innermost_module", "module_rows"]
 
 MODULES_DTYPE = np.dtype(
     [
@@ -39,7 +39,7 @@ MODULES_DTYPE = np.dtype(
 _WORK = (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET)
 
 
-def _innermost_module(spans: np.ndarray, is_mod: np.ndarray) -> np.ndarray:
+def innermost_module(spans: np.ndarray, is_mod: np.ndarray) -> np.ndarray:
     """Per span: the innermost module-call span at or above it, -1 where none."""
     up = np.where(is_mod, np.arange(len(spans)), spans["parent"].astype(np.int64))
     while True:  # pointer jumping: each pass doubles how far up a pending entry looks
@@ -61,7 +61,7 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     is_mod = (mod >= 0) & (mod < len(names))
     if not is_mod.any():
         return np.zeros(0, dtype=MODULES_DTYPE)
-    inner = _innermost_module(spans, is_mod)
+    inner = innermost_module(spans, is_mod)
     calls = np.flatnonzero(is_mod)
     parent_span = spans["parent"][calls].astype(np.int64)
     outer_call = np.where(parent_span >= 0, inner[np.maximum(parent_span, 0)], -1)

@@ -806,6 +806,25 @@ def _cpu_hot_path(v: _View):
     return out
 
 
+def _module_class_of(v: _View):
+    """span -> the class of the innermost torch.nn.Module call around it ("" where
+    none or the window has no module calls)."""
+    classes = v.raw.get("module_classes") or []
+    sp = v.spans
+    if not classes or "module" not in (sp.dtype.names or ()):
+        return lambda span: ""
+    from ._module_rows import innermost_module
+
+    mod = sp["module"].astype(np.int64) - 1
+    inner = innermost_module(sp, (mod >= 0) & (mod < len(classes)))
+
+    def of(span: int) -> str:
+        m = int(inner[span])
+        return str(classes[int(mod[m])]) if m >= 0 else ""
+
+    return of
+
+
 def _backward_heavy(v: _View):
     """The forward line whose backward costs the GPU the most, when the backward pass is
     a large part of the GPU's work (docs/backward.md: the join of each backward node to
@@ -821,23 +840,28 @@ def _backward_heavy(v: _View):
     joined = bwd & (b.fwd_span >= 0)
     if total <= 0 or bwd_ns < 0.4 * total or not joined.any():
         return []
-    by_line: dict[tuple, list] = {}
+    # by the forward op and the module it ran in (the user's line alone would be the
+    # one line that calls the model, for every layer of a library model)
+    rows = v.spans["op_row"].astype(np.int64)
+    module_of = _module_class_of(v)
+    by_op: dict[tuple, list] = {}
     for span, ns in zip(b.fwd_span[joined].tolist(), dur[joined].tolist()):
-        key, where, _ = v.caller(span)
-        entry = by_line.setdefault(key, [0, where, span])
+        key = (int(rows[span]), module_of(span))
+        entry = by_op.setdefault(key, [0, span])
         entry[0] += ns
-    ns, where, span = max(by_line.values(), key=lambda e: e[0])
-    op = _op_label(v.ops, int(v.spans["op_row"][span]))
+    (row, module), (ns, span) = max(by_op.items(), key=lambda kv: kv[1][0])
+    _, where, _ = v.caller(span)
+    op = _op_label(v.ops, row) + (f" in {module}" if module else "")
     return [
         Finding(
             "backward_heavy",
             ns / max(v.step_ns, 1),
             f"The backward pass is {100 * bwd_ns / total:.0f}% of GPU time; "
-            f"{100 * ns / bwd_ns:.0f}% of it is the backward of one forward line ({op})",
+            f"{100 * ns / bwd_ns:.0f}% of it is the backward of {op}",
             {
                 "backward_ns": bwd_ns,
                 "gpu_work_ns": total,
-                "line_backward_ns": ns,
+                "op_backward_ns": ns,
                 "joined_ns": int(dur[joined].sum()),
             },
             where,

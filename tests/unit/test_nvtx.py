@@ -1157,6 +1157,6 @@ def test_diagnosis_names_the_forward_line_of_a_heavy_backward(tmp_path):
 
     res = _join_window()
     (f,) = [f for f in dg.diagnose(res) if f.kind == "backward_heavy"]
-    assert f.evidence["backward_ns"] == 75 and f.evidence["line_backward_ns"] == 50
-    assert f.title.startswith("The backward pass is 100% of GPU time; 67% of it")
-    assert "linear" in f.title and "test_nvtx.py" in f.location
+    assert f.evidence["backward_ns"] == 75 and f.evidence["op_backward_ns"] == 50
+    assert f.title.startswith("The backward pass is 100% of GPU time; 67% of it is the backward")
+    assert "of linear (tests/unit/test_nvtx.py:" in f.title and "test_nvtx.py" in f.location
