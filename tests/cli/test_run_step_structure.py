@@ -216,10 +216,10 @@ def test_a_capture_of_an_armed_job_has_the_same_structure(tmp_path):
     assert len(slices) == 4
     assert_contiguous(slices, events)
     # the model's forward: one top-level call a step, so each slice holds one
-    calls = [
+    calls = [  # module calls, named by instance (docs/backward.md, "Modules")
         e
         for e in events
-        if e.get("cat") == "python_function" and e["name"].endswith("_wrapped_call_impl")
+        if e.get("cat") == "python_function" and e["name"].startswith("nn.Module: ")
     ]
     forwards = [
         e

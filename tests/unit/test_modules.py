@@ -69,7 +69,11 @@ def test_trace_names_module_calls_by_instance(tmp_path):
     path = prof.export_chrome_trace(str(tmp_path / "t.json"))
     with open(path) as f:
         names = {e["name"] for e in json.load(f)["traceEvents"] if e.get("ph") == "X"}
-    assert {"h.0 (Block)", "h.11.fc (Linear)", "Net (Net)"} <= names
+    assert {
+        "nn.Module: h.0 (Block)",
+        "nn.Module: h.11.fc (Linear)",
+        "nn.Module: Net (Net)",
+    } <= names
 
 
 def test_saved_profile_keeps_the_names(tmp_path):

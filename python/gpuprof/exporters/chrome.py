@@ -474,7 +474,8 @@ def export_chrome_trace(
         meta["fwdbwd"] = flows
     if window.get("module_names"):  # module call slices named by instance
         meta["module_names"] = [
-            f"{n} ({c})" for n, c in zip(window["module_names"], window["module_classes"])
+            f"nn.Module: {n} ({c})"
+            for n, c in zip(window["module_names"], window["module_classes"])
         ]
     if calls:
         # one file from several calls on one writer: the children's lanes first,
