@@ -894,13 +894,36 @@ load_name(Walk *w, const PyCodeObject *c, const Ins *in, char *buf, size_t cap)
     return str_obj_ascii(w, s, buf, cap);
 }
 
-/* A C callable's name and what it belongs to ("_thread.lock" + "acquire"), when
- * obj is a builtin function, a method descriptor or a slot wrapper. 0, or -1. */
 static int
-describe_callable(Walk *w, uintptr_t obj, char *owner, size_t owner_cap, char *name, size_t cap)
+type_name(Walk *w, uintptr_t type, char *buf, size_t cap)
+{
+    uintptr_t tp_name = 0;
+    buf[0] = '\0';
+    if (type == 0 || rd_ptr(w, type + offsetof(PyTypeObject, tp_name), &tp_name) != 0 ||
+        rd_cstr(w, tp_name, buf, cap) != 0) {
+        buf[0] = '\0';
+        return -1;
+    }
+    return 0;
+}
+
+/* A C callable's name and what it belongs to ("_thread.lock" + "acquire"), when
+ * obj is a builtin function, a method descriptor, a slot wrapper or a bound
+ * method of one. bound_self: the value after it on the stack (the instance, for a
+ * method the interpreter has unpacked), or 0. 0, or -1. */
+static int
+describe_callable(Walk *w, uintptr_t obj, uintptr_t bound_self, char *owner, size_t owner_cap,
+                  char *name, size_t cap, int depth)
 {
     uintptr_t t = type_of(w, obj), ml = 0, owner_type = 0;
     owner[0] = '\0';
+    if (t == (uintptr_t)&PyMethod_Type && depth == 0) {
+        PyMethodObject m;
+        if (rd(w, obj, &m, sizeof m) != 0)
+            return -1;
+        return describe_callable(w, (uintptr_t)m.im_func, (uintptr_t)m.im_self, owner, owner_cap,
+                                 name, cap, 1);
+    }
     if (t == (uintptr_t)&PyCFunction_Type || t == (uintptr_t)&PyCMethod_Type) {
         PyCFunctionObject f;
         if (rd(w, obj, &f, sizeof f) != 0)
@@ -908,12 +931,19 @@ describe_callable(Walk *w, uintptr_t obj, char *owner, size_t owner_cap, char *n
         ml = (uintptr_t)f.m_ml;
         uintptr_t self = (uintptr_t)f.m_self;
         uintptr_t self_type = self ? type_of(w, self) : 0;
+        char self_name[64];
+        type_name(w, self_type, self_name, sizeof self_name);
         if (self == 0 || self_type == (uintptr_t)&PyModule_Type) {
             if (str_obj_ascii(w, (uintptr_t)f.m_module, owner, owner_cap) != 0 && self != 0) {
                 uintptr_t md = 0;
                 if (rd_ptr(w, self + offsetof(PyModuleObject, md_name), &md) == 0)
                     str_obj_ascii(w, md, owner, owner_cap);
             }
+        } else if (strncmp(self_name, "pybind11_", 9) == 0) {
+            /* pybind11 binds each function to a record of its own: the class is that
+             * of the instance it is called on, else the module is what is known */
+            if (bound_self == 0 || type_name(w, type_of(w, bound_self), owner, owner_cap) != 0)
+                str_obj_ascii(w, (uintptr_t)f.m_module, owner, owner_cap);
         } else {
             owner_type = self_type;
         }
@@ -940,12 +970,8 @@ describe_callable(Walk *w, uintptr_t obj, char *owner, size_t owner_cap, char *n
             rd_cstr(w, ml_name, name, cap) != 0)
             return -1;
     }
-    if (owner_type != 0) {
-        uintptr_t tp_name = 0;
-        if (rd_ptr(w, owner_type + offsetof(PyTypeObject, tp_name), &tp_name) != 0 ||
-            rd_cstr(w, tp_name, owner, owner_cap) != 0)
-            owner[0] = '\0';
-    }
+    if (owner_type != 0)
+        type_name(w, owner_type, owner, owner_cap);
     return name[0] ? 0 : -1;
 }
 
@@ -1082,16 +1108,15 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
     }
     if (is_with) {
         if (direct != 0) {
-            uintptr_t t = type_of(w, direct), tp_name = 0;
-            if (t != 0 && rd_ptr(w, t + offsetof(PyTypeObject, tp_name), &tp_name) == 0 &&
-                rd_cstr(w, tp_name, owner, sizeof owner) == 0) {
+            if (type_name(w, type_of(w, direct), owner, sizeof owner) == 0) {
                 gp_dump_out_str(o, ",\"callee\":");
                 out_qualified(o, owner, "__enter__");
             }
         }
         goto close;
     }
-    if (direct != 0 && describe_callable(w, direct, owner, sizeof owner, name, sizeof name) == 0) {
+    if (direct != 0 &&
+        describe_callable(w, direct, 0, owner, sizeof owner, name, sizeof name, 0) == 0) {
         gp_dump_out_str(o, ",\"callee\":");
         out_qualified(o, owner, name);
         goto close;
@@ -1101,7 +1126,8 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
     for (int k = nlocals + nstack - 1; k >= nlocals; k--) {
         if (slots[k] == 0)
             continue;
-        if (describe_callable(w, slots[k], owner, sizeof owner, name, sizeof name) == 0 &&
+        uintptr_t after = k + 1 < nlocals + nstack ? slots[k + 1] : 0;
+        if (describe_callable(w, slots[k], after, owner, sizeof owner, name, sizeof name, 0) == 0 &&
             strcmp(name, want) == 0) {
             gp_dump_out_str(o, ",\"callee\":");
             out_qualified(o, owner, name);

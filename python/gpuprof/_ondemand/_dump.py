@@ -167,10 +167,12 @@ def summarize_flight_recorder(doc: dict) -> dict:
     for e in doc.get("entries") or []:
         if not isinstance(e, dict):
             continue
+        pg = e.get("process_group") or ("", "")
+        if isinstance(pg, (list, tuple)) and len(pg) > 1 and pg[1]:
+            names.setdefault(str(pg[0]), {"name": pg[0], "desc": pg[1]})
         done = e.get("state") == "completed" or e.get("retired")
         if done:
             continue
-        pg = e.get("process_group") or ("", "")
         created = e.get("time_created_ns")
         open_entries.append(
             {
@@ -190,7 +192,11 @@ def summarize_flight_recorder(doc: dict) -> dict:
     return {
         "version": doc.get("version"),
         "groups": groups,
-        "configs": {k: {"name": v.get("name"), "desc": v.get("desc")} for k, v in names.items()},
+        "configs": {
+            k: {"name": v.get("name"), "desc": v.get("desc")}
+            for k, v in names.items()
+            if v.get("name") or v.get("desc")
+        },
         "in_flight": open_entries[-64:],
     }
 

@@ -96,16 +96,15 @@ def _device_note(d, t) -> str | None:
 
 def format_dump(d, header: bool = False) -> str:
     lines = []
-    if header:
-        lines.append(f"== {_who(d)}")
+    lead = "== " if header else ""
     if not d.ok:
-        lines.append(f"{_who(d)}: no stacks: {d.error}")
+        lines.append(f"{lead}{_who(d)}: no stacks: {d.error}")
         return "\n".join(lines)
     walk = d.walk
     threads = d.threads()
     when = time.strftime("%H:%M:%S", time.localtime(float(walk.get("time") or 0)))
     lines.append(
-        f"{_who(d)}: {len(threads)} Python thread(s) at {when}, read in "
+        f"{lead}{_who(d)}: {len(threads)} Python thread(s) at {when}, read in "
         f"{(walk.get('elapsed_us') or 0) / 1000:.1f} ms without the GIL (Python "
         f"{walk.get('python')})"
     )
@@ -295,7 +294,8 @@ def format_ranks(dumps) -> str:
         where = mains[id(usual[0])]
         coll = where.collective()
         at = _frame(where.frames[0]) if where.frames else "no Python frame"
-        usual_text = f"wait in collective {coll} at {at}" if coll else f"are at {at}"
+        verb = ("waits", "is") if len(usual) == 1 else ("wait", "are")
+        usual_text = f"{verb[0]} in collective {coll} at {at}" if coll else f"{verb[1]} at {at}"
         for d in different:
             t = mains[id(d)]
             top = _frame(t.frames[0]) if t.frames else "no Python frame"
@@ -318,18 +318,19 @@ def _compare_collectives(dumps) -> list[str]:
     per = {}
     for d in dumps:
         fr = ((d.distributed() or {}).get("flight_recorder")) or {}
-        if fr.get("groups"):
+        if "groups" in fr:  # read (a rank that ran no collective yet has no groups)
             per[id(d)] = fr
-    if not per:
+    if len(per) < 2:
         return []
     out = []
     groups = sorted({pg for fr in per.values() for pg in fr["groups"]})
     for pg in groups:
         seqs = {}
         for d in dumps:
-            st = (per.get(id(d)) or {}).get("groups", {}).get(pg)
-            if st is not None:
-                seqs[id(d)] = st.get("last_enqueued_collective")
+            if id(d) not in per:
+                continue
+            st = per[id(d)]["groups"].get(pg) or {"last_enqueued_collective": 0}
+            seqs[id(d)] = st.get("last_enqueued_collective")
         known = {k: v for k, v in seqs.items() if isinstance(v, int)}
         if len(set(known.values())) <= 1:
             continue
@@ -337,7 +338,10 @@ def _compare_collectives(dumps) -> list[str]:
         ahead = [d for d in dumps if known.get(id(d)) == top]
         behind = [d for d in dumps if id(d) in known and known[id(d)] < top]
         fr0 = per[id(ahead[0])]
-        name = _group_name(pg, fr0.get("configs") or {})
+        configs = {}
+        for fr in per.values():
+            configs.update(fr.get("configs") or {})
+        name = _group_name(pg, configs)
         op = next(
             (
                 e.get("op")
@@ -349,7 +353,7 @@ def _compare_collectives(dumps) -> list[str]:
         what = f"collective #{top}" + (f" ({op})" if op else "")
         out.append(
             f"Group {name}: {', '.join(_rank_name(d) for d in ahead)} entered {what}; "
-            + "; ".join(f"{_rank_name(d)} is at #{known[id(d)]}" for d in behind)
+            + ", ".join(f"{_rank_name(d)} is at #{known[id(d)]}" for d in behind)
             + f": {' and '.join(_rank_name(d) for d in behind)} never entered it."
         )
     return out
