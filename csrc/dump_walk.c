@@ -1299,6 +1299,51 @@ out_native(Walk *w, long skip_tid)
     gp_dump_out_str(o, "]");
 }
 
+/* The interpreter's thread states, newest first (malloc'ed; *n of them). A thread
+ * that ends while the list is followed can leave a link to freed memory: a state
+ * that cannot be read, that belongs to no interpreter of ours, or that comes round
+ * again means the list changed, and it is followed again from its head (three
+ * tries; then what was found, and a problem that says so). */
+static uintptr_t *
+collect_threads(Walk *w, uintptr_t interp, int *n, int *more)
+{
+    uintptr_t *states = malloc(sizeof(uintptr_t) * MAX_THREADS);
+    *n = *more = 0;
+    if (states == NULL) {
+        problem(w, "out of memory for the thread list");
+        return NULL;
+    }
+    int broken = 1;
+    for (int attempt = 0; attempt < 3 && broken; attempt++) {
+        uintptr_t addr = 0;
+        broken = 0;
+        *n = *more = 0;
+        if (rd_ptr(w, interp + offsetof(PyInterpreterState, threads.head), &addr) != 0) {
+            problem(w, "the interpreter's thread list could not be read");
+            return states;
+        }
+        while (addr != 0) {
+            PyThreadState ts;
+            if (*n == MAX_THREADS) {
+                *more = 1;
+                break;
+            }
+            int seen = 0;
+            for (int i = 0; i < *n && !seen; i++)
+                seen = states[i] == addr;
+            if (seen || rd(w, addr, &ts, sizeof ts) != 0 || (uintptr_t)ts.interp != interp) {
+                broken = 1;
+                break;
+            }
+            states[(*n)++] = addr;
+            addr = (uintptr_t)ts.next;
+        }
+    }
+    if (broken)
+        problem(w, "threads started or ended while the dump was made: some may be missing");
+    return states;
+}
+
 GpStatus
 gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
 {
@@ -1335,40 +1380,41 @@ gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
     gp_dump_out_str(out, ",\"gil_locked\":");
     gp_dump_out_str(out, locked < 0 ? "null" : locked ? "true" : "false");
 
-    uintptr_t ts_addr = 0, next_interp = 0;
-    if (rd_ptr(&w, interp + offsetof(PyInterpreterState, threads.head), &ts_addr) != 0)
-        problem(&w, "the interpreter's thread list could not be read");
+    uintptr_t next_interp = 0;
     if (rd_ptr(&w, interp + offsetof(PyInterpreterState, next), &next_interp) == 0 &&
         next_interp != 0)
         problem(&w, "this process has subinterpreters; only the main one is shown");
+    int nthreads = 0, more = 0;
+    uintptr_t *states = collect_threads(&w, interp, &nthreads, &more);
+    if (more)
+        problem(&w, "more than %d threads: the rest are not shown", MAX_THREADS);
     gp_dump_out_str(out, ",\"threads\":[");
-    int nthreads = 0;
-    while (ts_addr != 0 && nthreads < MAX_THREADS) {
+    int shown = 0;
+    for (int i = 0; i < nthreads; i++) {
         PyThreadState ts;
-        if (rd(&w, ts_addr, &ts, sizeof ts) != 0) {
-            problem(&w, "a thread state at 0x%llx could not be read (the thread ended meanwhile)",
-                    (unsigned long long)ts_addr);
-            break;
+        if (rd(&w, states[i], &ts, sizeof ts) != 0 || (uintptr_t)ts.interp != interp) {
+            problem(&w,
+                    "a thread ended while the dump was made (its thread state at 0x%llx is gone)",
+                    (unsigned long long)states[i]);
+            continue;
         }
         unsigned long long ident = ts.thread_id;
-        gp_dump_out_str(out, nthreads ? ",{\"ident\":" : "{\"ident\":");
+        gp_dump_out_str(out, shown ? ",{\"ident\":" : "{\"ident\":");
         gp_dump_out_u64(out, ident);
         gp_dump_out_str(out, ",\"native_id\":");
         gp_dump_out_u64(out, ts.native_thread_id);
         gp_dump_out_str(out, ",\"holds_gil\":");
-        gp_dump_out_str(out, holder != 0 && holder == ts_addr ? "true" : "false");
+        gp_dump_out_str(out, holder != 0 && holder == states[i] ? "true" : "false");
         if (w.ntids < MAX_THREADS)
             w.tids[w.ntids++] = (long)ts.native_thread_id;
         out_frames(&w, &ts, ident);
         if (ts.native_thread_id != 0)
             out_os_state(out, (long)ts.native_thread_id, 0);
         gp_dump_out_str(out, "}");
-        nthreads++;
-        ts_addr = (uintptr_t)ts.next;
+        shown++;
     }
     gp_dump_out_str(out, "]");
-    if (ts_addr != 0)
-        problem(&w, "more than %d threads: the rest are not shown", MAX_THREADS);
+    free(states);
     out_native(&w, skip_tid);
 
     gp_dump_out_str(out, ",\"problems\":[");
@@ -1402,6 +1448,51 @@ gp_dump_walk_unsupported(void)
 {
     return "gpuprof dump reads the interpreter's frames as CPython 3.11, 3.12 and 3.13 "
            "(with the GIL) lay them out; this is CPython " PY_VERSION;
+}
+
+/* The interpreter's thread states, newest first (malloc'ed; *n of them). A thread
+ * that ends while the list is followed can leave a link to freed memory: a state
+ * that cannot be read, that belongs to no interpreter of ours, or that comes round
+ * again means the list changed, and it is followed again from its head (three
+ * tries; then what was found, and a problem that says so). */
+static uintptr_t *
+collect_threads(Walk *w, uintptr_t interp, int *n, int *more)
+{
+    uintptr_t *states = malloc(sizeof(uintptr_t) * MAX_THREADS);
+    *n = *more = 0;
+    if (states == NULL) {
+        problem(w, "out of memory for the thread list");
+        return NULL;
+    }
+    int broken = 1;
+    for (int attempt = 0; attempt < 3 && broken; attempt++) {
+        uintptr_t addr = 0;
+        broken = 0;
+        *n = *more = 0;
+        if (rd_ptr(w, interp + offsetof(PyInterpreterState, threads.head), &addr) != 0) {
+            problem(w, "the interpreter's thread list could not be read");
+            return states;
+        }
+        while (addr != 0) {
+            PyThreadState ts;
+            if (*n == MAX_THREADS) {
+                *more = 1;
+                break;
+            }
+            int seen = 0;
+            for (int i = 0; i < *n && !seen; i++)
+                seen = states[i] == addr;
+            if (seen || rd(w, addr, &ts, sizeof ts) != 0 || (uintptr_t)ts.interp != interp) {
+                broken = 1;
+                break;
+            }
+            states[(*n)++] = addr;
+            addr = (uintptr_t)ts.next;
+        }
+    }
+    if (broken)
+        problem(w, "threads started or ended while the dump was made: some may be missing");
+    return states;
 }
 
 GpStatus
