@@ -907,6 +907,33 @@ type_name(Walk *w, uintptr_t type, char *buf, size_t cap)
     return 0;
 }
 
+/* The type in the MRO of `type` whose method table holds the method `ml`: the
+ * class that defines a builtin method bound to an instance of a subclass
+ * (super().recv() on a socket.socket subclass is _socket.socket's recv). 0 if none
+ * does (a method table made at run time, as pybind11's). */
+static uintptr_t
+defining_type(Walk *w, uintptr_t type, uintptr_t ml)
+{
+    uintptr_t mro = 0;
+    if (rd_ptr(w, type + offsetof(PyTypeObject, tp_mro), &mro) != 0)
+        return 0;
+    for (uint32_t i = 0; i < 64; i++) {
+        uintptr_t t = tuple_item(w, mro, i), methods = 0;
+        if (t == 0)
+            return 0;
+        if (rd_ptr(w, t + offsetof(PyTypeObject, tp_methods), &methods) != 0 || methods == 0)
+            continue;
+        for (uintptr_t k = 0; k < 1024; k++) {
+            uintptr_t entry = methods + k * sizeof(PyMethodDef), name = 0;
+            if (rd_ptr(w, entry + offsetof(PyMethodDef, ml_name), &name) != 0 || name == 0)
+                break;
+            if (entry == ml)
+                return t;
+        }
+    }
+    return 0;
+}
+
 /* A C callable's name and what it belongs to ("_thread.lock" + "acquire"), when
  * obj is a builtin function, a method descriptor, a slot wrapper or a bound
  * method of one. bound_self: the value after it on the stack (the instance, for a
@@ -945,7 +972,9 @@ describe_callable(Walk *w, uintptr_t obj, uintptr_t bound_self, char *owner, siz
             if (bound_self == 0 || type_name(w, type_of(w, bound_self), owner, owner_cap) != 0)
                 str_obj_ascii(w, (uintptr_t)f.m_module, owner, owner_cap);
         } else {
-            owner_type = self_type;
+            owner_type = defining_type(w, self_type, ml);
+            if (owner_type == 0)
+                owner_type = self_type;
         }
     } else if (t == (uintptr_t)&PyMethodDescr_Type || t == (uintptr_t)&PyClassMethodDescr_Type) {
         PyMethodDescrObject d;

@@ -41,6 +41,7 @@ class Blocked:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.sock_a, self.sock_b = socket.socketpair()
+        self.sock_c, self.sock_d = socket.socketpair()
         self.pipe_r, self.pipe_w = os.pipe()
         self.q = queue.Queue()
         self.threads = []
@@ -54,14 +55,15 @@ class Blocked:
         self.release.set()
         self.lock.release()
         self.sock_b.send(b"x")
+        self.sock_d.send(b"x")
         os.write(self.pipe_w, b"x")
         self.q.put(None)
         for t in self.threads:
             t.join(10)
         for fd in (self.pipe_r, self.pipe_w):
             os.close(fd)
-        self.sock_a.close()
-        self.sock_b.close()
+        for s in (self.sock_a, self.sock_b, self.sock_c, self.sock_d):
+            s.close()
 
 
 @pytest.fixture
@@ -171,12 +173,28 @@ def test_the_c_call_is_named_from_the_bytecode(blocked):
     def nested_call():
         blocked.sock_a.recv(int("16"))
 
+    class Socket(socket.socket):
+        def recv_through_super(self):
+            return super().recv(16)
+
+    sub = Socket(fileno=os.dup(blocked.sock_c.fileno()))
+
+    def through_super():
+        with sub:
+            sub.recv_through_super()
+
     cases = {
         "lock-method": (lock_method, "blocked.lock.acquire", "_thread.lock.acquire"),
         "lock-with": (lock_with, "lock.__enter__", "_thread.lock.__enter__"),
         "list-args": (list_args, "select.select", "select.select"),
         "nested-call": (nested_call, "blocked.sock_a.recv", "_socket.socket.recv"),
         "keyword": (keyword_and_arithmetic, "blocked.lock.acquire", "_thread.lock.acquire"),
+        # what super() gives is no plain name: the attribute alone finds the callable
+        "super": (
+            through_super,
+            "super().recv" if sys.version_info >= (3, 12) else "(...).recv",
+            "_socket.socket.recv",
+        ),
     }
     for name, (fn, _, _) in cases.items():
         blocked.start(name, fn)
