@@ -11,6 +11,7 @@ WAIT_MS (``python``: names, torch.distributed), or that it did not.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -137,6 +138,11 @@ class DumpThread:
                 return func
         return None
 
+    def user_frame(self) -> dict | None:
+        """The innermost frame of the program's own code: not of the standard library
+        or an installed package (by its path, as the target process wrote it)."""
+        return next((f for f in self.frames if not _is_library(f.get("file") or "")), None)
+
     def signature(self) -> tuple:
         return tuple((f.get("file"), f.get("line"), f.get("func")) for f in self.frames)
 
@@ -198,6 +204,13 @@ class Dump:
 
     def distributed(self) -> dict | None:
         return (self.python or {}).get("distributed")
+
+
+_LIBRARY = re.compile(r"/lib/(pypy|python)\d[.\d]*t?/|[/\\](site|dist)-packages[/\\]|^<frozen ")
+
+
+def _is_library(path: str) -> bool:
+    return bool(_LIBRARY.search(path.replace("\\", "/")))
 
 
 def _without_launcher(frames: list[dict], hide: str | None) -> list[dict]:

@@ -293,20 +293,36 @@ def format_ranks(dumps) -> str:
     else:
         where = mains[id(usual[0])]
         coll = where.collective()
-        at = _frame(where.frames[0]) if where.frames else "no Python frame"
-        verb = ("waits", "is") if len(usual) == 1 else ("wait", "are")
-        usual_text = f"{verb[0]} in collective {coll} at {at}" if coll else f"{verb[1]} at {at}"
+        one = len(usual) == 1
+        if coll:
+            usual_text = f"{'waits' if one else 'wait'} in collective {coll}{_called_from(where)}"
+        else:
+            usual_text = f"{'is' if one else 'are'} {_place(where)}"
         for d in different:
             t = mains[id(d)]
-            top = _frame(t.frames[0]) if t.frames else "no Python frame"
             call = t.call_text()
             lines.append(
-                f"{_rank_name(d)} differs from the others: its main thread is at {top}"
+                f"{_rank_name(d)} differs from the others: its main thread is {_place(t)}"
                 + (f", {call}" if call else "")
                 + f"; {', '.join(_rank_name(u) for u in usual)} {usual_text}."
             )
     lines.extend(_compare_collectives(readable))
     return "\n".join(lines)
+
+
+def _place(t) -> str:
+    """'in Queue.get, called from main (train.py:70)', or 'at main (train.py:70)'."""
+    if not t.frames:
+        return "in no Python frame"
+    top, user = t.frames[0], t.user_frame()
+    if user is None or user is top:
+        return f"at {_frame(top)}"
+    return f"in {top.get('func')}{_called_from(t)}"
+
+
+def _called_from(t) -> str:
+    user = t.user_frame()
+    return f", called from {_frame(user)}" if user is not None else ""
 
 
 def _cell(text: str, col: int) -> str:
