@@ -55,7 +55,7 @@
 #define GP_DUMP_WALKS 0
 #endif
 
-const char *const gp_dump_op_names[GP_DUMP_OP_COUNT] = {
+const char *const gp_dump_walk_op_names[GP_DUMP_OP_COUNT] = {
     "CALL",
     "PRECALL",
     "CALL_KW",
@@ -96,8 +96,8 @@ const char *const gp_dump_op_names[GP_DUMP_OP_COUNT] = {
 /* -- output ------------------------------------------------------------------------------ */
 #define OUT_CAP ((size_t)16 << 20) /* one dump never needs more; past it, output stops */
 
-void
-gp_dump_out_bytes(GpDumpOut *o, const char *s, size_t n)
+static void
+out_bytes(GpDumpOut *o, const char *s, size_t n)
 {
     if (o->full)
         return;
@@ -119,25 +119,9 @@ gp_dump_out_bytes(GpDumpOut *o, const char *s, size_t n)
 }
 
 void
-gp_dump_out_str(GpDumpOut *o, const char *s)
+gp_dump_walk_out_str(GpDumpOut *o, const char *s)
 {
-    gp_dump_out_bytes(o, s, strlen(s));
-}
-
-void
-gp_dump_out_u64(GpDumpOut *o, uint64_t v)
-{
-    char buf[24];
-    int k = snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
-    gp_dump_out_bytes(o, buf, (size_t)k);
-}
-
-static void
-out_i64(GpDumpOut *o, int64_t v)
-{
-    char buf[24];
-    int k = snprintf(buf, sizeof buf, "%lld", (long long)v);
-    gp_dump_out_bytes(o, buf, (size_t)k);
+    out_bytes(o, s, strlen(s));
 }
 
 /* One code point of a JSON string body: printable ASCII as itself, the rest as
@@ -149,18 +133,18 @@ out_codepoint(GpDumpOut *o, uint32_t c)
     if (c == '"' || c == '\\') {
         buf[0] = '\\';
         buf[1] = (char)c;
-        gp_dump_out_bytes(o, buf, 2);
+        out_bytes(o, buf, 2);
     } else if (c >= 0x20 && c < 0x7f) {
         buf[0] = (char)c;
-        gp_dump_out_bytes(o, buf, 1);
+        out_bytes(o, buf, 1);
     } else if (c > 0xffff && c <= 0x10ffff) {
         c -= 0x10000;
         int k =
             snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xd800 + (c >> 10), 0xdc00 + (c & 0x3ff));
-        gp_dump_out_bytes(o, buf, (size_t)k);
+        out_bytes(o, buf, (size_t)k);
     } else {
         int k = snprintf(buf, sizeof buf, "\\u%04x", c > 0x10ffff ? 0xfffd : c);
-        gp_dump_out_bytes(o, buf, (size_t)k);
+        out_bytes(o, buf, (size_t)k);
     }
 }
 
@@ -169,7 +153,7 @@ static void
 out_json_utf8(GpDumpOut *o, const char *s, size_t n)
 {
     const unsigned char *p = (const unsigned char *)s;
-    gp_dump_out_bytes(o, "\"", 1);
+    out_bytes(o, "\"", 1);
     size_t i = 0;
     while (i < n) {
         uint32_t c = p[i];
@@ -197,25 +181,43 @@ out_json_utf8(GpDumpOut *o, const char *s, size_t n)
         out_codepoint(o, c);
         i += len;
     }
-    gp_dump_out_bytes(o, "\"", 1);
+    out_bytes(o, "\"", 1);
 }
 
-void
-gp_dump_out_json_cstr(GpDumpOut *o, const char *s)
+static void
+out_json_cstr(GpDumpOut *o, const char *s)
 {
     if (s == NULL)
-        gp_dump_out_str(o, "null");
+        gp_dump_walk_out_str(o, "null");
     else
         out_json_utf8(o, s, strlen(s));
 }
 
 void
-gp_dump_out_free(GpDumpOut *o)
+gp_dump_walk_out_free(GpDumpOut *o)
 {
     free(o->p);
     o->p = NULL;
     o->n = o->cap = 0;
     o->full = 0;
+}
+
+#if GP_DUMP_WALKS
+
+static void
+out_u64(GpDumpOut *o, uint64_t v)
+{
+    char buf[24];
+    int k = snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    out_bytes(o, buf, (size_t)k);
+}
+
+static void
+out_i64(GpDumpOut *o, int64_t v)
+{
+    char buf[24];
+    int k = snprintf(buf, sizeof buf, "%lld", (long long)v);
+    out_bytes(o, buf, (size_t)k);
 }
 
 /* -- what /proc says of a thread (needs no interpreter memory) -------------------------------- */
@@ -365,15 +367,15 @@ out_os_state(GpDumpOut *o, long tid, int with_name)
         char *close_paren = strrchr(buf, ')');
         if (close_paren != NULL && close_paren[1] == ' ' && close_paren[2] != '\0') {
             char state[2] = {close_paren[2], '\0'};
-            gp_dump_out_str(o, ",\"state\":");
-            gp_dump_out_json_cstr(o, state);
+            gp_dump_walk_out_str(o, ",\"state\":");
+            out_json_cstr(o, state);
         }
     }
     if (with_name) {
         snprintf(path, sizeof path, "/proc/self/task/%ld/comm", tid);
         if (read_proc(path, buf, sizeof buf) >= 0) {
-            gp_dump_out_str(o, ",\"name\":");
-            gp_dump_out_json_cstr(o, buf);
+            gp_dump_walk_out_str(o, ",\"name\":");
+            out_json_cstr(o, buf);
         }
     }
     /* /proc/PID/task/TID/syscall needs ptrace access, which a process always has to
@@ -400,18 +402,16 @@ out_os_state(GpDumpOut *o, long tid, int with_name)
             }
         }
         if (name != NULL) {
-            gp_dump_out_str(o, ",\"syscall\":");
-            gp_dump_out_json_cstr(o, name);
+            gp_dump_walk_out_str(o, ",\"syscall\":");
+            out_json_cstr(o, name);
         }
     }
     snprintf(path, sizeof path, "/proc/self/task/%ld/wchan", tid);
     if (read_proc(path, buf, sizeof buf) > 0 && strcmp(buf, "0") != 0) {
-        gp_dump_out_str(o, ",\"wchan\":");
-        gp_dump_out_json_cstr(o, buf);
+        gp_dump_walk_out_str(o, ",\"wchan\":");
+        out_json_cstr(o, buf);
     }
 }
-
-#if GP_DUMP_WALKS
 
 const char *
 gp_dump_walk_unsupported(void)
@@ -429,6 +429,7 @@ gp_dump_walk_unsupported(void)
 #define RING 64
 #define MAX_PROBLEMS 16
 
+/* One walk's state: on the stack of the thread that walks, owned by it. */
 typedef struct Walk {
     int mode;    /* 0 process_vm_readv, 1 pipe (process_vm_readv refused) */
     int pipe[2]; /* mode 1 */
@@ -556,7 +557,7 @@ out_str_obj(Walk *w, uintptr_t addr)
     unsigned char buf[MAX_CHARS * 4];
     if (rd(w, data, buf, (size_t)len * kind) != 0)
         return -1;
-    gp_dump_out_bytes(w->o, "\"", 1);
+    out_bytes(w->o, "\"", 1);
     for (Py_ssize_t i = 0; i < len; i++) {
         uint32_t c;
         if (kind == 1)
@@ -568,8 +569,8 @@ out_str_obj(Walk *w, uintptr_t addr)
         out_codepoint(w->o, c);
     }
     if (a.length > len)
-        gp_dump_out_str(w->o, "...");
-    gp_dump_out_bytes(w->o, "\"", 1);
+        gp_dump_walk_out_str(w->o, "...");
+    out_bytes(w->o, "\"", 1);
     return 0;
 }
 
@@ -1009,7 +1010,7 @@ out_qualified(GpDumpOut *o, const char *owner, const char *name)
 {
     char buf[512];
     snprintf(buf, sizeof buf, "%s%s%s", owner, owner[0] ? "." : "", name);
-    gp_dump_out_json_cstr(o, buf);
+    out_json_cstr(o, buf);
 }
 
 /* ,"call":{...} for the innermost frame when its current instruction calls into
@@ -1064,8 +1065,8 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
     if (!is_call && !is_with)
         goto done;
     GpDumpOut *o = w->o;
-    gp_dump_out_str(o, ",\"call\":{\"kind\":");
-    gp_dump_out_str(o, is_call ? "\"call\"" : "\"with\"");
+    gp_dump_walk_out_str(o, ",\"call\":{\"kind\":");
+    gp_dump_walk_out_str(o, is_call ? "\"call\"" : "\"with\"");
 
     /* the expression that gave the callable (or the context manager) */
     int pos = found - 1, ok = 1, nulled = 0;
@@ -1086,8 +1087,8 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
             load_name(w, c, last, want, sizeof want) == 0) {
             snprintf(text, sizeof text, "%s.%s",
                      is_op(w, last, GP_DUMP_OP_LOAD_SUPER_ATTR) ? "super()" : "(...)", want);
-            gp_dump_out_str(o, ",\"expr\":");
-            gp_dump_out_json_cstr(o, text);
+            gp_dump_walk_out_str(o, ",\"expr\":");
+            out_json_cstr(o, text);
         }
     }
     if (ok) {
@@ -1109,8 +1110,8 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
         }
         if (is_with && n < sizeof text)
             snprintf(text + n, sizeof text - n, "%s", ".__enter__");
-        gp_dump_out_str(o, ",\"expr\":");
-        gp_dump_out_json_cstr(o, text);
+        gp_dump_walk_out_str(o, ",\"expr\":");
+        out_json_cstr(o, text);
     }
 
     /* The object itself: a local named directly is read out of the frame; else
@@ -1138,7 +1139,7 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
     if (is_with) {
         if (direct != 0) {
             if (type_name(w, type_of(w, direct), owner, sizeof owner) == 0) {
-                gp_dump_out_str(o, ",\"callee\":");
+                gp_dump_walk_out_str(o, ",\"callee\":");
                 out_qualified(o, owner, "__enter__");
             }
         }
@@ -1146,7 +1147,7 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
     }
     if (direct != 0 &&
         describe_callable(w, direct, 0, owner, sizeof owner, name, sizeof name, 0) == 0) {
-        gp_dump_out_str(o, ",\"callee\":");
+        gp_dump_walk_out_str(o, ",\"callee\":");
         out_qualified(o, owner, name);
         goto close;
     }
@@ -1158,13 +1159,13 @@ out_call(Walk *w, uintptr_t frame, const PyCodeObject *c, uintptr_t code, int la
         uintptr_t after = k + 1 < nlocals + nstack ? slots[k + 1] : 0;
         if (describe_callable(w, slots[k], after, owner, sizeof owner, name, sizeof name, 0) == 0 &&
             strcmp(name, want) == 0) {
-            gp_dump_out_str(o, ",\"callee\":");
+            gp_dump_walk_out_str(o, ",\"callee\":");
             out_qualified(o, owner, name);
             break;
         }
     }
 close:
-    gp_dump_out_str(o, "}");
+    gp_dump_walk_out_str(o, "}");
 done:
     free(bc);
 }
@@ -1221,7 +1222,7 @@ out_frames(Walk *w, const PyThreadState *ts, unsigned long long ident)
     GpDumpOut *o = w->o;
     uintptr_t addr = thread_frame(w, ts);
     int n = 0, first = 1, visited = 0;
-    gp_dump_out_str(o, ",\"frames\":[");
+    gp_dump_walk_out_str(o, ",\"frames\":[");
     uintptr_t innermost = 0, innermost_code = 0;
     PyCodeObject innermost_c;
     int innermost_lasti = -1;
@@ -1253,20 +1254,20 @@ out_frames(Walk *w, const PyThreadState *ts, unsigned long long ident)
             continue;
         }
         if (n == MAX_FRAMES) {
-            gp_dump_out_str(o, "],\"frames_cut\":true");
+            gp_dump_walk_out_str(o, "],\"frames_cut\":true");
             goto innermost_call;
         }
-        gp_dump_out_str(o, first ? "{\"file\":" : ",{\"file\":");
+        gp_dump_walk_out_str(o, first ? "{\"file\":" : ",{\"file\":");
         first = 0;
         if (out_str_obj(w, (uintptr_t)c.co_filename) != 0)
-            gp_dump_out_str(o, "null");
-        gp_dump_out_str(o, ",\"line\":");
+            gp_dump_walk_out_str(o, "null");
+        gp_dump_walk_out_str(o, ",\"line\":");
         out_i64(o, code_line(w, &c, (int)lasti));
-        gp_dump_out_str(o, ",\"func\":");
+        gp_dump_walk_out_str(o, ",\"func\":");
         if (out_str_obj(w, (uintptr_t)c.co_qualname) != 0 &&
             out_str_obj(w, (uintptr_t)c.co_name) != 0)
-            gp_dump_out_str(o, "null");
-        gp_dump_out_str(o, "}");
+            gp_dump_walk_out_str(o, "null");
+        gp_dump_walk_out_str(o, "}");
         if (n == 0) {
             innermost = addr;
             innermost_code = code;
@@ -1276,7 +1277,7 @@ out_frames(Walk *w, const PyThreadState *ts, unsigned long long ident)
         n++;
         addr = next;
     }
-    gp_dump_out_str(o, "]");
+    gp_dump_walk_out_str(o, "]");
 innermost_call:
     if (innermost != 0)
         out_call(w, innermost, &innermost_c, innermost_code, innermost_lasti);
@@ -1301,7 +1302,7 @@ static void
 out_native(Walk *w, long skip_tid)
 {
     GpDumpOut *o = w->o;
-    gp_dump_out_str(o, ",\"native\":[");
+    gp_dump_walk_out_str(o, ",\"native\":[");
     DIR *d = opendir("/proc/self/task");
     int first = 1, count = 0;
     if (d != NULL) {
@@ -1316,16 +1317,16 @@ out_native(Walk *w, long skip_tid)
                 python = w->tids[i] == tid;
             if (python)
                 continue;
-            gp_dump_out_str(o, first ? "{\"tid\":" : ",{\"tid\":");
+            gp_dump_walk_out_str(o, first ? "{\"tid\":" : ",{\"tid\":");
             first = 0;
             out_i64(o, tid);
             out_os_state(o, tid, 1);
-            gp_dump_out_str(o, "}");
+            gp_dump_walk_out_str(o, "}");
             count++;
         }
         closedir(d);
     }
-    gp_dump_out_str(o, "]");
+    gp_dump_walk_out_str(o, "]");
 }
 
 /* The interpreter's thread states, newest first (malloc'ed; *n of them). A thread
@@ -1374,7 +1375,7 @@ collect_threads(Walk *w, uintptr_t interp, int *n, int *more)
 }
 
 GpStatus
-gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
+gp_dump_walk_threads(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
 {
     Walk w;
     struct timespec t0, t1, now;
@@ -1386,12 +1387,12 @@ gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
     w.t = tables;
     w.o = out;
 
-    gp_dump_out_str(out, "{\"kind\":\"walk\",\"pid\":");
+    gp_dump_walk_out_str(out, "{\"kind\":\"walk\",\"pid\":");
     out_i64(out, w.pid);
-    gp_dump_out_str(out, ",\"python\":\"" PY_VERSION "\",\"time\":");
+    gp_dump_walk_out_str(out, ",\"python\":\"" PY_VERSION "\",\"time\":");
     char when[48];
     snprintf(when, sizeof when, "%lld.%03ld", (long long)now.tv_sec, now.tv_nsec / 1000000);
-    gp_dump_out_str(out, when);
+    gp_dump_walk_out_str(out, when);
 
     /* PyInterpreterState_Main() only reads _PyRuntime: safe without the GIL */
     uintptr_t interp = (uintptr_t)PyInterpreterState_Main();
@@ -1406,8 +1407,8 @@ gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
             holder = locked ? h : 0;
         }
     }
-    gp_dump_out_str(out, ",\"gil_locked\":");
-    gp_dump_out_str(out, locked < 0 ? "null" : locked ? "true" : "false");
+    gp_dump_walk_out_str(out, ",\"gil_locked\":");
+    gp_dump_walk_out_str(out, locked < 0 ? "null" : locked ? "true" : "false");
 
     uintptr_t next_interp = 0;
     if (rd_ptr(&w, interp + offsetof(PyInterpreterState, next), &next_interp) == 0 &&
@@ -1417,7 +1418,7 @@ gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
     uintptr_t *states = collect_threads(&w, interp, &nthreads, &more);
     if (more)
         problem(&w, "more than %d threads: the rest are not shown", MAX_THREADS);
-    gp_dump_out_str(out, ",\"threads\":[");
+    gp_dump_walk_out_str(out, ",\"threads\":[");
     int shown = 0;
     for (int i = 0; i < nthreads; i++) {
         PyThreadState ts;
@@ -1428,41 +1429,41 @@ gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
             continue;
         }
         unsigned long long ident = ts.thread_id;
-        gp_dump_out_str(out, shown ? ",{\"ident\":" : "{\"ident\":");
-        gp_dump_out_u64(out, ident);
-        gp_dump_out_str(out, ",\"native_id\":");
-        gp_dump_out_u64(out, ts.native_thread_id);
-        gp_dump_out_str(out, ",\"holds_gil\":");
-        gp_dump_out_str(out, holder != 0 && holder == states[i] ? "true" : "false");
+        gp_dump_walk_out_str(out, shown ? ",{\"ident\":" : "{\"ident\":");
+        out_u64(out, ident);
+        gp_dump_walk_out_str(out, ",\"native_id\":");
+        out_u64(out, ts.native_thread_id);
+        gp_dump_walk_out_str(out, ",\"holds_gil\":");
+        gp_dump_walk_out_str(out, holder != 0 && holder == states[i] ? "true" : "false");
         if (w.ntids < MAX_THREADS)
             w.tids[w.ntids++] = (long)ts.native_thread_id;
         out_frames(&w, &ts, ident);
         if (ts.native_thread_id != 0)
             out_os_state(out, (long)ts.native_thread_id, 0);
-        gp_dump_out_str(out, "}");
+        gp_dump_walk_out_str(out, "}");
         shown++;
     }
-    gp_dump_out_str(out, "]");
+    gp_dump_walk_out_str(out, "]");
     free(states);
     out_native(&w, skip_tid);
 
-    gp_dump_out_str(out, ",\"problems\":[");
+    gp_dump_walk_out_str(out, ",\"problems\":[");
     for (int i = 0; i < w.nproblems && i < MAX_PROBLEMS; i++) {
         if (i)
-            gp_dump_out_str(out, ",");
-        gp_dump_out_json_cstr(out, w.problems[i]);
+            gp_dump_walk_out_str(out, ",");
+        out_json_cstr(out, w.problems[i]);
     }
-    gp_dump_out_str(out, "]");
+    gp_dump_walk_out_str(out, "]");
     if (w.nproblems > MAX_PROBLEMS) {
-        gp_dump_out_str(out, ",\"problems_more\":");
+        gp_dump_walk_out_str(out, ",\"problems_more\":");
         out_i64(out, w.nproblems - MAX_PROBLEMS);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    gp_dump_out_str(out, ",\"elapsed_us\":");
+    gp_dump_walk_out_str(out, ",\"elapsed_us\":");
     out_i64(out, (t1.tv_sec - t0.tv_sec) * 1000000LL + (t1.tv_nsec - t0.tv_nsec) / 1000);
-    gp_dump_out_str(out, ",\"read_by\":");
-    gp_dump_out_str(out, w.mode == 0 ? "\"process_vm_readv\"" : "\"pipe\"");
-    gp_dump_out_str(out, "}");
+    gp_dump_walk_out_str(out, ",\"read_by\":");
+    gp_dump_walk_out_str(out, w.mode == 0 ? "\"process_vm_readv\"" : "\"pipe\"");
+    gp_dump_walk_out_str(out, "}");
     if (w.pipe[0] >= 0) {
         close(w.pipe[0]);
         close(w.pipe[1]);
@@ -1479,59 +1480,14 @@ gp_dump_walk_unsupported(void)
            "(with the GIL) lay them out; this is CPython " PY_VERSION;
 }
 
-/* The interpreter's thread states, newest first (malloc'ed; *n of them). A thread
- * that ends while the list is followed can leave a link to freed memory: a state
- * that cannot be read, that belongs to no interpreter of ours, or that comes round
- * again means the list changed, and it is followed again from its head (three
- * tries; then what was found, and a problem that says so). */
-static uintptr_t *
-collect_threads(Walk *w, uintptr_t interp, int *n, int *more)
-{
-    uintptr_t *states = malloc(sizeof(uintptr_t) * MAX_THREADS);
-    *n = *more = 0;
-    if (states == NULL) {
-        problem(w, "out of memory for the thread list");
-        return NULL;
-    }
-    int broken = 1;
-    for (int attempt = 0; attempt < 3 && broken; attempt++) {
-        uintptr_t addr = 0;
-        broken = 0;
-        *n = *more = 0;
-        if (rd_ptr(w, interp + offsetof(PyInterpreterState, threads.head), &addr) != 0) {
-            problem(w, "the interpreter's thread list could not be read");
-            return states;
-        }
-        while (addr != 0) {
-            PyThreadState ts;
-            if (*n == MAX_THREADS) {
-                *more = 1;
-                break;
-            }
-            int seen = 0;
-            for (int i = 0; i < *n && !seen; i++)
-                seen = states[i] == addr;
-            if (seen || rd(w, addr, &ts, sizeof ts) != 0 || (uintptr_t)ts.interp != interp) {
-                broken = 1;
-                break;
-            }
-            states[(*n)++] = addr;
-            addr = (uintptr_t)ts.next;
-        }
-    }
-    if (broken)
-        problem(w, "threads started or ended while the dump was made: some may be missing");
-    return states;
-}
-
 GpStatus
-gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
+gp_dump_walk_threads(const GpDumpTables *tables, long skip_tid, GpDumpOut *out)
 {
     (void)tables;
     (void)skip_tid;
-    gp_dump_out_str(out, "{\"kind\":\"walk\",\"unsupported\":");
-    gp_dump_out_json_cstr(out, gp_dump_walk_unsupported());
-    gp_dump_out_str(out, "}");
+    gp_dump_walk_out_str(out, "{\"kind\":\"walk\",\"unsupported\":");
+    out_json_cstr(out, gp_dump_walk_unsupported());
+    gp_dump_walk_out_str(out, "}");
     return out->full ? GP_ERR_NOMEM : GP_OK;
 }
 

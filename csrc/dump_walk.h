@@ -12,7 +12,7 @@
 
 /* The base opcodes the call analysis looks at. Their numbers differ between
  * Python versions and come from Python's own opcode module at arming
- * (gp_dump_op_names names them for that); -1 where a version has none. */
+ * (gp_dump_walk_op_names names them for that); -1 where a version has none. */
 typedef enum GpDumpOp {
     GP_DUMP_OP_CALL,
     GP_DUMP_OP_PRECALL,
@@ -53,7 +53,7 @@ typedef enum GpDumpOp {
 } GpDumpOp;
 
 /* GpDumpOp's names as Python's opcode module spells them, in enum order. */
-extern const char *const gp_dump_op_names[GP_DUMP_OP_COUNT];
+extern const char *const gp_dump_walk_op_names[GP_DUMP_OP_COUNT];
 
 /* What the call analysis needs to decode this interpreter's bytecode.
  * Written once before the server thread starts, read-only afterwards. */
@@ -75,11 +75,11 @@ typedef struct GpDumpOut {
     int full;
 } GpDumpOut;
 
-void gp_dump_out_bytes(GpDumpOut *o, const char *s, size_t n);
-void gp_dump_out_str(GpDumpOut *o, const char *s); /* a C string, raw */
-void gp_dump_out_json_cstr(GpDumpOut *o, const char *s); /* a C string as a JSON string */
-void gp_dump_out_u64(GpDumpOut *o, uint64_t v);
-void gp_dump_out_free(GpDumpOut *o);
+/* Append a C string as it is (nothing once o->full). */
+void gp_dump_walk_out_str(GpDumpOut *o, const char *s);
+
+/* Free the buffer; o is empty (and not full) again. */
+void gp_dump_walk_out_free(GpDumpOut *o);
 
 /* Whether this build can walk this interpreter: NULL if it can, else why not
  * (a static string). */
@@ -94,6 +94,6 @@ const char *gp_dump_walk_unsupported(void);
  * interpreter memory goes through process_vm_readv (or a pipe), so a frame freed
  * or changed meanwhile gives a "problems" entry rather than a crash. Returns
  * GP_OK, or GP_ERR_NOMEM when the output could not be grown (out->full). */
-GpStatus gp_dump_walk(const GpDumpTables *tables, long skip_tid, GpDumpOut *out);
+GpStatus gp_dump_walk_threads(const GpDumpTables *tables, long skip_tid, GpDumpOut *out);
 
 #endif /* GPUPROF_CSRC_DUMP_WALK_H */
