@@ -316,6 +316,19 @@ def test_a_forked_child_has_no_dump_thread_and_the_parent_keeps_its(armed):
     assert d.ok, d.error
 
 
+def test_a_socket_path_too_long_arms_without_the_dump_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUPROF_RUNTIME_DIR", str(tmp_path / ("d" * 100)))
+    gpuprof.arm(signal=None)
+    try:
+        with pytest.raises(_dump_client.CaptureError) as e:
+            _dump_client.find_dump_target(os.getpid())
+        assert e.value.code == 2
+        assert "is armed, but cannot be dumped: _dump_start: the socket path" in str(e.value)
+        assert "set GPUPROF_RUNTIME_DIR to a shorter folder" in str(e.value)
+    finally:
+        gpuprof.disarm()
+
+
 def test_the_dump_answers_requests_it_does_not_know_with_an_error(armed):
     path = _dump_client.find_dump_target(os.getpid()).state["dump"]
     with socket.socket(socket.AF_UNIX) as s:
