@@ -32,7 +32,7 @@ from .. import _gpuprof
 
 __all__ = ["Dumper", "socket_path", "tables"]
 
-FR_DEADLINE_S = 0.25  # how long the flight recorder may take on its helper thread
+FR_DEADLINE_S = 0.4  # how long the flight recorder may take (within the requester's 0.5 s)
 _NO_DECODE = 0xFF  # csrc/dump_walk.h GP_DUMP_NO_DECODE: the real opcode is stored elsewhere
 _UNDECODABLE = ("INSTRUMENTED_LINE", "INSTRUMENTED_INSTRUCTION", "ENTER_EXECUTOR")
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
