@@ -29,6 +29,7 @@ import threading
 import time
 
 from .. import _gpuprof
+from ._shared import _say
 
 __all__ = ["Dumper", "socket_path", "tables"]
 
@@ -225,6 +226,7 @@ class Dumper:
         self.path: str | None = None
         self.error: str | None = None
         self._idents: tuple = ()
+        self._failed = False
 
     def start(self, runtime: str, pid: int, wake_fd: int) -> None:
         """Start the server; a failure is kept in ``error`` (the state file says it),
@@ -261,7 +263,17 @@ class Dumper:
 
     def tick(self) -> None:
         """On the on-demand thread, at each wake-up: answer a dump waiting for us;
-        hand the server new thread names when the set of threads has changed."""
+        hand the server new thread names when the set of threads has changed.
+        Never raises: a failure is said once on stderr, and the dump goes on
+        without what this would have added."""
+        try:
+            self._tick()
+        except Exception as e:  # noqa: BLE001 - the on-demand thread must not die for it
+            if not self._failed:
+                self._failed = True
+                _say(f"on-demand: answering a dump failed: {e!r}")
+
+    def _tick(self) -> None:
         if self.path is None:
             return
         req = _gpuprof._dump_pending()
