@@ -6,6 +6,7 @@
 #include "arrays.h"
 #include "buffer.h"
 #include "clock.h"
+#include "dump.h"
 #include "hook.h"
 #include "intern.h"
 #include "opkinds.h"
@@ -336,6 +337,8 @@ module_exec(PyObject *module)
     if (gp_arrays_init() < 0)
         return -1;
     if (PyModule_AddFunctions(module, gp_testing_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(module, gp_dump_methods) < 0)
         return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &gp_profiler_spec, NULL);
     if (type == NULL)

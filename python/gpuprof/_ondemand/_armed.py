@@ -18,6 +18,7 @@ from typing import Any
 from . import _capture as capture_
 from . import _proto as proto
 from ._capture import CaptureRequest
+from ._dump import Dumper
 from ._recording import _Recording
 from ._requests import _Requests
 from ._shared import _say
@@ -102,6 +103,7 @@ class OnDemand(_Requests, _Recording):
         self._armed_at = time.time()
         self._refreshed = 0.0
         self._job = _job()
+        self._dumper = Dumper()  # `gpuprof dump`'s native thread (_dump.py)
         # step boundaries
         counter = _SourceCounter(self._source_step)
         self._watch = _steps.ImportWatch()
@@ -173,6 +175,7 @@ class OnDemand(_Requests, _Recording):
                     for n in os.listdir(self._trigger_dir)
                     if n.startswith("req.") and n.endswith(".json")
                 }
+        self._dumper.start(self._runtime, self.pid, self._wake_w)
         self._write_state()
         self._samples.append((time.monotonic(), self.found))  # the step rate's first point
         self._thread = threading.Thread(target=self._loop, name="gpuprof-on-demand", daemon=True)
@@ -199,6 +202,7 @@ class OnDemand(_Requests, _Recording):
             "armed_at": self._armed_at,
             "steps": self.source.describe() if not self._explicit else "OnDemand.step() calls",
             "job": self._job,
+            **self._dumper.state(),
             "python": sys.version.split()[0],
             "gpuprof": __version__,
         }
@@ -241,6 +245,7 @@ class OnDemand(_Requests, _Recording):
         if os.getpid() == self.pid and self._runtime:
             with contextlib.suppress(OSError):
                 os.unlink(proto.state_path(self._runtime, self.pid))
+        self._dumper.stop()  # before the wake pipe it writes to is closed
         self._closed = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
@@ -265,6 +270,7 @@ class OnDemand(_Requests, _Recording):
         self._closed = self._closing = True
         self._work = None
         self._thread = None
+        self._dumper.forked()
 
     # -- step boundaries (the program's threads) ------------------------------------------------
     def step(self) -> None:

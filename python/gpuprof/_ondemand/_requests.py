@@ -79,6 +79,7 @@ class _Requests:
 
     def _loop(self) -> None:
         _gpuprof._ignore_current_thread()  # never in a capture's results
+        self._dumper.tick()  # this thread's name, for a dump made while the GIL is held
         failures = 0
         while not self._closing:
             timeout = self._poll_s
@@ -112,6 +113,7 @@ class _Requests:
                     _say(f"on-demand: handling requests failed: {e!r}")
 
     def _tick(self) -> None:
+        self._dumper.tick()  # first: a dump waits for it (_dump.py)
         now = time.monotonic()
         if not self._samples or now - self._samples[-1][0] >= 0.5:
             self._samples.append((now, self.found))

@@ -1,4 +1,4 @@
-"""Command line: ``python -m gpuprof {demo,run,report,compare,merge,capture}``.
+"""Command line: ``python -m gpuprof {demo,run,report,compare,merge,capture,dump}``.
 
 ``run`` profiles an unmodified program, like ``nsys profile`` or ``py-spy record``:
 
@@ -19,8 +19,8 @@ program's own output); progress and warnings go to stderr.
 
 Each command lives in a module of its own: ``_run`` (``run`` and ``demo``),
 ``_report`` (``report``, ``compare``, ``merge``), ``_capture`` (``run --on-demand``
-and ``capture``); ``_common`` holds what they share. This module wires them into
-the argument parser and holds ``main()``.
+and ``capture``), ``_dump`` (``dump``); ``_common`` holds what they share. This module
+wires them into the argument parser and holds ``main()``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import sys
 
 from ._capture import _pid_arg, _signal_arg, cmd_capture
 from ._common import _CliError, _natural, _Parser, _positive, _seconds, _sort_key, _step_fn
+from ._dump import cmd_dump
 from ._report import cmd_compare, cmd_merge, cmd_report
 from ._run import cmd_demo, cmd_run
 
@@ -444,6 +445,48 @@ def _parser() -> _Parser:
     )
     cp.set_defaults(fn=cmd_capture)
     # -- end on-demand capture --
+
+    # -- dump (docs/on-demand.md, "Dumping a hung job") --
+    dp = sub.add_parser(
+        "dump",
+        help="print every thread's stack of a running, armed program",
+        description="Print every thread of a running program armed with `run --on-demand`, "
+        "gpuprof.arm() or GPUPROF_ON_DEMAND=1: its name, its Python stack (innermost frame "
+        "first), the C call it is in and what the OS says it waits for; for a "
+        "torch.distributed job, the collectives in flight. The stacks are read without the "
+        "GIL, so a program stuck in C code that holds it is dumped too; it goes on running. "
+        "Processes that are not armed are refused, and nothing is sent to them.",
+        epilog="Examples: python -m gpuprof dump 4242; python -m gpuprof dump --all-ranks "
+        "4242 (every rank of its torchrun job on this host)",
+    )
+    dp.add_argument(
+        "pids",
+        nargs="*",
+        type=_pid_arg,
+        metavar="PID",
+        help="the armed process; with --all-ranks, every rank (or one rank: the other "
+        "ranks of its torchrun job on this host are found)",
+    )
+    dp.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="dump every PID at once, show their main threads side by side and name the "
+        "ranks whose stacks differ from the others (default: off)",
+    )
+    dp.add_argument(
+        "--timeout",
+        type=_seconds(True),
+        default=5.0,
+        metavar="S",
+        help="how long to wait for each process's answer (default: 5)",
+    )
+    dp.add_argument(
+        "--json",
+        action="store_true",
+        help="print what each process answered as JSON instead of text (default: off)",
+    )
+    dp.set_defaults(fn=cmd_dump)
+    # -- end dump --
     return p
 
 
