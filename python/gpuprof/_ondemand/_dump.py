@@ -80,7 +80,8 @@ def thread_names() -> dict:
     """``{"kind": "names", "at": time, "threads": {ident: {...}}}`` from threading."""
     out = {}
     main = threading.main_thread()
-    for ident, t in list(threading._active.items()):  # no lock: a copy of the dict
+    active = threading._active  # type: ignore[attr-defined]  # the private dict: no lock
+    for ident, t in list(active.items()):  # a copy of the dict
         with contextlib.suppress(Exception):
             out[str(ident)] = {
                 "name": t.name,
@@ -283,7 +284,7 @@ class Dumper:
             except Exception as e:  # noqa: BLE001 - the dump goes on without it
                 doc = {"kind": "python", "error": repr(e)}
             _gpuprof._dump_answer(req, json.dumps(doc, default=str).encode())
-        idents = tuple(threading._active)
+        idents = tuple(threading._active)  # type: ignore[attr-defined]  # a private dict
         if idents != self._idents:
             self._idents = idents
             _gpuprof._dump_names(json.dumps(thread_names(), default=str).encode())

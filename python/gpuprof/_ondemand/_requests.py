@@ -58,6 +58,7 @@ class _Requests:
         _armed_at: float
         _refreshed: float
         _job: dict[str, Any] | None
+        _dumper: Any  # _dump.Dumper
 
         def _write_state(self) -> None: ...
         def _prepare(self, cap: capture_.Capture) -> None: ...

@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 
 from ._common import _CliError
 
@@ -354,7 +355,7 @@ def _compare_collectives(dumps) -> list[str]:
         ahead = [d for d in dumps if known.get(id(d)) == top]
         behind = [d for d in dumps if id(d) in known and known[id(d)] < top]
         fr0 = per[id(ahead[0])]
-        configs = {}
+        configs: dict[str, Any] = {}
         for fr in per.values():
             configs.update(fr.get("configs") or {})
         name = _group_name(pg, configs)
