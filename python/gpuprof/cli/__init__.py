@@ -1,4 +1,4 @@
-"""Command line: ``python -m gpuprof {demo,run,report,compare,merge,capture}``.
+"""Command line: ``python -m gpuprof {demo,run,report,compare,merge,capture,top}``.
 
 ``run`` profiles an unmodified program, like ``nsys profile`` or ``py-spy record``:
 
@@ -19,8 +19,8 @@ program's own output); progress and warnings go to stderr.
 
 Each command lives in a module of its own: ``_run`` (``run`` and ``demo``),
 ``_report`` (``report``, ``compare``, ``merge``), ``_capture`` (``run --on-demand``
-and ``capture``); ``_common`` holds what they share. This module wires them into
-the argument parser and holds ``main()``.
+and ``capture``), ``_top`` (``top``); ``_common`` holds what they share. This module
+wires them into the argument parser and holds ``main()``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import _top
 from ._capture import _pid_arg, _signal_arg, cmd_capture
 from ._common import _CliError, _natural, _Parser, _positive, _seconds, _sort_key, _step_fn
 from ._report import cmd_compare, cmd_merge, cmd_report
@@ -445,6 +446,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     cp.set_defaults(fn=cmd_capture)
     # -- end on-demand capture --
+
+    _top.add_parser(sub, _pid_arg, _seconds, _positive)  # docs/on-demand.md, "Watching live"
     return p
 
 
