@@ -149,8 +149,14 @@ class Capture:
         if steps is None and duration is None:
             steps = DEFAULT_STEPS
         check_capture_args(steps, duration, None, bool(req.get("memory", False)))
+        # a summary (``gpuprof top``'s sample) comes back in the done answer: no files
+        summary = req.get("summary", False)
+        if not isinstance(summary, bool):
+            raise ValueError(f"the request's summary must be true or false, got {summary!r}")
         output = req.get("output")
-        if not isinstance(output, str) or not os.path.isabs(output):
+        if not (summary and output is None) and (
+            not isinstance(output, str) or not os.path.isabs(output)
+        ):
             raise ValueError(
                 f"the request's output folder must be an absolute path, got {output!r}"
             )
@@ -163,6 +169,7 @@ class Capture:
         self.steps: int | None = steps
         self.duration: float | None = float(duration) if duration is not None else None
         self.output = output
+        self.summary = summary
         self.memory = bool(req.get("memory", False))
         self.start_step: int | None = start
         self.requested_by = req.get("requested_by")
@@ -179,9 +186,21 @@ class Capture:
         self.deadline: float | None = None
         self.cut_short: str | None = None
         self.abort = False  # set by an "abort" cancel: stop at the next boundary, keep nothing
+        # what this capture cost the program, in seconds (a summary reports it): the
+        # profile made (control thread's CPU), started and stopped (the stepping thread)
+        self.prepare_s = self.start_s = self.stop_s = 0.0
         self.writer: threading.Thread | None = None
 
     def what(self) -> str:
+        if self.summary:
+            return f"{self._span()} for `gpuprof top`"
+        return self._span()
+
+    def where(self) -> str:
+        """Where the results go: the output folder, or back to the requester."""
+        return f"into {self.output}" if self.output is not None else "for `gpuprof top`"
+
+    def _span(self) -> str:
         if self.steps is not None:
             return f"the next {self.steps} step{'s' if self.steps != 1 else ''}"
         return f"{self.duration:g} s"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _gpuprof
 from . import _capture as capture_
 from . import _proto as proto
+from . import _summary
 from ._shared import _say, _share_the_gil
 
 
@@ -75,12 +76,14 @@ class _Recording:
         """
         from ..profiler import ProfilerActivity, profile
 
+        t0 = time.thread_time()
         kwargs: dict = {"profile_memory": cap.memory}
         if self._cuda is not None:
             kwargs["activities"] = [ProfilerActivity.CPU] + (
                 [ProfilerActivity.CUDA] if self._cuda else []
             )
         cap.prof = profile(**kwargs)
+        cap.prepare_s = time.thread_time() - t0
 
     def _start(self, cap: capture_.Capture, timed: bool = False) -> None:
         """Start ``cap``'s prepared profile on the calling thread (state "starting"):
@@ -118,6 +121,7 @@ class _Recording:
                 _gpuprof._ignore_thread(self._thread.ident)
             cap.state = "recording"
             cap.prof.start()
+            cap.start_s = time.monotonic() - cap.t_start
         except Exception as e:  # noqa: BLE001 - e.g. another profiler holds the hook
             self._failed(cap, f"could not start recording: {e}")
             return
@@ -132,6 +136,7 @@ class _Recording:
         except Exception as e:  # noqa: BLE001
             self._failed(cap, f"stopping the recording failed: {e}")
             return
+        cap.stop_s = time.monotonic() - cap.t_stop
         with self._lock:
             cap.state = "writing"
         if synchronous:
@@ -162,7 +167,8 @@ class _Recording:
             if self._work is cap:
                 self._work = None
             cap.state = "failed"
-        _say(f"on-demand capture {cap.rid} of pid {self.pid}: {error}")
+        if not cap.summary:  # a sample's failure goes to gpuprof top only
+            _say(f"on-demand capture {cap.rid} of pid {self.pid}: {error}")
         cap.reply.done({"ok": False, "error": error, **self._who()})
 
     def _write(self, cap: capture_.Capture) -> None:
@@ -170,22 +176,30 @@ class _Recording:
             _gpuprof._ignore_current_thread()
         try:
             with _share_the_gil():
-                doc = capture_.write_files(cap, self.pid, self.status()["steps_from"])
+                if cap.summary:  # gpuprof top's sample: a small answer, no files
+                    doc = _summary.summarize(cap)
+                else:
+                    doc = capture_.write_files(cap, self.pid, self.status()["steps_from"])
         except Exception as e:  # noqa: BLE001 - disk full, permissions: the requester hears it
-            doc = {"ok": False, "error": f"writing the files into {cap.output!r} failed: {e}"}
+            if cap.summary:
+                doc = {"ok": False, "error": f"summing up the sampled step failed: {e!r}"}
+            else:
+                doc = {"ok": False, "error": f"writing the files into {cap.output!r} failed: {e}"}
         doc.update(self._who())
         with self._lock:
             if self._work is cap:
                 self._work = None  # free for the next capture before anyone hears of this one
             cap.state = "done"
-            self._captures += 1
-        if doc["ok"]:
+            self._captures += not cap.summary
+        # top samples a step every second or so: its requester hears of each, the
+        # program's stderr of none
+        if doc["ok"] and not cap.summary:
             cut = f"; cut short: {cap.cut_short}" if cap.cut_short else ""
             _say(
                 f"on-demand capture of pid {self.pid} ({doc['summary']}{cut}) written to "
                 f"{cap.output}"
             )
-        else:
+        elif not cap.summary:
             _say(f"on-demand capture of pid {self.pid} failed: {doc['error']}")
         cap.reply.done(doc)
 

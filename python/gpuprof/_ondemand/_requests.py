@@ -404,6 +404,8 @@ class _Requests:
                 f"`python -m gpuprof capture {self.pid} --cancel`"
             )
         again = "; try again when its files are written" if hint else ""
+        if cap.state == "writing" and cap.summary:
+            return f"pid {self.pid} is summing up the step it sampled for `gpuprof top`{again}"
         if cap.state == "writing":
             return (
                 f"pid {self.pid} is writing the files of its capture (asked for at "
@@ -415,7 +417,7 @@ class _Requests:
             progress = f"{time.monotonic() - cap.t_start:.1f} of {cap.duration:g} s recorded"
         return (
             f"pid {self.pid} is already capturing (asked for at {when}{by}): {progress}, "
-            f"into {cap.output}{again}"
+            f"{cap.where()}{again}"
         )
 
     def _accepted(self, cap: capture_.Capture, timed: bool) -> str:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m gpuprof {demo,run,report,compare,merge,capture,dump}``.
+"""Command line: ``python -m gpuprof {demo,run,report,compare,merge,capture,dump,top}``.
 
 ``run`` profiles an unmodified program, like ``nsys profile`` or ``py-spy record``:
 
@@ -19,14 +19,15 @@ program's own output); progress and warnings go to stderr.
 
 Each command lives in a module of its own: ``_run`` (``run`` and ``demo``),
 ``_report`` (``report``, ``compare``, ``merge``), ``_capture`` (``run --on-demand``
-and ``capture``), ``_dump`` (``dump``); ``_common`` holds what they share. This module
-wires them into the argument parser and holds ``main()``.
+and ``capture``), ``_dump`` (``dump``), ``_top`` (``top``); ``_common`` holds what they
+share. This module wires them into the argument parser and holds ``main()``.
 """
 
 from __future__ import annotations
 
 import sys
 
+from . import _top
 from ._capture import _pid_arg, _signal_arg, cmd_capture
 from ._common import _CliError, _natural, _Parser, _positive, _seconds, _sort_key, _step_fn
 from ._dump import cmd_dump
@@ -487,6 +488,7 @@ def _parser() -> _Parser:
     )
     dp.set_defaults(fn=cmd_dump)
     # -- end dump --
+    _top.add_parser(sub, _pid_arg, _seconds, _positive)  # docs/on-demand.md, "Watching live"
     return p
 
 
