@@ -26,6 +26,8 @@
 
 #include "common.h"
 #include "compat.h"
+#include "dump_call.h"
+#include "dump_out.h"
 #include "dump_walk.h"
 
 #include <errno.h>
@@ -181,13 +183,13 @@ serve_one(int fd)
     GpDumpOut out = {NULL, 0, 0, 0};
     gp_dump_walk_threads(&tables, server_tid, &out);
     if (out.full) {
-        gp_dump_walk_out_free(&out);
+        gp_dump_out_free(&out);
         const char *oom =
             "{\"kind\":\"walk\",\"problems\":[\"out of memory while writing the dump\"]}";
-        gp_dump_walk_out_str(&out, oom);
+        gp_dump_out_str(&out, oom);
     }
     int ok = out.p != NULL && send_line(fd, out.p, out.n) == 0;
-    gp_dump_walk_out_free(&out);
+    gp_dump_out_free(&out);
     if (!ok)
         return;
 
@@ -312,7 +314,7 @@ dump_tables(PyObject *module, PyObject *args)
     memcpy(t.deopt, deopt.buf, 256);
     memcpy(t.caches, caches.buf, 256);
     for (int i = 0; i < GP_DUMP_OP_COUNT; i++) {
-        PyObject *v = NULL, *key = PyUnicode_FromString(gp_dump_walk_op_names[i]);
+        PyObject *v = NULL, *key = PyUnicode_FromString(gp_dump_call_op_names[i]);
         if (key == NULL)
             goto done;
         int found = PyDict_GetItemRef(ops, key, &v);
@@ -326,7 +328,7 @@ dump_tables(PyObject *module, PyObject *args)
         if (n < -1 || n > 255) {
             PyErr_Format(PyExc_ValueError,
                          "_dump_tables: opcode %s must be in 0..255 or -1, got %ld",
-                         gp_dump_walk_op_names[i], n);
+                         gp_dump_call_op_names[i], n);
             goto done;
         }
         t.op[i] = (int16_t)n;
@@ -583,11 +585,11 @@ dump_walk(PyObject *module, PyObject *Py_UNUSED(ignored))
     st = gp_dump_walk_threads(&t, 0, &out);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) {
-        gp_dump_walk_out_free(&out);
+        gp_dump_out_free(&out);
         return PyErr_NoMemory();
     }
     PyObject *r = PyBytes_FromStringAndSize(out.p, (Py_ssize_t)out.n);
-    gp_dump_walk_out_free(&out);
+    gp_dump_out_free(&out);
     return r;
 }
 
