@@ -257,11 +257,41 @@ is_ignored_locked(uint64_t ident)
     return 0;
 }
 
+/* A thread that left itself out (gp_buffer_ignore_current) takes its ident
+ * off the list when it ends: pthread idents are reused, and a thread started
+ * later with the same ident is the user's (the on-demand thread of an armed
+ * process, which ends at disarm(), left the next profiles' new threads out). */
+static pthread_key_t ignore_key;
+static pthread_once_t ignore_key_once = PTHREAD_ONCE_INIT;
+
+static void
+unignore_at_exit(void *unused)
+{
+    (void)unused;
+    uint64_t ident = (uint64_t)pthread_self();
+    pthread_mutex_lock(&registry_lock);
+    for (uint32_t i = 0; i < n_ignored; i++) {
+        if (ignored_idents[i] == ident) {
+            ignored_idents[i] = ignored_idents[--n_ignored];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void
+make_ignore_key(void)
+{
+    (void)pthread_key_create(&ignore_key, unignore_at_exit);
+}
+
 void
 gp_buffer_ignore_current(void)
 {
     uint64_t ident = (uint64_t)pthread_self();
     gp_buffer_tls.ignore = 1;
+    pthread_once(&ignore_key_once, make_ignore_key);
+    (void)pthread_setspecific(ignore_key, (void *)1); /* non-NULL: the destructor runs */
     pthread_mutex_lock(&registry_lock);
     /* sys.monitoring may have registered this thread already, at the very
      * call that got here: leave that buffer out of the results. */

@@ -596,7 +596,7 @@ def test_every_option_has_help_with_its_default():
 
     parser = _parser()
     subs = parser._subparsers._group_actions[0].choices
-    assert set(subs) == {"demo", "run", "report", "compare", "merge", "capture"}
+    assert set(subs) == {"demo", "run", "report", "compare", "merge", "capture", "dump", "top"}
     for name, sub in subs.items():
         for action in sub._actions:
             if action.option_strings == ["-h", "--help"]:

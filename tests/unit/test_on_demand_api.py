@@ -399,3 +399,23 @@ def test_the_programs_switch_interval_comes_back_after_a_capture(runtime, tmp_pa
         assert sys.getswitchinterval() == pytest.approx(0.003)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_threads_started_after_a_disarm_are_recorded(tmp_path, monkeypatch):
+    """The on-demand thread leaves itself out of every recording; once it has ended
+    (disarm), a thread that gets its pthread ident is the program's and is recorded."""
+    import threading
+
+    monkeypatch.setenv("GPUPROF_RUNTIME_DIR", str(tmp_path / "rt"))
+    gpuprof.arm(signal=None)
+    gpuprof.disarm()
+
+    def work():
+        sum(range(10000))
+
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU]) as prof:
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+            t.join()  # one after the other: each may take the ident the last one had
+    assert len(prof.results.threads()) == 4  # the main thread and all three
