@@ -482,12 +482,12 @@ def _farewell(top) -> None:
             file=sys.stderr,
         )
     live = [p for p in top.procs.values() if not p.gone and p.name not in top.unsettled]
+    share = 100 * top.total_cost_s / max(elapsed, 1e-9)
+    head = f"watched for {elapsed:.1f} s"
     if live:
-        names = ", ".join(p.name for p in live)
-        share = 100 * top.total_cost_s / max(elapsed, 1e-9)
-        print(
-            f"gpuprof: top: left {names} armed and idle after {elapsed:.1f} s; "
-            f"{top.samples} step{'s' if top.samples != 1 else ''} sampled, which cost "
-            f"about {share:.2f}% of the time",
-            file=sys.stderr,
-        )
+        head = f"left {', '.join(p.name for p in live)} armed and idle after {elapsed:.1f} s"
+    print(
+        f"gpuprof: top: {head}; {top.samples} step{'s' if top.samples != 1 else ''} "
+        f"sampled, which cost about {share:.2f}% of the time",
+        file=sys.stderr,
+    )
