@@ -221,11 +221,14 @@ def _stem(pid: int, cap: Capture) -> str:
 def _page(folder: str) -> str:
     """``report.html`` in ``folder``, as ``run --output`` names it; a later capture into
     the same folder gets ``report-2.html``, ``report-3.html``...: nothing is overwritten."""
-    path, n = os.path.join(folder, "report.html"), 1
-    while os.path.exists(path):
-        n += 1
-        path = os.path.join(folder, f"report-{n}.html")
-    return path
+    n = 1
+    while True:  # reserved by creating it: the ranks of a job capture into one folder at once
+        path = os.path.join(folder, "report.html" if n == 1 else f"report-{n}.html")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return path
+        except FileExistsError:
+            n += 1
 
 
 def write_files(cap: Capture, pid: int, steps_from: str) -> dict:
