@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, OP_CUDA_API, OP_USER, OPF_AUTOGRAD
+from ._constants import GPU_WORK, OP_CUDA_API, OP_USER, OPF_AUTOGRAD
+from ._spans import innermost_marked
 
 __all__ = ["BackwardJoin", "join", "launch_spans"]
-
-_WORK = (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET)  # what Self CUDA counts
 
 
 class BackwardJoin:
@@ -157,7 +156,7 @@ def join(raw: dict) -> BackwardJoin:
     out = BackwardJoin(len(gpu), len(spans))
     if not len(gpu) or not len(spans):
         return out
-    out.is_work = np.isin(gpu["kind"], _WORK)
+    out.is_work = np.isin(gpu["kind"], GPU_WORK)
     is_node = _node_spans(spans, raw["ops"]["flags"])
     if not is_node.any():
         return out
@@ -166,24 +165,14 @@ def join(raw: dict) -> BackwardJoin:
     # puts frames between the node and its launches), unless the way up passes
     # through activation checkpointing's recomputation: that is the checkpointed
     # module's forward, run again inside a node (when it unpacks what it saved)
-    parent = spans["parent"].astype(np.int64)
     files = raw["op_files"]
     recompute = np.array(
         [str(f).replace("\\", "/").endswith("torch/utils/checkpoint.py") for f in files] + [False]
     )
     rows = spans["op_row"].astype(np.int64)
-    stop = recompute[np.where(rows < len(files), rows, len(files))] & ~is_node
-    node_span = np.full(len(gpu), -1, dtype=np.int64)
-    live = cur >= 0
-    while live.any():
-        c = cur[live]
-        hit = is_node[c]
-        sel = np.flatnonzero(live)
-        node_span[sel[hit]] = c[hit]
-        nxt = parent[c]
-        nxt[hit | stop[c]] = -1
-        cur[sel] = nxt
-        live = cur >= 0
+    stop = recompute[np.where(rows < len(files), rows, len(files))]
+    node_of = innermost_marked(spans, is_node, stop)
+    node_span = np.where(cur >= 0, node_of[np.maximum(cur, 0)], -1)
     out.node_span = node_span
     # each node span's forward call
     nodes = np.flatnonzero(is_node & (spans["seq"] >= 0))

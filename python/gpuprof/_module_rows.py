@@ -4,7 +4,8 @@ nested as the calls nest (docs/backward.md, "Modules").
 A call of ``Module.__call__`` carries its instance's number in its span (``module``, the
 number + 1; csrc/hook.c), and the window's raw dict names the numbers
 (``module_names``, ``module_classes``; gpuprof._modules). Each span's innermost
-enclosing module call is found by pointer jumping over the span tree. GPU work then
+enclosing module call is found by pointer jumping over the span tree
+(gpuprof._spans.innermost_marked). GPU work then
 belongs to a module as follows: forward work through the CUDA call that launched it,
 backward work through the forward call that made its autograd node
 (gpuprof._backward). Self figures roll up into totals along the instances' nesting.
@@ -15,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._backward import launch_spans
-from ._constants import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET
+from ._constants import GPU_WORK
+from ._spans import innermost_marked
 
-__all__ = ["MODULES_DTYPE", "innermost_module", "module_rows"]
+__all__ = ["MODULES_DTYPE", "module_rows"]
 
 MODULES_DTYPE = np.dtype(
     [
@@ -36,19 +38,6 @@ MODULES_DTYPE = np.dtype(
     ]
 )
 
-_WORK = (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET)
-
-
-def innermost_module(spans: np.ndarray, is_mod: np.ndarray) -> np.ndarray:
-    """Per span: the innermost module-call span at or above it, -1 where none."""
-    up = np.where(is_mod, np.arange(len(spans)), spans["parent"].astype(np.int64))
-    while True:  # pointer jumping: each pass doubles how far up a pending entry looks
-        pending = up >= 0
-        pending[pending] = ~is_mod[up[pending]]
-        if not pending.any():
-            return up
-        up[pending] = up[up[pending]]
-
 
 def module_rows(raw: dict, backward=None) -> np.ndarray:
     """The modules table of one window (its raw dict, spans built); ``backward``: its
@@ -61,7 +50,7 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     is_mod = (mod >= 0) & (mod < len(names))
     if not is_mod.any():
         return np.zeros(0, dtype=MODULES_DTYPE)
-    inner = innermost_module(spans, is_mod)
+    inner = innermost_marked(spans, is_mod)
     calls = np.flatnonzero(is_mod)
     parent_span = spans["parent"][calls].astype(np.int64)
     outer_call = np.where(parent_span >= 0, inner[np.maximum(parent_span, 0)], -1)
@@ -91,7 +80,7 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     # GPU work: forward by its launch, backward by the forward call that made its node
     gpu = raw["gpu"]
     if len(gpu):
-        work = np.isin(gpu["kind"], _WORK)
+        work = np.isin(gpu["kind"], GPU_WORK)
         at = launch_spans(spans, gpu)
         bwd = np.zeros(len(gpu), dtype=bool)
         if backward is not None:

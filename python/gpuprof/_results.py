@@ -32,10 +32,8 @@ from . import _gpuprof
 from ._constants import (
     GF_BLOCKED_THREAD,
     GF_ROLLED_UP,
-    GPU_KERNEL,
     GPU_KINDS,
-    GPU_MEMCPY,
-    GPU_MEMSET,
+    GPU_WORK,
     KERNEL_CATEGORIES,
     OP_CFUNC,
     OP_KINDS,
@@ -687,7 +685,7 @@ class Results:
         for w in self._windows:
             g = w._raw["gpu"]
             if len(g):
-                work = np.isin(g["kind"], (GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET))
+                work = np.isin(g["kind"], GPU_WORK)
                 total += int((g["end_ns"][work] - g["start_ns"][work]).sum())
         return total
 

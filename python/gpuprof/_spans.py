@@ -9,6 +9,24 @@ from ._constants import OP_PYTHON
 from ._paths import is_library
 
 
+def innermost_marked(
+    spans: np.ndarray, marked: np.ndarray, stop: np.ndarray | None = None
+) -> np.ndarray:
+    """Per span: the innermost span at or above it (itself, its parent, ...) that is
+    ``marked``, -1 where none; with ``stop``, -1 also where the way up meets a
+    ``stop`` span first. Pointer jumping: each pass doubles how far up a pending
+    entry looks, so a few passes over the array whatever the depth."""
+    up = np.where(marked, np.arange(len(spans)), spans["parent"].astype(np.int64))
+    if stop is not None:
+        up[stop & ~marked] = -1
+    while True:
+        pending = up >= 0
+        pending[pending] = ~marked[up[pending]]
+        if not pending.any():
+            return up
+        up[pending] = up[up[pending]]
+
+
 def span_at(spans: np.ndarray, thread: int, ts: int) -> int:
     """Innermost span of `thread` open at `ts`, or -1."""
     if thread < 0 or not len(spans):

@@ -813,10 +813,10 @@ def _module_class_of(v: _View):
     sp = v.spans
     if not classes or "module" not in (sp.dtype.names or ()):
         return lambda span: ""
-    from ._module_rows import innermost_module
+    from ._spans import innermost_marked
 
     mod = sp["module"].astype(np.int64) - 1
-    inner = innermost_module(sp, (mod >= 0) & (mod < len(classes)))
+    inner = innermost_marked(sp, (mod >= 0) & (mod < len(classes)))
 
     def of(span: int) -> str:
         m = int(inner[span])

@@ -117,3 +117,15 @@ def test_html_report_has_the_module_tree(tmp_path):
     with open(path) as f:
         page = f.read()
     assert "modulesSection" in page and "h.11.fc" in page
+
+
+def test_innermost_marked_looks_up_the_span_tree_and_stops_where_told():
+    from gpuprof._spans import innermost_marked
+
+    # 0 <- 1 <- 2 <- 3 <- 4 and 1 <- 5 <- 6; marked: 1 and 3; a stop at 5
+    spans = np.zeros(7, dtype=[("parent", "i4")])
+    spans["parent"] = [-1, 0, 1, 2, 3, 1, 5]
+    marked = np.array([0, 1, 0, 1, 0, 0, 0], dtype=bool)
+    assert list(innermost_marked(spans, marked)) == [-1, 1, 1, 3, 3, 1, 1]
+    stop = np.array([0, 0, 0, 0, 0, 1, 0], dtype=bool)
+    assert list(innermost_marked(spans, marked, stop)) == [-1, 1, 1, 3, 3, -1, -1]
