@@ -40,6 +40,25 @@ def _pid_arg(text: str) -> int:
     return value
 
 
+def check_targets(args: argparse.Namespace, several: str) -> None:
+    """The PIDs or --trigger-dir of `capture` and `top`: one of the two, each PID once,
+    several PIDs only with --all-ranks (``several``: what --all-ranks does for them, and
+    the other way, for the message)."""
+    if args.trigger_dir is None and not args.pids:
+        raise _CliError(
+            "give the PID of an armed process (`python -m gpuprof capture --list` "
+            "shows them), or --trigger-dir DIR"
+        )
+    if args.trigger_dir is not None and args.pids:
+        raise _CliError("give PIDs or --trigger-dir DIR, not both")
+    if len(args.pids) > 1 and not args.all_ranks:
+        raise _CliError(f"{len(args.pids)} PIDs: add --all-ranks {several}")
+    if len(set(args.pids)) != len(args.pids):
+        raise _CliError("a PID is given twice")
+    if args.trigger_dir is not None:
+        _check_trigger_dir(args.trigger_dir)
+
+
 def _check_trigger_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise _CliError(
@@ -148,22 +167,8 @@ def cmd_capture(args) -> int:
         for a in answers:
             print(f"gpuprof: {a['message']}", file=sys.stdout if a["ok"] else sys.stderr)
         return 0 if all(a["ok"] for a in answers) else 1
-    if args.trigger_dir is None and not args.pids:
-        raise _CliError(
-            "give the PID of an armed process (`python -m gpuprof capture --list` "
-            "shows them), or --trigger-dir DIR"
-        )
-    if args.trigger_dir is not None and args.pids:
-        raise _CliError("give PIDs or --trigger-dir DIR, not both")
-    if len(args.pids) > 1 and not args.all_ranks:
-        raise _CliError(
-            f"{len(args.pids)} PIDs: add --all-ranks to start them at the same step "
-            "(or capture each one on its own)"
-        )
-    if len(set(args.pids)) != len(args.pids):
-        raise _CliError("a PID is given twice")
+    check_targets(args, "to start them at the same step (or capture each one on its own)")
     if args.trigger_dir is not None:
-        _check_trigger_dir(args.trigger_dir)
         output = args.output or os.path.join(
             os.path.abspath(args.trigger_dir), time.strftime("capture-%Y%m%d-%H%M%S")
         )

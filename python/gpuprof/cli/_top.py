@@ -17,8 +17,8 @@ import sys
 import time
 
 from .._format import format_bytes
-from ._capture import _check_trigger_dir
-from ._common import _CliError, _flush
+from ._capture import check_targets
+from ._common import _flush
 
 LINE_OPS = 3  # ops named on each plain line
 
@@ -332,22 +332,7 @@ def cmd_top(args) -> int:
     from .._ondemand import _client as client
     from .._ondemand._top import Top
 
-    if args.trigger_dir is None and not args.pids:
-        raise _CliError(
-            "give the PID of an armed process (`python -m gpuprof capture --list` shows "
-            "them), or --trigger-dir DIR"
-        )
-    if args.trigger_dir is not None and args.pids:
-        raise _CliError("give PIDs or --trigger-dir DIR, not both")
-    if len(args.pids) > 1 and not args.all_ranks:
-        raise _CliError(
-            f"{len(args.pids)} PIDs: add --all-ranks to watch the ranks of one job "
-            "(or watch each one on its own)"
-        )
-    if len(set(args.pids)) != len(args.pids):
-        raise _CliError("a PID is given twice")
-    if args.trigger_dir is not None:
-        _check_trigger_dir(args.trigger_dir)
+    check_targets(args, "to watch the ranks of one job (or watch each one on its own)")
     try:
         if args.trigger_dir is not None:
             top = Top(
