@@ -29,6 +29,7 @@ from ._parts import Part
 __all__ = ["AutogradNodes", "seq_peek_address", "torch_reason"]
 
 _RECORDING = (ACT_WARMUP, ACT_RECORD, ACT_RECORD_AND_SAVE)
+_NO_TORCH = "PyTorch is not imported"
 
 
 def torch_reason() -> str:
@@ -37,7 +38,7 @@ def torch_reason() -> str:
     not look at a profile's own state (another torch profiler on the thread)."""
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "autograd"):
-        return "PyTorch is not imported"
+        return _NO_TORCH
     if getattr(getattr(torch, "version", None), "cuda", None) is None:
         return (
             "this PyTorch is built without CUDA (CPU wheel or ROCm): it has no NVTX "
@@ -122,6 +123,8 @@ class AutogradNodes(Part):
 
     # -- switching ----------------------------------------------------------
     def _on(self) -> None:
+        if self._fns is None and self._reason == _NO_TORCH and "torch" in sys.modules:
+            self._resolve()  # imported since start(): gpuprof's frames are hidden here
         if self._on_thread is not None or self._fns is None:
             return
         on, _, enabled = self._fns
@@ -161,13 +164,16 @@ class AutogradNodes(Part):
 
     # -- Part ---------------------------------------------------------------
     def start(self, prof) -> None:
-        """Before the hook goes on: whether this PyTorch can (the only place that
-        looks, since the checks call into torch's Python code)."""
+        """Before the hook goes on: whether this PyTorch can. (Looked at again at a
+        step where PyTorch was not imported at start: ``python -m gpuprof run``
+        starts before the program imports it.)"""
         self._on_thread = None
         self._was_on = False
         self._fns = None
-        if not (self.wanted and self.cuda):
-            return
+        if self.wanted and self.cuda:
+            self._resolve()
+
+    def _resolve(self) -> None:
         self._reason = torch_reason()
         if self._reason:
             return

@@ -78,12 +78,21 @@ class ModuleInstances(Part):
 
     def __init__(self, wanted: bool):
         self.wanted = wanted
+        # at each step, until PyTorch is imported (`run` starts before the program does)
+        self.steps = wanted
         self._on = False
         self._names: tuple[list[str], list[str]] | None = None  # fixed at stop()
 
     def started(self, prof) -> None:
         self._on = False
         self._names = None
+        self._switch_on()
+
+    def after_step(self, prof) -> None:
+        if not self._on and self._names is None:
+            self._switch_on()
+
+    def _switch_on(self) -> None:
         torch = sys.modules.get("torch")
         code = module_call_code(torch) if self.wanted and torch is not None else None
         if code is not None:

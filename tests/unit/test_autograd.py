@@ -212,3 +212,22 @@ def test_forward_calls_record_the_nodes_they_make():
     with gpuprof.profile(activities=CPU) as prof:
         block(x)
     assert len(prof.results.window().raw["seqs"]) == 0
+
+
+def test_torch_imported_after_start_gets_the_ranges_at_the_next_window(monkeypatch):
+    # `python -m gpuprof run` starts before the program imports PyTorch
+    torch, calls, state = _stand_in_cuda_torch()
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    sched = gpuprof.schedule(wait=1, warmup=1, active=1, repeat=1)
+    prof = gpuprof.profile(activities=CPU, schedule=sched)
+    part = _autograd.AutogradNodes(True, True, True)
+    _with_part(prof, part)
+    with prof:
+        assert part.status()["reason"] == "PyTorch is not imported"
+        monkeypatch.setitem(sys.modules, "torch", torch)  # the program imports it
+        seen = []
+        for _ in range(4):
+            prof.step()
+            seen.append(state["on"])
+    assert seen == [True, True, False, False]
+    assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": "", "forward": False}

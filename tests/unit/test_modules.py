@@ -129,3 +129,22 @@ def test_innermost_marked_looks_up_the_span_tree_and_stops_where_told():
     assert list(innermost_marked(spans, marked)) == [-1, 1, 1, 3, 3, 1, 1]
     stop = np.array([0, 0, 0, 0, 0, 1, 0], dtype=bool)
     assert list(innermost_marked(spans, marked, stop)) == [-1, 1, 1, 3, 3, -1, -1]
+
+
+def test_torch_imported_after_start_is_picked_up_at_a_step(monkeypatch):
+    """`python -m gpuprof run` starts before the program imports PyTorch: the module
+    calls are recorded from the first step after it did."""
+    import sys
+
+    net, x = Net(2), torch.randn(2, 16)
+    monkeypatch.delitem(sys.modules, "torch")
+    prof = gpuprof.profile(activities=CPU, schedule=gpuprof.schedule(wait=0, warmup=1, active=2))
+    prof.start()
+    monkeypatch.undo()  # "import torch"
+    try:
+        for _ in range(3):
+            net(x)
+            prof.step()
+    finally:
+        prof.stop()
+    assert list(prof.modules()["name"])[:2] == ["Net", "h.0"]
