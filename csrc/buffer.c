@@ -22,21 +22,22 @@ static GpThreadBuf *registry_head = NULL;    /* registry_lock */
 static uint32_t registry_count = 0;          /* registry_lock */
 static uint64_t chunks_in_use = 0;           /* registry_lock: held by this session's writers */
 static uint64_t budget_chunks = 0;           /* registry_lock; fixed per session */
-static int session_open = 0;                 /* GIL (begin/end run on the interpreter thread) */
+static int session_open = 0; /* set by begin/end (GIL); cleared under registry_lock */
+static GpThreadBuf *spare_bufs = NULL; /* registry_lock: ended sessions' buffers (buffer.h) */
 
 /* The pool: slabs live for the whole process (see buffer.h); free chunks
  * are handed out most recently freed first, so the memory they bring is
  * likely still in the caches and certainly already faulted in. */
 #define SLAB_BYTES (2u << 20)
 #define CHUNKS_PER_SLAB (SLAB_BYTES / sizeof(GpChunk))
-static GpChunk *free_chunks = NULL;          /* registry_lock */
-static uint64_t slab_count = 0;              /* registry_lock */
-static char *slab_cursor = NULL;             /* registry_lock: next chunk to carve */
-static uint32_t slab_left = 0;               /* registry_lock: chunks left in the slab */
+static GpChunk *free_chunks = NULL; /* registry_lock */
+static uint64_t slab_count = 0; /* registry_lock */
+static char *slab_cursor = NULL; /* registry_lock: next chunk to carve */
+static uint32_t slab_left = 0; /* registry_lock: chunks left in the slab */
 
 /* The current window's clock anchors (clock.h): start, steps, chunk changes.
  * Full: later anchors are skipped (the map stays correct, only coarser). */
-static GpClockAnchor *anchors = NULL;        /* registry_lock */
+static GpClockAnchor *anchors = NULL; /* registry_lock */
 static size_t n_anchors = 0, cap_anchors = 0; /* registry_lock */
 
 /* A slab from mmap. Its pages are faulted in as chunks are first written
@@ -120,7 +121,7 @@ add_anchor_locked(GpClockAnchor a)
 static atomic_uint_fast64_t orphan_drops = 0; /* events lost for want of a thread buffer */
 #define MAX_IGNORED 16
 static uint64_t ignored_idents[MAX_IGNORED]; /* registry_lock; cleared at session end */
-static uint32_t n_ignored = 0;               /* registry_lock */
+static uint32_t n_ignored = 0; /* registry_lock */
 
 GpStatus
 gp_buffer_session_begin(uint64_t max_events)
@@ -150,15 +151,38 @@ gp_buffer_session_begin(uint64_t max_events)
     return GP_OK;
 }
 
+/* Wait until no buffer has a writer inside a write (gp_buffer_write_begin).
+ * registry_lock is held on entry and exit and let go while waiting: a writer
+ * may need it to grow its buffer. Buffers are never freed and only session
+ * end takes them off the list, so the walk survives the gaps. */
+static void
+wait_writers_locked(void)
+{
+    for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread) {
+        while (atomic_load(&tb->writing)) {
+            pthread_mutex_unlock(&registry_lock);
+            sched_yield();
+            pthread_mutex_lock(&registry_lock);
+        }
+    }
+}
+
 void
 gp_buffer_session_end(void)
 {
     pthread_mutex_lock(&registry_lock);
+    /* First the session: from here no thread registers, and no writer starts
+     * a write with a buffer of this session (gp_buffer_write_begin re-reads
+     * the number); then the writes that began before it. */
+    session_open = 0;
+    atomic_fetch_add(&gp_buffer_session, 1);
+    wait_writers_locked();
     GpThreadBuf *tb = registry_head;
     while (tb) {
         GpThreadBuf *next = tb->next_thread;
         free_chain_locked(tb->head);
-        free(tb);
+        tb->next_thread = spare_bufs;
+        spare_bufs = tb;
         tb = next;
     }
     registry_head = NULL;
@@ -170,9 +194,6 @@ gp_buffer_session_end(void)
     n_anchors = cap_anchors = 0;
     lazyfree(free_chunks);
     pthread_mutex_unlock(&registry_lock);
-    /* Invalidate every thread's cached pointer without touching their TLS. */
-    atomic_fetch_add(&gp_buffer_session, 1);
-    session_open = 0;
 }
 
 static uint64_t
@@ -184,14 +205,24 @@ current_os_tid(void)
 static GpThreadBuf *
 register_locked(uint64_t ident, uint64_t os_tid)
 {
-    GpThreadBuf *tb = calloc(1, sizeof(*tb));
-    if (tb == NULL)
-        return NULL;
+    GpThreadBuf *tb = spare_bufs;
+    if (tb != NULL) {
+        /* Cleared but for `writing`, which a late writer of its last session
+         * may still move (buffer.h). */
+        spare_bufs = tb->next_thread;
+        size_t at = offsetof(GpThreadBuf, writing), past = at + sizeof(tb->writing);
+        memset(tb, 0, at);
+        memset((char *)tb + past, 0, sizeof(*tb) - past);
+    } else {
+        tb = calloc(1, sizeof(*tb));
+        if (tb == NULL)
+            return NULL;
+        atomic_init(&tb->writing, 0);
+    }
     tb->ident = ident;
     tb->os_tid = os_tid;
     tb->index = registry_count++;
     tb->seq_last = GP_SEQ_UNSET;
-    atomic_init(&tb->writing, 0);
     /* Append, so registration order is iteration order. */
     GpThreadBuf **link = &registry_head;
     while (*link)
@@ -225,6 +256,11 @@ gp_buffer_thread_slow(void)
     }
     uint64_t ident = (uint64_t)pthread_self();
     pthread_mutex_lock(&registry_lock);
+    if (!session_open) { /* it ended since the look above */
+        pthread_mutex_unlock(&registry_lock);
+        atomic_fetch_add(&orphan_drops, 1);
+        return NULL;
+    }
     /* pthread ids are reused once a thread exits: only a buffer that the
      * window-start snapshot made for this thread, and that no thread has
      * claimed yet, is this thread's. Otherwise it gets a fresh one. */
@@ -377,28 +413,19 @@ gp_buffer_grow(GpThreadBuf *tb, uint64_t ts)
 void
 gp_buffer_record_api(uint64_t ts, uint32_t correlation, uint32_t api_key, int enter)
 {
-    GpThreadBuf *tb = gp_buffer_thread();
+    GpThreadBuf *tb = gp_buffer_write_begin();
     if (tb == NULL)
         return;
-    /* Dekker-style handshake with gp_buffer_quiesce: publish `writing`, then
-     * re-check the phase; the reader sets the phase, then waits for 0. */
-    atomic_store(&tb->writing, 1);
-    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP) {
-        uint32_t kind =
-            enter ? GP_EV_MAKE(GP_EV_API_ENTER, api_key) : GP_EV_MAKE(GP_EV_API_EXIT, 0);
-        gp_buffer_push(tb, ts, correlation, kind);
-    }
-    atomic_store(&tb->writing, 0);
+    uint32_t kind = enter ? GP_EV_MAKE(GP_EV_API_ENTER, api_key) : GP_EV_MAKE(GP_EV_API_EXIT, 0);
+    gp_buffer_push(tb, ts, correlation, kind);
+    gp_buffer_write_end(tb);
 }
 
 void
 gp_buffer_quiesce(void)
 {
     pthread_mutex_lock(&registry_lock);
-    for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread) {
-        while (atomic_load(&tb->writing))
-            sched_yield();
-    }
+    wait_writers_locked();
     pthread_mutex_unlock(&registry_lock);
 }
 
@@ -571,6 +598,11 @@ gp_buffer_after_fork_child(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     registry_lock = fresh;
     atomic_store(&gp_buffer_phase, GP_PHASE_OFF);
+    /* The writers fork() caught inside a write did not come along. */
+    for (GpThreadBuf *tb = registry_head; tb; tb = tb->next_thread)
+        atomic_store(&tb->writing, 0);
+    for (GpThreadBuf *tb = spare_bufs; tb; tb = tb->next_thread)
+        atomic_store(&tb->writing, 0);
     if (session_open)
         gp_buffer_session_end();
 }

@@ -15,10 +15,16 @@
  * those results let go of them.
  *
  * Concurrency: a thread writes only its own buffer. Python-hook writes happen
- * with the GIL held; CUDA-API writes (cuda/) may happen without it, so they
- * bracket the write with `writing` (see gp_buffer_quiesce). Readers (the
- * aggregator, reset) run with the GIL held, after the phase has been set to
- * non-recording and every buffer has been quiesced.
+ * with the GIL held; CUDA-API and NVTX writes (cuda/, nvtx.c) may happen
+ * without it, so they go through gp_buffer_write_begin/_end, which count them
+ * in `writing` (see gp_buffer_quiesce). Readers (the aggregator, reset) run
+ * with the GIL held, after the phase has been set to non-recording and every
+ * buffer has been quiesced.
+ *
+ * A GpThreadBuf is never freed: a session's end puts it on a spare list and a
+ * later registration reuses it. A callback thread may have read its cached
+ * pointer just before the session ended; what it then touches (`writing`)
+ * is still a GpThreadBuf, and its re-check of the session sends it away.
  */
 #ifndef GPUPROF_CSRC_BUFFER_H
 #define GPUPROF_CSRC_BUFFER_H
@@ -118,7 +124,8 @@ typedef struct GpThreadBuf {
                                         by the snapshot waits unclaimed for its thread */
     uint64_t dropped;                /* owner thread */
     uint64_t drop_ts;                /* first dropped event's ts (raw clock), 0 if none */
-    atomic_int writing;              /* non-GIL writers (CUDA callbacks) set it while writing */
+    atomic_int writing;              /* non-GIL writers inside a write (gp_buffer_write_begin);
+                                        kept across reuse: a late writer's -1 follows its +1 */
     /* The hook's view of the thread's open Python frames (owner thread, GIL): how
      * many, and per depth whether the frame is the user's code (GP_OPF_LIBRARY
      * clear) and whether it is in a C call. Set from the stack at each window's start
@@ -164,9 +171,10 @@ extern atomic_uint_fast64_t gp_buffer_session;
 /* Begin a recording session with a budget of max_events events in total
  * across threads and windows in flight. Returns GP_ERR_STATE if one is open. */
 GpStatus gp_buffer_session_begin(uint64_t max_events);
-/* End the session: free every thread buffer; their chunks go back to the
- * pool, which outlives sessions (the next one reuses the memory instead of
- * touching fresh pages). Call with writers quiesced. */
+/* End the session: every thread buffer goes to the spare list and its chunks
+ * back to the pool, which outlives sessions (the next one reuses the memory
+ * instead of touching fresh pages). Non-GIL writers may still be running:
+ * the session number moves first, and the end waits for those inside a write. */
 void gp_buffer_session_end(void);
 
 /* This thread's buffer, registering one on first use. NULL when out of
@@ -181,6 +189,33 @@ gp_buffer_thread(void)
                                     atomic_load_explicit(&gp_buffer_session, memory_order_relaxed)))
         return tb;
     return gp_buffer_thread_slow();
+}
+
+/* A write from a thread that may not hold the GIL (CUDA and NVTX callbacks):
+ * this thread's buffer, held until gp_buffer_write_end, or NULL when nothing
+ * is being recorded. Dekker-style against gp_buffer_quiesce and
+ * gp_buffer_session_end: the writer counts itself in, then re-reads the phase
+ * and the session; they move the phase or the session, then wait for the
+ * count to fall to 0. (All seq_cst.) */
+GP_INLINE GpThreadBuf *
+gp_buffer_write_begin(void)
+{
+    GpThreadBuf *tb = gp_buffer_thread();
+    if (tb == NULL)
+        return NULL;
+    atomic_fetch_add(&tb->writing, 1);
+    if (GP_UNLIKELY(atomic_load(&gp_buffer_phase) < GP_PHASE_WARMUP ||
+                    gp_buffer_tls.session != atomic_load(&gp_buffer_session))) {
+        atomic_fetch_sub(&tb->writing, 1);
+        return NULL;
+    }
+    return tb;
+}
+
+GP_INLINE void
+gp_buffer_write_end(GpThreadBuf *tb)
+{
+    atomic_fetch_sub(&tb->writing, 1);
 }
 
 /* Find (or create) the buffer of thread `ident` for the window-start

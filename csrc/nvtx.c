@@ -286,35 +286,29 @@ recording(void)
     return atomic_load_explicit(&gp_buffer_phase, memory_order_relaxed) >= GP_PHASE_WARMUP;
 }
 
-/* One event into the calling thread's buffer, with the same handshake as
- * gp_buffer_record_api (buffer.h: `writing` against gp_buffer_quiesce). */
+/* One event into the calling thread's buffer (gp_buffer_write_begin). */
 static void
 record(uint32_t arg, uint32_t kind)
 {
-    GpThreadBuf *tb = gp_buffer_thread();
+    GpThreadBuf *tb = gp_buffer_write_begin();
     if (tb == NULL)
         return;
-    atomic_store(&tb->writing, 1);
-    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP)
-        gp_buffer_push(tb, gp_clock_raw(), arg, kind);
-    atomic_store(&tb->writing, 0);
+    gp_buffer_push(tb, gp_clock_raw(), arg, kind);
+    gp_buffer_write_end(tb);
 }
 
-/* Two events in a row under one handshake and one phase check, so that a
- * window opening between them cannot keep the second without the first. */
+/* Two events in a row under one write, so that a window opening between them
+ * cannot keep the second without the first. */
 static void
 record2(uint32_t arg, uint32_t kind, uint32_t arg2, uint32_t kind2)
 {
-    GpThreadBuf *tb = gp_buffer_thread();
+    GpThreadBuf *tb = gp_buffer_write_begin();
     if (tb == NULL)
         return;
-    atomic_store(&tb->writing, 1);
-    if (atomic_load(&gp_buffer_phase) >= GP_PHASE_WARMUP) {
-        uint64_t ts = gp_clock_raw();
-        gp_buffer_push(tb, ts, arg, kind);
-        gp_buffer_push(tb, ts, arg2, kind2);
-    }
-    atomic_store(&tb->writing, 0);
+    uint64_t ts = gp_clock_raw();
+    gp_buffer_push(tb, ts, arg, kind);
+    gp_buffer_push(tb, ts, arg2, kind2);
+    gp_buffer_write_end(tb);
 }
 
 /* The message of an event: UTF-8 text and length (buf holds converted

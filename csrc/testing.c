@@ -16,6 +16,8 @@
 #include "schedule.h"
 #include "window.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -297,6 +299,60 @@ test_api_key(PyObject *module, PyObject *args)
                          gp_cuda_api_class(key));
 }
 
+/* Native threads that write CUDA API enters and exits without pause, through
+ * the function CUPTI's callbacks call, in and out of windows and sessions:
+ * as callbacks keep firing on a job's threads while a profile stops. */
+#define STORM_MAX 16
+static atomic_int storm_on;
+static atomic_uint_fast64_t storm_writes;
+static pthread_t storm_threads[STORM_MAX];
+static int storm_n;
+
+static void *
+storm_thread(void *arg)
+{
+    (void)arg;
+    uint32_t key = GP_API_KEY(GP_API_RUNTIME, 1), correlation = 0;
+    while (atomic_load_explicit(&storm_on, memory_order_relaxed)) {
+        correlation++;
+        gp_buffer_record_api(gp_clock_raw(), correlation, key, 1);
+        gp_buffer_record_api(gp_clock_raw(), correlation, key, 0);
+        atomic_fetch_add_explicit(&storm_writes, 1, memory_order_relaxed);
+    }
+    return NULL;
+}
+
+static PyObject *
+test_api_storm(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n > 0) { /* start n threads */
+        if (storm_n != 0 || n > STORM_MAX) {
+            PyErr_Format(PyExc_ValueError,
+                         "_test_api_storm(%ld): stop the running storm first "
+                         "(0), and start at most %d threads",
+                         n, STORM_MAX);
+            return NULL;
+        }
+        atomic_store(&storm_on, 1);
+        atomic_store(&storm_writes, 0);
+        for (; storm_n < n; storm_n++)
+            if (pthread_create(&storm_threads[storm_n], NULL, storm_thread, NULL) != 0)
+                break;
+        return PyLong_FromLong(storm_n);
+    }
+    atomic_store(&storm_on, 0); /* 0: stop them, and return the enter/exit pairs written */
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; i < storm_n; i++)
+        pthread_join(storm_threads[i], NULL);
+    Py_END_ALLOW_THREADS
+    storm_n = 0;
+    return PyLong_FromUnsignedLongLong((unsigned long long)atomic_load(&storm_writes));
+}
+
 /* A free function the way pybind11 binds one: a C function whose self is a
  * private capsule and whose __module__ is a string. Calling it returns its
  * argument. */
@@ -364,5 +420,7 @@ PyMethodDef gp_testing_methods[] = {
      "Aggregate synthetic events and GPU records through the real C paths."},
     {"_test_constants", test_constants, METH_NOARGS, "Event, record and op-kind constants."},
     {"_test_api_key", test_api_key, METH_VARARGS, "Name and class of a CUDA API (domain, cbid)."},
+    {"_test_api_storm", test_api_storm, METH_O,
+     "n > 0: start n native threads writing CUDA API events; 0: stop them, return the pairs."},
     {NULL, NULL, 0, NULL},
 };

@@ -293,6 +293,28 @@ def test_threads_outliving_the_window_and_started_after_it():
     assert calls(prof, "middle") in (1, 2)  # the thread's first call may fall after stop
 
 
+def test_callback_threads_writing_while_profiles_start_and_stop():
+    # given native threads writing CUDA API events without pause, through the function
+    # CUPTI's callbacks call, as a job's launching threads do while a profile stops (a
+    # thread may read its buffer just as the session ends: that buffer must still be
+    # there, and the write must go nowhere; under ASan a freed one is a report)
+    from gpuprof import _gpuprof
+
+    assert _gpuprof._test_api_storm(4) == 4
+    try:
+        for _ in range(60):
+            with gpuprof.profile(activities=CPU) as prof:
+                middle(2)
+            # then each window is whole: its own thread's calls, the writers' threads
+            check_consistent(prof)
+            assert calls(prof, "middle") == 1
+    finally:
+        pairs = _gpuprof._test_api_storm(0)
+    assert pairs > 0
+    with pytest.raises(ValueError, match="at most 16 threads"):
+        _gpuprof._test_api_storm(17)
+
+
 def test_profiling_started_and_stopped_from_a_non_main_thread(no_gc):
     # given a profile driven entirely from a worker thread
     out = {}

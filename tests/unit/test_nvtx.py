@@ -92,6 +92,7 @@ def nv(client_path):
     lib.c_end_on_other_thread.argtypes = [ctypes.c_uint64]
     lib.c_dend.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.c_spin.argtypes = [ctypes.c_uint64]
+    lib.c_storm_stop.restype = ctypes.c_uint64
     for name in ("c_domain", "c_domain_w", "c_register"):
         getattr(lib, name).restype = ctypes.c_void_p
     lib.c_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -291,6 +292,25 @@ def test_ranges_from_threads_without_python(nv):
     worker = _rows(prof, "worker range")
     assert worker["calls"][0] == 100
     assert len(prof.results.threads()) >= 5
+
+
+def test_threads_writing_while_profiles_start_and_stop(nv):
+    # Native threads push ranges without a pause while 60 profiles start and stop:
+    # a thread may have read its buffer just as the session ended (the buffer must
+    # still be there, and the write must go nowhere); each window still has
+    # whole ranges from them.
+    nv.c_storm_start(4)
+    try:
+        seen = []
+        for _ in range(60):
+            with gpuprof.profile(activities=CPU) as prof:
+                nv.c_spin(200_000)
+            storm = _rows(prof, "storm")
+            seen.append(int(storm["calls"].sum()) if len(storm) else 0)
+    finally:
+        pushes = nv.c_storm_stop()
+    assert pushes > 0
+    assert sum(n > 0 for n in seen) >= 50, seen
 
 
 def test_python_threads_and_gil(nv):
