@@ -23,12 +23,11 @@ import sys
 import threading
 
 from . import _gpuprof, _nvtx
-from ._constants import ACT_RECORD, ACT_RECORD_AND_SAVE, ACT_WARMUP
+from ._constants import ACTS_HOOKED
 from ._parts import Part
 
 __all__ = ["AutogradNodes", "seq_peek_address", "torch_reason"]
 
-_RECORDING = (ACT_WARMUP, ACT_RECORD, ACT_RECORD_AND_SAVE)
 _NO_TORCH = "PyTorch is not imported"
 
 
@@ -187,11 +186,11 @@ class AutogradNodes(Part):
         _gpuprof._set_seq_peek(self._peek)
 
     def started(self, prof) -> None:
-        if not self._scheduled or prof._core.action in _RECORDING:
+        if not self._scheduled or prof._core.action in ACTS_HOOKED:
             self._on()
 
     def after_step(self, prof) -> None:
-        if prof._core.action in _RECORDING:
+        if prof._core.action in ACTS_HOOKED:
             self._on()
         else:
             self._off()

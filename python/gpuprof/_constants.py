@@ -85,6 +85,9 @@ ACT_NONE, ACT_WARMUP, ACT_RECORD, ACT_RECORD_AND_SAVE, ACT_EXIT = (
     _c.ACT_RECORD_AND_SAVE,
     _c.ACT_EXIT,
 )
+# the actions of steps that a window keeps, and of those the hook runs in (warm-up too)
+ACTS_KEPT = (ACT_RECORD, ACT_RECORD_AND_SAVE)
+ACTS_HOOKED = (ACT_WARMUP, ACT_RECORD, ACT_RECORD_AND_SAVE)
 # capture ranges (GP_CAPTURE_*)
 CAPTURE_NONE, CAPTURE_PROFILER_API, CAPTURE_NVTX = (
     _c.CAPTURE_NONE,

@@ -33,6 +33,7 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md, docs/backward.md
 from . import memory as _memory
 from . import processes as _processes
 from ._accessors import ResultAccessors
+from ._constants import ACTS_KEPT
 from ._results import Results
 from .schedule import Schedule
 
@@ -517,7 +518,7 @@ class profile(ResultAccessors):
             return None
         if getattr(self.schedule, "until_stop", False) is True:
             return None
-        if self._core.action not in (2, 3):  # RECORD, RECORD_AND_SAVE
+        if self._core.action not in ACTS_KEPT:
             return None
         complete = self._core.windows - self._windows_before  # in this run
         if complete and not self.acc_events:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._constants import ACT_NONE
+from .._constants import ACT_NONE, ACTS_KEPT
 from .._loaded import LoadedProfile
 from ..diagnose import data_wait_per_step, diagnose
 from ..exporters.tensorboard import tensorboard_trace_handler
@@ -403,7 +403,7 @@ class StepSession:
         torch's memory statistics costs tens of microseconds)."""
         torch = self._torch
         self._peak_armed = False
-        if torch is None or action not in (2, 3) or not torch.cuda.is_initialized():
+        if torch is None or action not in ACTS_KEPT or not torch.cuda.is_initialized():
             return
         self._device = torch.cuda.current_device()
         torch.cuda.reset_peak_memory_stats(self._device)
