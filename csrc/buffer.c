@@ -22,22 +22,22 @@ static GpThreadBuf *registry_head = NULL;    /* registry_lock */
 static uint32_t registry_count = 0;          /* registry_lock */
 static uint64_t chunks_in_use = 0;           /* registry_lock: held by this session's writers */
 static uint64_t budget_chunks = 0;           /* registry_lock; fixed per session */
-static int session_open = 0; /* set by begin/end (GIL); cleared under registry_lock */
-static GpThreadBuf *spare_bufs = NULL; /* registry_lock: ended sessions' buffers (buffer.h) */
+static int session_open = 0;                 /* begin/end (GIL); cleared under registry_lock */
+static GpThreadBuf *spare_bufs = NULL;       /* registry_lock: ended sessions' buffers */
 
 /* The pool: slabs live for the whole process (see buffer.h); free chunks
  * are handed out most recently freed first, so the memory they bring is
  * likely still in the caches and certainly already faulted in. */
 #define SLAB_BYTES (2u << 20)
 #define CHUNKS_PER_SLAB (SLAB_BYTES / sizeof(GpChunk))
-static GpChunk *free_chunks = NULL; /* registry_lock */
-static uint64_t slab_count = 0; /* registry_lock */
-static char *slab_cursor = NULL; /* registry_lock: next chunk to carve */
-static uint32_t slab_left = 0; /* registry_lock: chunks left in the slab */
+static GpChunk *free_chunks = NULL;          /* registry_lock */
+static uint64_t slab_count = 0;              /* registry_lock */
+static char *slab_cursor = NULL;             /* registry_lock: next chunk to carve */
+static uint32_t slab_left = 0;               /* registry_lock: chunks left in the slab */
 
 /* The current window's clock anchors (clock.h): start, steps, chunk changes.
  * Full: later anchors are skipped (the map stays correct, only coarser). */
-static GpClockAnchor *anchors = NULL; /* registry_lock */
+static GpClockAnchor *anchors = NULL;        /* registry_lock */
 static size_t n_anchors = 0, cap_anchors = 0; /* registry_lock */
 
 /* A slab from mmap. Its pages are faulted in as chunks are first written
@@ -121,7 +121,7 @@ add_anchor_locked(GpClockAnchor a)
 static atomic_uint_fast64_t orphan_drops = 0; /* events lost for want of a thread buffer */
 #define MAX_IGNORED 16
 static uint64_t ignored_idents[MAX_IGNORED]; /* registry_lock; cleared at session end */
-static uint32_t n_ignored = 0; /* registry_lock */
+static uint32_t n_ignored = 0;               /* registry_lock */
 
 GpStatus
 gp_buffer_session_begin(uint64_t max_events)

@@ -11,63 +11,21 @@
 #include <string.h>
 #include <wchar.h>
 
-int
-c_push_a(const char *m)
-{
-    return nvtxRangePushA(m);
-}
-int
-c_push_w(const wchar_t *m)
-{
-    return nvtxRangePushW(m);
-}
-int
-c_pop(void)
-{
-    return nvtxRangePop();
-}
-uint64_t
-c_start_a(const char *m)
-{
-    return nvtxRangeStartA(m);
-}
-uint64_t
-c_start_w(const wchar_t *m)
-{
-    return nvtxRangeStartW(m);
-}
-void
-c_end(uint64_t id)
-{
-    nvtxRangeEnd(id);
-}
-void
-c_mark(const char *m)
-{
-    nvtxMarkA(m);
-}
-void
-c_name_category(uint32_t id, const char *name)
-{
-    nvtxNameCategoryA(id, name);
-}
-void *
-c_domain(const char *name)
-{
-    return nvtxDomainCreateA(name);
-}
-void *
-c_domain_w(const wchar_t *name)
-{
-    return nvtxDomainCreateW(name);
-}
-void
-c_domain_category(void *d, uint32_t id, const char *name)
+int c_push_a(const char *m) { return nvtxRangePushA(m); }
+int c_push_w(const wchar_t *m) { return nvtxRangePushW(m); }
+int c_pop(void) { return nvtxRangePop(); }
+uint64_t c_start_a(const char *m) { return nvtxRangeStartA(m); }
+uint64_t c_start_w(const wchar_t *m) { return nvtxRangeStartW(m); }
+void c_end(uint64_t id) { nvtxRangeEnd(id); }
+void c_mark(const char *m) { nvtxMarkA(m); }
+void c_name_category(uint32_t id, const char *name) { nvtxNameCategoryA(id, name); }
+void *c_domain(const char *name) { return nvtxDomainCreateA(name); }
+void *c_domain_w(const wchar_t *name) { return nvtxDomainCreateW(name); }
+void c_domain_category(void *d, uint32_t id, const char *name)
 {
     nvtxDomainNameCategoryA((nvtxDomainHandle_t)d, id, name);
 }
-void *
-c_register(void *d, const char *s)
+void *c_register(void *d, const char *s)
 {
     return nvtxDomainRegisterStringA((nvtxDomainHandle_t)d, s);
 }
@@ -89,56 +47,38 @@ attrs(nvtxEventAttributes_t *a, uint32_t category, int type, const void *msg)
 }
 
 /* type: 1 ASCII, 2 Unicode, 3 registered handle (from c_register). */
-int
-c_push_ex(uint32_t category, int type, const void *msg)
+int c_push_ex(uint32_t category, int type, const void *msg)
 {
     nvtxEventAttributes_t a;
     attrs(&a, category, type, msg);
     return nvtxRangePushEx(&a);
 }
-int
-c_dpush(void *d, uint32_t category, int type, const void *msg)
+int c_dpush(void *d, uint32_t category, int type, const void *msg)
 {
     nvtxEventAttributes_t a;
     attrs(&a, category, type, msg);
     return nvtxDomainRangePushEx((nvtxDomainHandle_t)d, &a);
 }
-int
-c_dpop(void *d)
-{
-    return nvtxDomainRangePop((nvtxDomainHandle_t)d);
-}
-uint64_t
-c_dstart(void *d, uint32_t category, int type, const void *msg)
+int c_dpop(void *d) { return nvtxDomainRangePop((nvtxDomainHandle_t)d); }
+uint64_t c_dstart(void *d, uint32_t category, int type, const void *msg)
 {
     nvtxEventAttributes_t a;
     attrs(&a, category, type, msg);
     return nvtxDomainRangeStartEx((nvtxDomainHandle_t)d, &a);
 }
-void
-c_dend(void *d, uint64_t id)
-{
-    nvtxDomainRangeEnd((nvtxDomainHandle_t)d, id);
-}
+void c_dend(void *d, uint64_t id) { nvtxDomainRangeEnd((nvtxDomainHandle_t)d, id); }
 
 /* Busy work inside a range, so ranges have a measurable length. */
 static volatile uint64_t sink;
-void
-c_spin(uint64_t n)
+void c_spin(uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++)
         sink += i;
 }
 
 /* End a start/end range on a new thread (NVTX allows any thread). */
-static void *
-end_thread(void *arg)
-{
-    nvtxRangeEnd(*(uint64_t *)arg);
-    return NULL;
-}
-void
-c_end_on_other_thread(uint64_t id)
+static void *end_thread(void *arg) { nvtxRangeEnd(*(uint64_t *)arg); return NULL; }
+void c_end_on_other_thread(uint64_t id)
 {
     pthread_t t;
     pthread_create(&t, NULL, end_thread, &id);
@@ -146,10 +86,7 @@ c_end_on_other_thread(uint64_t id)
 }
 
 /* n threads (not Python threads), each pushing and popping `name` k times. */
-typedef struct Job {
-    const char *name;
-    int k;
-} Job;
+typedef struct Job { const char *name; int k; } Job;
 static void *
 job(void *arg)
 {
@@ -161,8 +98,7 @@ job(void *arg)
     }
     return NULL;
 }
-int
-c_threads(int n, int k, const char *name)
+int c_threads(int n, int k, const char *name)
 {
     pthread_t t[64];
     Job j = {name, k};
@@ -213,10 +149,7 @@ c_storm_stop(void)
 
 /* On a new thread (no Python there, as autograd's device threads), run a
  * script: each entry "+MESSAGE" pushes MESSAGE, "-" pops, "~N" spins N. */
-typedef struct Script {
-    const char *const *ops;
-    int n;
-} Script;
+typedef struct Script { const char *const *ops; int n; } Script;
 static void *
 script_thread(void *arg)
 {
@@ -236,8 +169,7 @@ script_thread(void *arg)
     }
     return NULL;
 }
-void
-c_script_on_thread(const char *const *ops, int n)
+void c_script_on_thread(const char *const *ops, int n)
 {
     pthread_t t;
     Script s = {ops, n};
@@ -265,8 +197,7 @@ put_u64(char *p, uint64_t v)
  * seq falling and op_id rising (a name starting "torch::" has no seq, as
  * AccumulateGrad). */
 #include <time.h>
-double
-c_push_pop_ns(const char *const *names, int n, int k)
+double c_push_pop_ns(const char *const *names, int n, int k)
 {
     struct timespec a, b;
     char buf[256];
