@@ -7,6 +7,7 @@
 #include "buffer.h"
 #include "clock.h"
 #include "dump.h"
+#include "gil.h"
 #include "hook.h"
 #include "intern.h"
 #include "opkinds.h"
@@ -168,6 +169,7 @@ mod_after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     (void)module;
     gp_profiler_after_fork_child();
+    gp_gil_after_fork_child();
     Py_RETURN_NONE;
 }
 
@@ -339,6 +341,8 @@ module_exec(PyObject *module)
     if (PyModule_AddFunctions(module, gp_testing_methods) < 0)
         return -1;
     if (PyModule_AddFunctions(module, gp_dump_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(module, gp_gil_methods) < 0)
         return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &gp_profiler_spec, NULL);
     if (type == NULL)

@@ -3,6 +3,7 @@ allocator adapters with stand-in frameworks, bad input, and the sampler staying 
 
 import functools
 import itertools
+import mmap
 import os
 import sys
 import time
@@ -51,8 +52,19 @@ def _let_the_sampler_run(prof, samples=2):
     pytest.fail(f"the memory sampler took no {samples} samples in a minute")
 
 
+def resident_block(nbytes):
+    """``nbytes`` of memory that is resident while the returned object lives: an
+    anonymous mapping of its own with every page written. Not a bytearray: malloc
+    may serve that from freed heap pages that are already resident, and then the
+    RSS does not move."""
+    block = mmap.mmap(-1, nbytes)
+    for offset in range(0, nbytes, mmap.PAGESIZE):
+        block[offset] = 1
+    return block
+
+
 def _hold_200mb(prof):
-    buf = bytearray(200 * MiB)  # zero-filled: every page is touched
+    buf = resident_block(200 * MiB)
     _let_the_sampler_run(prof)
     return len(buf)
 

@@ -8,7 +8,7 @@ import gpuprof
 import numpy as np
 import pytest
 from gpuprof.exporters.saved import FORMAT_VERSION
-from test_memory import MiB, _fake_torch, _let_the_sampler_run, _set, _torch_stats
+from test_memory import MiB, _fake_torch, _let_the_sampler_run, _set, _torch_stats, resident_block
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 
@@ -24,7 +24,7 @@ def torch_memory_prof(monkeypatch):
     ) as prof:
         _let_the_sampler_run(prof)
         _set(stats, 100 * MiB, 400 * MiB, 150 * MiB)
-        held = bytearray(64 * MiB)  # zero-filled: every page is touched
+        held = resident_block(64 * MiB)
         _let_the_sampler_run(prof)
         _set(stats, 0, 400 * MiB, 150 * MiB)
         _let_the_sampler_run(prof)

@@ -3,7 +3,7 @@
 Armed, a process records nothing and has no profile hook and no CUPTI: it
 counts step boundaries (PyTorch optimizer steps or ``step_fn``, through
 ``gpuprof._steps``, or :meth:`OnDemand.step` calls) and keeps one thread
-asleep in ``select()`` on a pipe. A request (files described in ``_proto``)
+asleep on a pipe, without the GIL. A request (files described in ``_proto``)
 wakes that thread: the signal's handler only writes one byte to the pipe;
 without a signal, or when the program has replaced the handler, the thread
 reads the requests every ``poll_interval_s`` anyway.

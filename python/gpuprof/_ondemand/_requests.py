@@ -1,4 +1,4 @@
-"""The on-demand thread: it sleeps in ``select()`` on a pipe that the signal handler
+"""The on-demand thread: it sleeps on a pipe (``_gpuprof._wait_readable``) that the signal handler
 writes one byte to, reads the requests (the process's own in the runtime folder, and
 those of ``trigger_dir``), answers each at once and ends a time window on time. The
 descriptions of the process's state that the answers carry are here too."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 import signal
 import threading
 import time
@@ -92,8 +91,11 @@ class _Requests:
                 timeout = max(0.0, min(timeout, cap.deadline - time.monotonic()))
             try:
                 # a time window ends on time only if this thread gets the GIL back soon
+                # and only if it gets it at all: a main thread that lets the GIL go and
+                # takes it back often (a stat() per step) starves a plain select()'s
+                # return, so the wait hands the GIL over (csrc/gil.c)
                 with _share_the_gil() if timed else contextlib.nullcontext():
-                    ready, _, _ = select.select([self._wake_r], [], [], timeout)
+                    ready = _gpuprof._wait_readable(self._wake_r, timeout)
                 if ready:
                     with contextlib.suppress(OSError):
                         while os.read(self._wake_r, 4096):

@@ -1,0 +1,160 @@
+/* Taking the GIL back from a busy main thread (gil.h).
+ *
+ * CPython starves a thread that waits for the GIL while the holder lets it go
+ * and takes it back often. The waiter asks the holder to drop the GIL only when
+ * a whole switch interval (5 ms) passes with no switch, and each short release
+ * by the holder (a stat(), a lock, a CUDA launch) counts as a switch: the waiter,
+ * woken too late to take the GIL, starts its interval again, and the holder
+ * takes the GIL back first. A loop that calls os.path.exists() once in each 2 ms
+ * step kept gpuprof's on-demand thread off the GIL for seconds at a time, so
+ * `gpuprof capture` and `gpuprof top` got no answer.
+ *
+ * gp_gil_take_back() asks the main thread to stand aside, with
+ * Py_AddPendingCall (which any thread may call without the GIL): at its next
+ * bytecode boundary the main thread releases the GIL and waits until the asking
+ * thread holds it, at most HANDOFF_MAX_MS, then goes on. The program pays one
+ * handoff (tens of microseconds) each time gpuprof's thread wakes: once a second
+ * when it polls, once per request. Where the GIL is free the waiter takes it at
+ * once and the main thread, when it runs the call, finds nobody waiting. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "gil.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <time.h>
+
+#define HANDOFF_MAX_MS 50
+
+/* `mu` protects the three counters. */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t taken = PTHREAD_COND_INITIALIZER;
+static unsigned waiting;      /* threads in gp_gil_take_back, not yet holding the GIL */
+static unsigned long handoffs; /* times a waiter got the GIL: a main thread standing
+                                  aside waits for this to move */
+static int queued;            /* a stand_aside call is pending */
+
+static void
+deadline_in(struct timespec *ts, long ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* The pending call: on the main thread, holding the GIL. */
+static int
+stand_aside(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    queued = 0;
+    unsigned long seen = handoffs;
+    int wanted = waiting > 0;
+    pthread_mutex_unlock(&mu);
+    if (!wanted)
+        return 0;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec until;
+    deadline_in(&until, HANDOFF_MAX_MS);
+    pthread_mutex_lock(&mu);
+    while (handoffs == seen && waiting > 0)
+        if (pthread_cond_timedwait(&taken, &mu, &until) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
+void
+gp_gil_take_back(PyThreadState *ts)
+{
+    pthread_mutex_lock(&mu);
+    waiting++;
+    int ask = !queued;
+    queued = 1;
+    pthread_mutex_unlock(&mu);
+    if (ask && Py_AddPendingCall(stand_aside, NULL) != 0) { /* the queue is full */
+        pthread_mutex_lock(&mu);
+        queued = 0;
+        pthread_mutex_unlock(&mu);
+    }
+    PyEval_RestoreThread(ts);
+    pthread_mutex_lock(&mu);
+    waiting--;
+    handoffs++;
+    pthread_cond_broadcast(&taken);
+    pthread_mutex_unlock(&mu);
+}
+
+void
+gp_gil_after_fork_child(void)
+{
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&taken, NULL);
+    waiting = 0;
+    queued = 0; /* a call queued in the parent runs in the child too: it finds none waiting */
+}
+
+/* _wait_readable(fd, timeout_s) -> bool: wait without the GIL until fd is
+ * readable or timeout_s seconds pass, then take the GIL back (above). True if
+ * fd is readable (or has hung up). */
+static PyObject *
+wait_readable(PyObject *module, PyObject *args)
+{
+    (void)module;
+    int fd;
+    double timeout_s;
+    if (!PyArg_ParseTuple(args, "id:_wait_readable", &fd, &timeout_s))
+        return NULL;
+    if (fd < 0) {
+        PyErr_Format(PyExc_ValueError, "_wait_readable: fd must be >= 0, got %d", fd);
+        return NULL;
+    }
+    if (!(timeout_s >= 0.0) || isinf(timeout_s)) {
+        PyErr_Format(PyExc_ValueError,
+                     "_wait_readable: timeout_s must be a finite number of seconds >= 0");
+        return NULL;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int rc, err = 0;
+    PyThreadState *ts = PyEval_SaveThread();
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double left_ms = timeout_s * 1e3;
+    for (;;) {
+        rc = poll(&p, 1, left_ms > (double)INT_MAX ? INT_MAX : (int)ceil(left_ms));
+        if (rc >= 0 || errno != EINTR) {
+            err = rc < 0 ? errno : 0;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        left_ms = timeout_s * 1e3 - ((double)(now.tv_sec - t0.tv_sec) * 1e3 +
+                                     (double)(now.tv_nsec - t0.tv_nsec) / 1e6);
+        if (left_ms <= 0) {
+            rc = 0;
+            break;
+        }
+    }
+    gp_gil_take_back(ts);
+    if (rc < 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(rc > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)));
+}
+
+PyMethodDef gp_gil_methods[] = {
+    {"_wait_readable", wait_readable, METH_VARARGS,
+     "_wait_readable(fd, timeout_s) -> bool: wait without the GIL for fd to be readable, "
+     "then take the GIL back even from a main thread that keeps retaking it."},
+    {NULL, NULL, 0, NULL},
+};
