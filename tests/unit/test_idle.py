@@ -12,6 +12,7 @@ import os
 import queue
 import select
 import socket
+import sys
 import threading
 import time
 
@@ -153,6 +154,31 @@ def test_group_by_thread_names_each_thread(polled):
 # ---- each kind of wait ---------------------------------------------------------------------
 
 
+def _until_blocked_in(t, fn):
+    """Return once thread t runs fn and sleeps in the kernel three looks in a row, the
+    GIL free between looks (a thread waiting for the GIL would take it and move on):
+    it is blocked in fn's wait, however slowly the machine started it. Counted, not
+    timed; fails rather than hangs."""
+    stat = f"/proc/self/task/{t.native_id}/stat"
+    seen = 0
+    for _ in range(20_000):
+        frame = sys._current_frames().get(t.ident)
+        in_fn = False
+        while frame is not None and not in_fn:
+            in_fn = frame.f_code is fn.__code__
+            frame = frame.f_back
+        try:
+            with open(stat) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return  # no /proc: the crunch below is all there is
+        seen = seen + 1 if in_fn and state == "S" else 0
+        if seen == 3:
+            return
+        time.sleep(0.001)
+    pytest.fail(f"the waiter never blocked in {fn.__name__}")
+
+
 def _waits_in(fn):
     """Run fn(done) on a thread that blocks until `done` is set, while the main thread
     computes: the idle ops of the blocked thread (read while it still waits, which the
@@ -162,6 +188,7 @@ def _waits_in(fn):
     try:
         with gpuprof.profile() as prof:
             t.start()
+            _until_blocked_in(t, fn)
             crunch(10)
         ka = prof.key_averages(group_by_thread=True, idle=True)
     finally:
