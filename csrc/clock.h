@@ -36,6 +36,20 @@ gp_clock_now(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The time `ms` milliseconds from now on `clock`: a deadline for
+ * pthread_cond_timedwait (whose condition variable waits on that clock). */
+GP_INLINE void
+gp_clock_deadline_ms(clockid_t clock, long ms, struct timespec *out)
+{
+    clock_gettime(clock, out);
+    out->tv_sec += ms / 1000;
+    out->tv_nsec += (ms % 1000) * 1000000L;
+    if (out->tv_nsec >= 1000000000L) {
+        out->tv_sec++;
+        out->tv_nsec -= 1000000000L;
+    }
+}
+
 /* 1 when the raw clock is the TSC. Set once by gp_clock_init (module exec),
  * before any event is recorded; read-only afterwards. */
 extern int gp_clock_tsc;

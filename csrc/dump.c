@@ -24,6 +24,7 @@
 
 #include "dump.h"
 
+#include "clock.h"
 #include "common.h"
 #include "compat.h"
 #include "dump_call.h"
@@ -227,15 +228,9 @@ serve_one(int fd)
     do {
         wrote = write(wfd, "d", 1);
     } while (wrote < 0 && errno == EINTR);
-    struct timespec t0, deadline;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    deadline = t0;
-    deadline.tv_sec += wait_ms / 1000;
-    deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    uint64_t t0 = gp_clock_now();
+    struct timespec deadline;
+    gp_clock_deadline_ms(CLOCK_MONOTONIC, wait_ms, &deadline);
     pthread_mutex_lock(&mu);
     while (answer == NULL && !stopping) {
         int rc = pthread_cond_timedwait(&answered, &mu, &deadline);
@@ -253,10 +248,8 @@ serve_one(int fd)
         free(got);
         return;
     }
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
     char line[160];
-    long waited = (long)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+    long waited = (long)((gp_clock_now() - t0) / 1000000u);
     snprintf(line, sizeof line, "{\"kind\":\"python\",\"missing\":true,\"waited_ms\":%ld}", waited);
     send_line(fd, line, strlen(line));
 }

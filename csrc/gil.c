@@ -21,12 +21,13 @@
 
 #include "gil.h"
 
+#include "clock.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 
 #define HANDOFF_MAX_MS 50
 
@@ -37,18 +38,6 @@ static unsigned waiting;      /* threads in gp_gil_take_back, not yet holding th
 static unsigned long handoffs; /* times a waiter got the GIL: a main thread standing
                                   aside waits for this to move */
 static int queued;            /* a stand_aside call is pending */
-
-static void
-deadline_in(struct timespec *ts, long ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec += 1;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
 
 /* The pending call: on the main thread, holding the GIL. */
 static int
@@ -63,8 +52,8 @@ stand_aside(void *arg)
     if (!wanted)
         return 0;
     Py_BEGIN_ALLOW_THREADS
-    struct timespec until;
-    deadline_in(&until, HANDOFF_MAX_MS);
+    struct timespec until; /* `taken` waits on the default clock, CLOCK_REALTIME */
+    gp_clock_deadline_ms(CLOCK_REALTIME, HANDOFF_MAX_MS, &until);
     pthread_mutex_lock(&mu);
     while (handoffs == seen && waiting > 0)
         if (pthread_cond_timedwait(&taken, &mu, &until) == ETIMEDOUT)
@@ -127,8 +116,7 @@ wait_readable(PyObject *module, PyObject *args)
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int rc, err = 0;
     PyThreadState *ts = PyEval_SaveThread();
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t until_ns = gp_clock_now() + (uint64_t)(timeout_s * 1e9);
     double left_ms = timeout_s * 1e3;
     for (;;) {
         rc = poll(&p, 1, left_ms > (double)INT_MAX ? INT_MAX : (int)ceil(left_ms));
@@ -136,13 +124,12 @@ wait_readable(PyObject *module, PyObject *args)
             err = rc < 0 ? errno : 0;
             break;
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        left_ms = timeout_s * 1e3 - ((double)(now.tv_sec - t0.tv_sec) * 1e3 +
-                                     (double)(now.tv_nsec - t0.tv_nsec) / 1e6);
-        if (left_ms <= 0) {
+        uint64_t now = gp_clock_now();
+        if (now >= until_ns) {
             rc = 0;
             break;
         }
+        left_ms = (double)(until_ns - now) / 1e6;
     }
     gp_gil_take_back(ts);
     if (rc < 0) {

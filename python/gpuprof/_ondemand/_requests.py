@@ -1,5 +1,5 @@
-"""The on-demand thread: it sleeps on a pipe (``_gpuprof._wait_readable``) that the signal handler
-writes one byte to, reads the requests (the process's own in the runtime folder, and
+"""The on-demand thread: it sleeps (``_gpuprof._wait_readable``) on a pipe that the
+signal handler writes one byte to, reads the requests (the process's own in the runtime folder, and
 those of ``trigger_dir``), answers each at once and ends a time window on time. The
 descriptions of the process's state that the answers carry are here too."""
 
