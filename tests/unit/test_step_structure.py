@@ -12,6 +12,7 @@ same call (no second call counted).
 
 from __future__ import annotations
 
+import gc
 import glob
 import gzip
 import json
@@ -113,7 +114,15 @@ def assert_nested(events):
 
 @pytest.fixture(scope="module")
 def both():
-    return loop(hooked=False), loop(hooked=True)
+    # the call paths are compared exactly: a collection during one loop would run
+    # gc.callbacks (pytest plugins install some) inside that loop's steps only
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return loop(hooked=False), loop(hooked=True)
+    finally:
+        if was:
+            gc.enable()
 
 
 def test_steps_ended_in_the_optimizers_hook_are_siblings_as_in_the_loop(both, tmp_path):
