@@ -12,7 +12,8 @@
  * gp_gil_take_back() asks the main thread to stand aside, with
  * Py_AddPendingCall (which any thread may call without the GIL): at its next
  * bytecode boundary the main thread releases the GIL and waits until the asking
- * thread holds it, at most HANDOFF_MAX_MS, then goes on. The program pays one
+ * thread holds it, at most HANDOFF_MAX_MS, then goes on (and asks itself again if
+ * the waiter still does not hold it). The program pays one
  * handoff (tens of microseconds) each time gpuprof's thread wakes: once a second
  * when it polls, once per request. Where the GIL is free the waiter takes it at
  * once and the main thread, when it runs the call, finds nobody waiting. */
@@ -28,6 +29,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #define HANDOFF_MAX_MS 50
 
@@ -51,6 +53,7 @@ stand_aside(void *arg)
     pthread_mutex_unlock(&mu);
     if (!wanted)
         return 0;
+    int again = 0;
     Py_BEGIN_ALLOW_THREADS
     struct timespec until; /* `taken` waits on the default clock, CLOCK_REALTIME */
     gp_clock_deadline_ms(CLOCK_REALTIME, HANDOFF_MAX_MS, &until);
@@ -58,8 +61,18 @@ stand_aside(void *arg)
     while (handoffs == seen && waiting > 0)
         if (pthread_cond_timedwait(&taken, &mu, &until) == ETIMEDOUT)
             break;
+    /* Not taken in time (the waiter was not scheduled: a loaded machine): ask again
+     * at the next bytecode boundary rather than leave it to CPython's starvation. */
+    again = handoffs == seen && waiting > 0 && !queued;
+    if (again)
+        queued = 1;
     pthread_mutex_unlock(&mu);
     Py_END_ALLOW_THREADS
+    if (again && Py_AddPendingCall(stand_aside, NULL) != 0) {
+        pthread_mutex_lock(&mu);
+        queued = 0;
+        pthread_mutex_unlock(&mu);
+    }
     return 0;
 }
 
@@ -93,16 +106,35 @@ gp_gil_after_fork_child(void)
     queued = 0; /* a call queued in the parent runs in the child too: it finds none waiting */
 }
 
-/* _wait_readable(fd, timeout_s) -> bool: wait without the GIL until fd is
- * readable or timeout_s seconds pass, then take the GIL back (above). True if
- * fd is readable (or has hung up). */
+/* Read what fd holds, without blocking (it was readable), and drop it. */
+static void
+drain_fd(int fd)
+{
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < (ssize_t)sizeof buf)
+            return;
+        struct pollfd more = {.fd = fd, .events = POLLIN};
+        if (poll(&more, 1, 0) <= 0 || !(more.revents & POLLIN))
+            return;
+    }
+}
+
+/* _wait_readable(fd, timeout_s, drain=False) -> bool: wait without the GIL until
+ * fd is readable or timeout_s seconds pass, then take the GIL back (above). True
+ * if fd is readable (or has hung up). drain=True reads what fd holds before the
+ * GIL is taken back: a wake-up pipe's bytes, which an os.read() afterwards would
+ * read with one more release of the GIL, and one more wait to get it back. */
 static PyObject *
 wait_readable(PyObject *module, PyObject *args)
 {
     (void)module;
-    int fd;
+    int fd, drain = 0;
     double timeout_s;
-    if (!PyArg_ParseTuple(args, "id:_wait_readable", &fd, &timeout_s))
+    if (!PyArg_ParseTuple(args, "id|p:_wait_readable", &fd, &timeout_s, &drain))
         return NULL;
     if (fd < 0) {
         PyErr_Format(PyExc_ValueError, "_wait_readable: fd must be >= 0, got %d", fd);
@@ -131,6 +163,8 @@ wait_readable(PyObject *module, PyObject *args)
         }
         left_ms = (double)(until_ns - now) / 1e6;
     }
+    if (drain && rc > 0 && (p.revents & POLLIN))
+        drain_fd(fd);
     gp_gil_take_back(ts);
     if (rc < 0) {
         errno = err;
@@ -141,7 +175,8 @@ wait_readable(PyObject *module, PyObject *args)
 
 PyMethodDef gp_gil_methods[] = {
     {"_wait_readable", wait_readable, METH_VARARGS,
-     "_wait_readable(fd, timeout_s) -> bool: wait without the GIL for fd to be readable, "
-     "then take the GIL back even from a main thread that keeps retaking it."},
+     "_wait_readable(fd, timeout_s, drain=False) -> bool: wait without the GIL for fd to be "
+     "readable (drain: and read what it holds), then take the GIL back even from a main "
+     "thread that keeps retaking it."},
     {NULL, NULL, 0, NULL},
 };

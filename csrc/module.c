@@ -10,6 +10,7 @@
 #include "gil.h"
 #include "hook.h"
 #include "intern.h"
+#include "nvtx.h"
 #include "opkinds.h"
 #include "profiler.h"
 #include "schedule.h"
@@ -217,7 +218,39 @@ mod_epoch_offset_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong(gp_clock_epoch_offset());
 }
 
+static PyObject *
+mod_nvtx_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    GpNvtxInfo info;
+    gp_nvtx_info(&info);
+    return Py_BuildValue("{sisOsssIsIsKsI}", "clients", info.clients, "emit",
+                         info.emit ? Py_True : Py_False, "emit_reason", info.emit_reason, "names",
+                         info.names, "domains", info.domains, "names_dropped",
+                         (unsigned long long)info.names_dropped, "probe_hits", info.probe_hits);
+}
+
+static PyObject *
+mod_schedule_action(PyObject *module, PyObject *args)
+{
+    (void)module;
+    GpSchedule s;
+    long long step;
+    if (!PyArg_ParseTuple(args, "LLLLLLL", &s.wait, &s.warmup, &s.active, &s.repeat, &s.skip_first,
+                          &s.skip_first_wait, &step))
+        return NULL;
+    if (gp_schedule_check(&s) != GP_OK || step < 0)
+        return gp_status_raise(GP_ERR_VALUE, "schedule_action");
+    return PyLong_FromLong(gp_schedule_action(&s, step));
+}
+
 static PyMethodDef module_methods[] = {
+    {"nvtx_info", mod_nvtx_info, METH_NOARGS,
+     "NVTX state: clients attached to gpuprof's injection, whether gpuprof's ranges go out "
+     "to another NVTX tool (and why not), names interned this session."},
+    {"schedule_action", mod_schedule_action, METH_VARARGS,
+     "(wait, warmup, active, repeat, skip_first, skip_first_wait, step): the ACT_* of the "
+     "step, as the C core's schedule decides it."},
     {"range_push", gp_profiler_range_push, METH_O,
      "Open a user range (record_function); returns a token for range_pop."},
     {"range_pop", gp_profiler_range_pop, METH_O, "Close the user range opened with the token."},

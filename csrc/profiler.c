@@ -425,21 +425,7 @@ Profiler_dealloc(GpProfilerObject *self)
     Py_DECREF(tp);
 }
 
-static PyObject *
-Profiler_nvtx_info(PyObject *Py_UNUSED(cls), PyObject *Py_UNUSED(ignored))
-{
-    GpNvtxInfo info;
-    gp_nvtx_info(&info);
-    return Py_BuildValue("{sisOsssIsIsKsI}", "clients", info.clients, "emit",
-                         info.emit ? Py_True : Py_False, "emit_reason", info.emit_reason, "names",
-                         info.names, "domains", info.domains, "names_dropped",
-                         (unsigned long long)info.names_dropped, "probe_hits", info.probe_hits);
-}
-
 static PyMethodDef Profiler_methods[] = {
-    {"nvtx_info", (PyCFunction)Profiler_nvtx_info, METH_NOARGS | METH_STATIC,
-     "NVTX state: clients attached to gpuprof's injection, whether gpuprof's ranges go out "
-     "to another NVTX tool (and why not), names interned this session."},
     {"start", (PyCFunction)Profiler_start, METH_NOARGS, "Start the session (installs the hook)."},
     {"step", (PyCFunction)Profiler_step, METH_NOARGS, "Mark the end of a step."},
     {"stop", (PyCFunction)Profiler_stop, METH_NOARGS, "Stop the session."},

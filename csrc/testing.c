@@ -22,20 +22,6 @@
 #include <string.h>
 
 static PyObject *
-test_schedule_action(PyObject *module, PyObject *args)
-{
-    (void)module;
-    GpSchedule s;
-    long long step;
-    if (!PyArg_ParseTuple(args, "LLLLLLL", &s.wait, &s.warmup, &s.active, &s.repeat, &s.skip_first,
-                          &s.skip_first_wait, &step))
-        return NULL;
-    if (gp_schedule_check(&s) != GP_OK || step < 0)
-        return gp_status_raise(GP_ERR_VALUE, "_test_schedule_action");
-    return PyLong_FromLong(gp_schedule_action(&s, step));
-}
-
-static PyObject *
 test_schedule_transition(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -412,8 +398,6 @@ PyMethodDef gp_testing_methods[] = {
      "How an NVTX push of a message is named and what PyTorch's grammar gave."},
     {"_test_binding_function", test_binding_function, METH_O,
      "A C function bound as pybind11 binds free functions (capsule self, __module__ str)."},
-    {"_test_schedule_action", test_schedule_action, METH_VARARGS,
-     "Schedule action for (wait, warmup, active, repeat, skip_first, skip_first_wait, step)."},
     {"_test_schedule_transition", test_schedule_transition, METH_VARARGS,
      "Transition bits for (prev, cur) actions."},
     {"_test_aggregate", test_aggregate, METH_VARARGS,

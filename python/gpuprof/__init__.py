@@ -72,21 +72,6 @@ __all__ = [
 ]
 
 
-# A forked child (DataLoader workers, multiprocessing) must not keep recording
-# into the parent's session, nor touch the parent's CUDA capture.
-def _after_fork_in_child() -> None:
-    import threading
-
-    _gpuprof._after_fork_child()
-    threading.setprofile(None)
-    from . import _monitoring
-
-    if _monitoring.available():
-        _monitoring.uninstall()  # the parent's sys.monitoring tool slot is not the child's
-
-
-_os.register_at_fork(after_in_child=_after_fork_in_child)
-
 # Frames of gpuprof's own Python code are not shown: their time goes to the caller.
 # Nor are runpy's, which starts `python -m ...` programs (gpuprof's command line
 # among them) below the program's own frames. The bundled workloads

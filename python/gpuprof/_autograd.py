@@ -23,8 +23,8 @@ import sys
 import threading
 
 from . import _gpuprof, _nvtx
-from ._constants import ACTS_HOOKED
 from ._parts import Part
+from ._recording import RecordingState
 
 __all__ = ["AutogradNodes", "seq_peek_address", "torch_reason"]
 
@@ -162,7 +162,7 @@ class AutogradNodes(Part):
             self._reason = f"torch.autograd._disable_profiler failed: {e}"
 
     # -- Part ---------------------------------------------------------------
-    def start(self, prof) -> None:
+    def start(self, state: RecordingState) -> None:
         """Before the hook goes on: whether this PyTorch can. (Looked at again at a
         step where PyTorch was not imported at start: ``python -m gpuprof run``
         starts before the program imports it.)"""
@@ -185,17 +185,17 @@ class AutogradNodes(Part):
         self._peek = seq_peek_address(torch)
         _gpuprof._set_seq_peek(self._peek)
 
-    def started(self, prof) -> None:
-        if not self._scheduled or prof._core.action in ACTS_HOOKED:
+    def started(self, state: RecordingState) -> None:
+        if not self._scheduled or state.hooked:
             self._on()
 
-    def after_step(self, prof) -> None:
-        if prof._core.action in ACTS_HOOKED:
+    def after_step(self, state: RecordingState) -> None:
+        if state.hooked:
             self._on()
         else:
             self._off()
 
-    def stopped(self, prof) -> None:
+    def stopped(self, state: RecordingState) -> None:
         self._off()
         if self._peek:
             _gpuprof._set_seq_peek(0)

@@ -17,6 +17,7 @@ import sys
 
 from . import _gpuprof
 from ._parts import Part
+from ._recording import RecordingState
 
 __all__ = ["ModuleInstances", "module_call_code", "qualified_names"]
 
@@ -83,12 +84,12 @@ class ModuleInstances(Part):
         self._on = False
         self._names: tuple[list[str], list[str]] | None = None  # fixed at stop()
 
-    def started(self, prof) -> None:
+    def started(self, state: RecordingState) -> None:
         self._on = False
         self._names = None
         self._switch_on()
 
-    def after_step(self, prof) -> None:
+    def after_step(self, state: RecordingState) -> None:
         if not self._on and self._names is None:
             self._switch_on()
 
@@ -104,15 +105,15 @@ class ModuleInstances(Part):
             return self._names
         return qualified_names(_gpuprof._module_instances())
 
-    def window_ended(self, prof, raw: dict | None) -> None:
+    def window_ended(self, state: RecordingState, raw: dict | None) -> None:
         if self._on and raw is not None:
             raw["module_names"], raw["module_classes"] = self._current()
 
-    def stopping(self, prof) -> None:
+    def stopping(self, state: RecordingState) -> None:
         if self._on:
             self._names = qualified_names(_gpuprof._module_instances())
 
-    def stopped(self, prof) -> None:
+    def stopped(self, state: RecordingState) -> None:
         if self._on:
             _gpuprof._set_module_code(None)  # the instances go
             self._on = False

@@ -93,13 +93,13 @@ def probe() -> list[str]:
     for lib, mark in _probe_callables():
         seen = _state["probed"].get(lib)
         if seen is None:
-            before = _gpuprof.Profiler.nvtx_info()["probe_hits"]
+            before = _gpuprof.nvtx_info()["probe_hits"]
             try:
                 mark(PROBE)
             except Exception:  # a CPU-only torch build has no NVTX: nothing to miss
                 _state["probed"][lib] = True
                 continue
-            seen = _gpuprof.Profiler.nvtx_info()["probe_hits"] > before
+            seen = _gpuprof.nvtx_info()["probe_hits"] > before
             _state["probed"][lib] = seen
         if not seen:
             missed.append(lib)
@@ -114,7 +114,7 @@ def status() -> dict:
     see), ``emit`` (gpuprof's own ranges go out to another tool), ``emit_reason``, and
     ``reason`` ("" when NVTX input works, else why not).
     """
-    info = _gpuprof.Profiler.nvtx_info()
+    info = _gpuprof.nvtx_info()
     path = os.environ.get(ENV)
     missed: list[str] = []
     if _state["disabled"]:

@@ -1,8 +1,9 @@
 """The parts a profile composes, behind one small interface (:class:`Part`), and the
 memory sampler part.
 
-``gpuprof.profile`` keeps a list of parts and calls each hook of every part at one
-place of its own lifecycle, in list order, and in reverse order on the way down
+``gpuprof.profile`` keeps a list of parts and calls each hook of every part, with the
+read-only state of its recording (``_recording.RecordingState``), at one place of its
+own lifecycle, in list order, and in reverse order on the way down
 (``stopping``, ``stopped``): the part started last is stopped first. A part that
 has nothing to do at a hook leaves it out. The child-process session
 (``_subprocess.ParentSession``) is the other part.
@@ -14,6 +15,7 @@ import warnings
 
 from ._allocators import active_adapters
 from ._host_sampler import HostSampler
+from ._recording import RecordingState
 
 __all__ = ["MemorySampler", "Part"]
 
@@ -31,27 +33,27 @@ class Part:
     # prof.step the C method itself (no Python frame per step)
     steps = False
 
-    def start(self, prof) -> None:
+    def start(self, state: RecordingState) -> None:
         """profile.start(), before the hook goes on. May raise to refuse the start;
         the parts started before it are then told ``stopped``."""
 
-    def started(self, prof) -> None:
+    def started(self, state: RecordingState) -> None:
         """profile.start(), after the C session started (hook on)."""
 
-    def before_step(self, prof) -> None:
+    def before_step(self, state: RecordingState) -> None:
         """prof.step(), before the C step (hook on, when recording)."""
 
-    def after_step(self, prof) -> None:
+    def after_step(self, state: RecordingState) -> None:
         """prof.step(), after the C step; a window may have ended in it."""
 
-    def window_ended(self, prof, raw: dict | None) -> None:
+    def window_ended(self, state: RecordingState, raw: dict | None) -> None:
         """A window closed (the C core's on_trace_ready): after the profile kept
         it, before the user's on_trace_ready. ``raw`` is its result dict."""
 
-    def stopping(self, prof) -> None:
+    def stopping(self, state: RecordingState) -> None:
         """profile.stop(), before the last window is closed (hook on)."""
 
-    def stopped(self, prof) -> None:
+    def stopped(self, state: RecordingState) -> None:
         """profile.stop() after the hook came off, or a start() that failed after
         this part's ``start``."""
 
@@ -67,10 +69,10 @@ class MemorySampler(Part):
         self.interval_s = interval_s
         self.sampler: HostSampler | None = None  # stays readable after stop()
 
-    def started(self, prof) -> None:
+    def started(self, state: RecordingState) -> None:
         if self.sampler is not None:
             self.sampler.stop()
-        self.sampler = self._start(prof)
+        self.sampler = self._start(state)
 
     def _start(self, owner) -> HostSampler | None:
         """Start the sampler; warn and return None if it cannot run. The hook is on:
@@ -92,7 +94,7 @@ class MemorySampler(Part):
             return None
         return sampler
 
-    def stopping(self, prof) -> None:
+    def stopping(self, state: RecordingState) -> None:
         # first of all; its samples stay readable
         if self.sampler is not None:
             self.sampler.stop()

@@ -29,6 +29,7 @@ import threading
 
 from . import _gpuprof
 from ._parts import Part
+from ._recording import RecordingState
 
 __all__ = ["ThreadNames"]
 
@@ -72,12 +73,12 @@ class ThreadNames(Part):
     def __init__(self):
         self.names: dict[int, str] = {}
 
-    def start(self, prof) -> None:
+    def start(self, state: RecordingState) -> None:
         self.names = {}
         _running(self.names)
         _install(self.names)
 
-    def stopped(self, prof) -> None:
+    def stopped(self, state: RecordingState) -> None:
         _uninstall()
         _running(self.names)  # the hook is off: the threads still running, by their last name
 

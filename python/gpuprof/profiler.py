@@ -23,17 +23,16 @@ from . import (  # docs/nvtx.md, docs/subprocesses.md, docs/backward.md
     _deepdive,
     _gpuprof,
     _modules,
-    _monitoring,
     _nvtx,
     _parts,
     _progress,
+    _recording,
     _subprocess,
     _threads,
 )
 from . import memory as _memory
 from . import processes as _processes
 from ._accessors import ResultAccessors
-from ._constants import ACTS_KEPT
 from ._results import Results
 from .schedule import Schedule
 
@@ -49,19 +48,6 @@ class ProfilerActivity(enum.Enum):
 
     CPU = "cpu"
     CUDA = "cuda"
-
-
-def _foreign_profiler() -> str | None:
-    """Name another profiler hooked into this thread, or None."""
-    current = sys.getprofile()
-    if current is not None and not isinstance(current, _gpuprof.Profiler):
-        return f"sys.setprofile is already set to {current!r}"
-    monitoring = getattr(sys, "monitoring", None)
-    if monitoring is not None:
-        tool = monitoring.get_tool(monitoring.PROFILER_ID)
-        if tool is not None and tool != "gpuprof":  # ours: the C core says "already running"
-            return f"sys.monitoring's profiler slot is held by {tool!r}"
-    return None
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -344,7 +330,6 @@ class profile(ResultAccessors):
         self.cuda_sync_events = cuda_sync_events
         self.autograd_nodes = autograd_nodes
         self.memory_sample_interval_s = _memory.validate_interval(memory_sample_interval_s)
-        self._windows: list[dict[str, Any]] = []
         self._cuda_state: dict[str, Any] = {
             "active": False,
             "mode": "off",
@@ -353,7 +338,6 @@ class profile(ResultAccessors):
         self._metadata: dict[str, str] = {}  # add_metadata(): top-level keys of the trace
         # the cut-short window stop() dropped (docs/schedule.md): True while it closes
         self._partial: bool | dict[str, Any] | None = None
-        self._windows_before = 0
         cuda = ProfilerActivity.CUDA in acts
         if cuda:
             ok, reason = _cuda.ensure_cupti()
@@ -376,27 +360,22 @@ class profile(ResultAccessors):
             )
         self.capture = capture
         # -- end capture ranges --
-        self._monitoring = _monitoring.use_monitoring()
-        self._core = _gpuprof.Profiler(
-            monitoring=self._monitoring,
+        self._rec = _recording.Recording(
             max_events=max_events,
+            schedule=schedule,
             cuda=cuda,
             memory=profile_memory,
-            schedule=schedule.as_tuple() if isinstance(schedule, Schedule) else None,
-            schedule_fn=None if isinstance(schedule, Schedule) else schedule,
-            on_trace_ready=self._window_ready,
-            owner=None,
-            capture=capture_mode,
-            capture_name=capture_name,
-            capture_domain=capture_domain,
-            cuda_sync_records=cuda_sync_events,
+            on_window=self._window_ready,
+            capture=(capture_mode, capture_name, capture_domain),
+            cuda_sync_events=cuda_sync_events,
+            acc_events=acc_events,
         )
         self.subprocesses = subprocesses
         # The parts this profile composes (gpuprof._parts), called in this order, and
         # in reverse on the way down: children follow the schedule; memory is sampled.
         self._parts: list[_parts.Part] = [_threads.ThreadNames()]  # names past a thread's end
         if subprocesses:
-            self._parts.append(_subprocess.ParentSession(self, _processes.group_children))
+            self._parts.append(_subprocess.ParentSession(_processes.group_children))
         if profile_memory:
             self._parts.append(_parts.MemorySampler(self.memory_sample_interval_s))
         # PyTorch's NVTX range per autograd node while recording (docs/backward.md)
@@ -405,44 +384,38 @@ class profile(ResultAccessors):
         self._step_parts = [p for p in self._parts if p.steps]
         # prof.step() is the C method itself unless a part follows the steps: no
         # Python frame of ours per step.
-        self.step = self._step_with_parts if self._step_parts else self._core.step
+        self.step = self._step_with_parts if self._step_parts else self._rec.step
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         """Start profiling (the hook goes on every thread). Raises RuntimeError if
         another profiler is active."""
-        other = _foreign_profiler()
+        other = _recording.hook_holder(gpuprof_too=False)
         if other:
             raise RuntimeError(
                 f"gpuprof.profile.start(): another profiler is active ({other}); "
                 "stop it first, gpuprof will not silently replace it"
             )
-        self._windows = []
         self._partial = None
-        self._windows_before = self._core.windows  # windows of earlier start()/stop() runs
+        state = self._rec.state
         # before the hook goes on (parts may import here; e.g. the children's folder,
         # state file and fork/spawn hooks)
         begun: list[_parts.Part] = []
         try:
             for part in self._parts:
-                part.start(self)
+                part.start(state)
                 begun.append(part)
         except BaseException:
             for part in reversed(begun):
-                part.stopped(self)
+                part.stopped(state)
             raise
         for ident in _kernel_threads():  # a notebook kernel's own threads: not the user's work
             _gpuprof._ignore_thread(ident)
-        if self._monitoring:
-            _monitoring.install()  # interpreter-wide: threads need nothing more
-        else:
-            threading.setprofile(_gpuprof._thread_bootstrap)
         try:
-            self._core.start()
+            self._rec.start()
         except BaseException:
-            self._unhook()
             for part in reversed(self._parts):
-                part.stopped(self)
+                part.stopped(state)
             raise
         if self.capture and self.capture.startswith("nvtx:"):  # -- capture ranges --
             nvtx = _nvtx.status()
@@ -452,7 +425,7 @@ class profile(ResultAccessors):
                     f"{nvtx['reason']}",
                     stacklevel=2,
                 )
-        cuda = self._core.cuda
+        cuda = self._rec.cuda
         self._cuda_state = {
             "active": cuda["active"],
             "mode": cuda["mode"],
@@ -462,31 +435,26 @@ class profile(ResultAccessors):
         if self._explicit_cuda and cuda["error"]:
             warnings.warn(f"gpuprof: GPU capture is off: {cuda['error']}", stacklevel=2)
         for part in self._parts:  # the hook is on: nothing may be imported now
-            part.started(self)
+            part.started(state)
 
     def stop(self) -> None:
         """Stop profiling; a window still recording is closed and aggregated."""
+        state = self._rec.state
         try:
             for part in reversed(self._parts):
-                part.stopping(self)
+                part.stopping(state)
             # Only C calls until the window is closed: Python code here would be recorded.
             cut = self._cut_short()
-            events = self._core.buffer_stats()["events"]
+            events = self._rec.buffer_stats()["events"]
             t0 = time.perf_counter()
-            self._core.stop()
+            self._rec.stop()
             _progress.done("closed the recorded window", events, time.perf_counter() - t0)
             if cut is not None:
                 self._warn_cut_short(*cut)
         finally:
-            self._unhook()
+            self._rec.unhook()
             for part in reversed(self._parts):
-                part.stopped(self)
-
-    def _unhook(self) -> None:
-        if self._monitoring:
-            _monitoring.uninstall()
-        else:
-            threading.setprofile(None)
+                part.stopped(state)
 
     def __enter__(self) -> profile:
         self.start()
@@ -498,7 +466,7 @@ class profile(ResultAccessors):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self._core.running:
+        if not self.running:
             return
         try:
             self.stop()
@@ -514,16 +482,17 @@ class profile(ResultAccessors):
         the cut-short one is dropped (``self._partial`` marks it) and the complete one
         stays the result. A schedule whose ``until_stop`` is true records its last
         window until stop(): that window is complete, never cut short."""
-        if self.schedule is None or not self._core.running:
+        state = self._rec.state
+        if self.schedule is None or not state.running:
             return None
         if getattr(self.schedule, "until_stop", False) is True:
             return None
-        if self._core.action not in ACTS_KEPT:
+        if not state.records:
             return None
-        complete = self._core.windows - self._windows_before  # in this run
+        complete = state.windows_this_run
         if complete and not self.acc_events:
             self._partial = True  # _window_ready stores the dropped window here
-        return self._core.step_num, complete
+        return state.step_num, complete
 
     def _warn_cut_short(self, step: int, complete: int) -> None:
         active = getattr(self.schedule, "active", None)
@@ -556,14 +525,14 @@ class profile(ResultAccessors):
             hint = "make the schedule's last recording window end before the loop does"
         warnings.warn(f"{msg}; to avoid this, {hint}", UserWarning, stacklevel=_user_stacklevel())
 
-    def _window_ready(self, _core: _gpuprof.Profiler) -> None:
+    def _window_ready(self) -> None:
+        raw = self._rec.result
         if self._partial is True:  # stop() cut this window short: keep the complete one
-            self._partial = self._core.result
+            self._partial = raw
         else:
             self._collect()
-        raw = self._core.result
         for part in self._parts:
-            part.window_ended(self, raw)
+            part.window_ended(self._rec.state, raw)
         if self.on_trace_ready is not None and self._partial is None:
             try:
                 self.on_trace_ready(self)
@@ -574,30 +543,26 @@ class profile(ResultAccessors):
                 raise
 
     def _collect(self) -> None:
-        raw = self._core.result
-        if raw is None or raw is self._partial or (self._windows and self._windows[-1] is raw):
-            return
-        if self.acc_events:
-            self._windows.append(raw)
-        else:
-            self._windows = [raw]
+        raw = self._rec.result
+        if raw is not self._partial:
+            self._rec.keep(raw)
 
     # -- state ---------------------------------------------------------------
     @property
     def step_num(self) -> int:
         """Steps completed since start (prof.step() calls)."""
-        return self._core.step_num
+        return self._rec.state.step_num
 
     @property
     def running(self) -> bool:
-        return self._core.running
+        return self._rec.state.running
 
     @property
     def results(self) -> Results:
         """The recorded window(s) as a :class:`gpuprof.Results`."""
         self._collect()
         res = Results(
-            self._windows,
+            list(self._rec.state.kept),
             cuda=self._cuda_state,
             meta={
                 "profile_memory": self.profile_memory,
@@ -632,7 +597,7 @@ class profile(ResultAccessors):
 
     def buffer_stats(self) -> dict[str, int]:
         """Bytes and events held by the event buffers right now."""
-        return self._core.buffer_stats()
+        return self._rec.buffer_stats()
 
     # -- trace metadata (torch.profiler's add_metadata) ----------------------------------
     def add_metadata(self, key: str, value: str) -> None:
@@ -721,11 +686,12 @@ class profile(ResultAccessors):
     def _step_with_parts(self) -> None:
         """prof.step() when a part follows the steps (subprocesses=True: the children
         learn whether the parent records)."""
+        state = self._rec.state
         for part in self._step_parts:
-            part.before_step(self)
-        self._core.step()
+            part.before_step(state)
+        self._rec.step()
         for part in self._step_parts:
-            part.after_step(self)
+            part.after_step(state)
 
     # -- subprocesses (gpuprof.processes, docs/subprocesses.md) ---------------------------
 

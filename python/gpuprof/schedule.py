@@ -14,11 +14,13 @@ from __future__ import annotations
 import enum
 import numbers
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 from . import _constants as _c
 from . import _gpuprof
 
-__all__ = ["ProfilerAction", "Schedule", "schedule"]
+__all__ = ["ProfilerAction", "Schedule", "action_at", "schedule"]
 
 
 class ProfilerAction(enum.IntEnum):
@@ -28,6 +30,36 @@ class ProfilerAction(enum.IntEnum):
     WARMUP = _c.ACT_WARMUP
     RECORD = _c.ACT_RECORD
     RECORD_AND_SAVE = _c.ACT_RECORD_AND_SAVE
+
+    @property
+    def records(self) -> bool:
+        """Whether a step with this action is kept in a window (RECORD, RECORD_AND_SAVE)."""
+        return self in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+def action_at(schedule: Callable[[int], object] | None, step: int) -> ProfilerAction:
+    """What ``schedule`` does at ``step``: a :func:`gpuprof.schedule`, any callable
+    step -> action (gpuprof's or torch.profiler's ProfilerAction, or its int value;
+    it is called, so one that keeps state sees the call), or None, which records
+    every step.
+
+    Raises:
+        TypeError: ``step`` is not an int, or the callable answered something that
+            is not an action.
+        ValueError: ``step`` is negative.
+    """
+    step = _check_int("step", step, 0)
+    if schedule is None:
+        return ProfilerAction.RECORD
+    answer = schedule(step)
+    value: Any = getattr(answer, "value", answer)  # torch.profiler.ProfilerAction
+    try:
+        return ProfilerAction(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"schedule: {schedule!r} answered {answer!r} for step {step}; a schedule "
+            "returns a ProfilerAction (NONE, WARMUP, RECORD or RECORD_AND_SAVE)"
+        ) from None
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -76,7 +108,7 @@ class Schedule:
 
     def __call__(self, step: int) -> ProfilerAction:
         step = _check_int("step", step, 0)
-        return ProfilerAction(_gpuprof._test_schedule_action(*self.as_tuple(), step))
+        return ProfilerAction(_gpuprof.schedule_action(*self.as_tuple(), step))
 
     def __repr__(self) -> str:
         return (

@@ -45,6 +45,7 @@ LAYERS = {
     "gpuprof._monitoring": "recording",
     "gpuprof._host_sampler": "recording",
     "gpuprof._allocators": "recording",
+    "gpuprof._recording": "recording",
     "gpuprof._parts": "recording",
     "gpuprof._threads": "recording",
     "gpuprof._autograd": "recording",
@@ -95,7 +96,7 @@ LAYERS = {
     "gpuprof.compare": "api",
     "gpuprof._ondemand": "api",
     "gpuprof._ondemand._armed": "api",
-    "gpuprof._ondemand._recording": "api",
+    "gpuprof._ondemand._captures": "api",
     "gpuprof._ondemand._requests": "api",
     "gpuprof._ondemand._environment": "api",
     "gpuprof._ondemand._shared": "api",
@@ -316,3 +317,35 @@ def test_the_type_stub_names_what_the_extension_defines():
         if isinstance(n, ast.FunctionDef)
     } - {"__init__"}
     assert methods == {n for n in dir(_gpuprof.Profiler) if not n.startswith("_")}
+
+
+# The one owner of a recording (issue 34): only these modules create or drive the C
+# profiler, and only the profile reads its recording's insides.
+OWNERS = {"gpuprof._recording", "gpuprof.profiler"}
+PRIVATE = {"_core", "_rec", "_kept"}  # the C profiler, a profile's recording, its windows
+
+
+def test_only_the_recording_touches_the_c_profiler():
+    found = []
+    for name, path in modules().items():
+        if name in OWNERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr == "Profiler" and isinstance(node.value, ast.Name):
+                if node.value.id == "_gpuprof":
+                    found.append(f"{name}:{node.lineno} _gpuprof.Profiler")
+            elif node.attr in PRIVATE:
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+            elif node.attr == "register_at_fork":
+                found.append(f"{name}:{node.lineno} os.register_at_fork")
+    assert not found, (
+        "go through gpuprof._recording (Recording, RecordingState, at_fork_in_child): "
+        + ", ".join(found)
+    )
+
+
+def test_one_fork_handler():
+    sources = {n: p.read_text() for n, p in modules().items()}
+    assert [n for n, s in sources.items() if "register_at_fork(" in s] == ["gpuprof._recording"]

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
             pass
     ops = prof.ops()
     calls = {str(n): int(c) for n, c in zip(ops["name"], ops["calls"])}
-    print(prof._monitoring, calls["leaf"], calls["gen"], calls["work"], calls["list.append"])
+    print(prof._rec.monitoring, calls["leaf"], calls["gen"], calls["work"], calls["list.append"])
     mon = getattr(sys, "monitoring", None)
     print(mon.get_tool(mon.PROFILER_ID) if mon else None)
 """)

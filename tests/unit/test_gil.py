@@ -22,8 +22,9 @@ def test_a_thread_waking_from_a_wait_gets_the_gil_from_a_busy_main_thread(tmp_pa
 
     def waiter():
         for _ in range(ROUNDS):
-            assert _gpuprof._wait_readable(r, 30.0)
-            os.read(r, 1)
+            # as the on-demand thread waits: the byte is read inside the wait (an
+            # os.read() here would let the GIL go again, with no handoff to get it back)
+            assert _gpuprof._wait_readable(r, 30.0, True)
             acks.append(True)
 
     probe = str(tmp_path)
@@ -57,6 +58,22 @@ def test_a_wait_that_times_out_says_so():
         assert _gpuprof._wait_readable(r, 0.0) is False
         os.write(w, b"!")
         assert _gpuprof._wait_readable(r, 0.0) is True
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_draining_wait_reads_what_the_pipe_holds():
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    try:
+        os.write(w, b"!" * 5000)  # more than one read's worth
+        assert _gpuprof._wait_readable(r, 1.0, True) is True
+        with pytest.raises(BlockingIOError):
+            os.read(r, 1)  # nothing left
+        os.write(w, b"!")
+        assert _gpuprof._wait_readable(r, 1.0) is True
+        assert os.read(r, 10) == b"!"  # without drain the byte stays
     finally:
         os.close(r)
         os.close(w)

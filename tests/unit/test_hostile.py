@@ -772,7 +772,7 @@ def test_a_profiler_set_in_another_thread_is_never_replaced():
     try:
         # when gpuprof is started from this thread
         prof = gpuprof.profile(activities=CPU)
-        if prof._monitoring:
+        if prof._rec.monitoring:
             # sys.monitoring (3.12+) does not touch profile functions: both run side by side
             prof.start()
             try:

@@ -186,7 +186,7 @@ def test_names_past_the_table_limit_share_one_overflow_name(nv):
             nv.c_pop()
         nv.c_push_a(b"n0")  # known before the table filled
         nv.c_pop()
-        info = gpuprof._gpuprof.Profiler.nvtx_info()
+        info = gpuprof._gpuprof.nvtx_info()
     # then the first 65,536 keep their names, the rest are counted and share one name
     assert info["names"] == limit + 1 and info["names_dropped"] == extra
     assert len(_rows(prof, "n0")) == 1 and len(_rows(prof, f"n{limit - 1}")) == 1
@@ -482,10 +482,10 @@ def test_autograd_node_ranges_become_one_row_per_node(nv, tmp_path):
 
     # given three backward passes pushed from a thread without Python, in PyTorch's format
     with gpuprof.profile(activities=CPU) as prof:
-        before = gpuprof._gpuprof.Profiler.nvtx_info()["names"]
+        before = gpuprof._gpuprof.nvtx_info()["names"]
         for i in range(3):
             _script(nv, _backward(i) + ["+user range", "-"])
-        names = gpuprof._gpuprof.Profiler.nvtx_info()["names"] - before
+        names = gpuprof._gpuprof.nvtx_info()["names"] - before
     ops = prof.ops()
     # then each node name is one row with its calls, from "autograd"; no op_id survives
     rows = {
@@ -557,9 +557,9 @@ def test_unique_messages_do_not_fill_the_name_table(nv):
     for i in range(n):
         ops += [f"+AddmmBackward0, seq = {n - i}, op_id = {i}", "-"]
     with gpuprof.profile(activities=CPU, max_events=1_000_000) as prof:
-        before = gpuprof._gpuprof.Profiler.nvtx_info()
+        before = gpuprof._gpuprof.nvtx_info()
         _script(nv, ops)
-        info = gpuprof._gpuprof.Profiler.nvtx_info()
+        info = gpuprof._gpuprof.nvtx_info()
     assert info["names"] - before["names"] <= 1 and info["names_dropped"] == 0
     assert _rows(prof, "AddmmBackward0")["calls"][0] == n
 
@@ -821,7 +821,7 @@ def test_capture_by_start_end_range(nv):
 def test_capture_never_opened_records_nothing(nv):
     with gpuprof.profile(activities=CPU, capture="nvtx:never") as prof:
         work(0)
-    assert prof._core.windows == 0
+    assert prof._rec.state.windows == 0
 
 
 @pytest.mark.parametrize(

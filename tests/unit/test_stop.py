@@ -150,7 +150,7 @@ def test_spans_built_later_match_spans_built_at_once(streams):
 def test_a_cpu_window_keeps_its_events_until_its_spans_are_asked_for(no_gc):
     with gpuprof.profile(activities=CPU) as prof:
         outer(5)
-    raw = prof._core.result
+    raw = prof._rec.result
     assert "spans" not in raw and "_events" in raw
     ops = prof.ops()  # the tables never need the spans
     assert int(ops[ops["name"] == "leaf"]["calls"][0]) == 25
@@ -172,7 +172,7 @@ def test_exports_and_saving_build_the_spans(tmp_path):
     with gpuprof.profile(activities=CPU) as prof:
         middle(10)
     prof.export_chrome_trace(str(tmp_path / "t.json"))
-    assert "spans" in prof._core.result
+    assert "spans" in prof._rec.result
     with gpuprof.profile(activities=CPU) as prof:
         middle(10)
     prof.save(str(tmp_path / "p.gpuprof"))

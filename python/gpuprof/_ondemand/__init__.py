@@ -28,7 +28,7 @@ The modules, by job (each module's layer is in tests/unit/test_architecture.py):
   capture`` share, and the process checks;
 - ``_capture`` (recording): one capture's request, state, answers and files;
 - ``_armed`` (api): :class:`OnDemand` and ``arm()``, ``armed()``, ``disarm()``;
-- ``_recording`` (api): a capture, from the step boundary that starts it to its
+- ``_captures`` (api): a capture, from the step boundary that starts it to its
   files;
 - ``_requests`` (api): the on-demand thread, which reads and answers requests;
 - ``_environment`` (api): arming from ``GPUPROF_ON_DEMAND=1``;

@@ -1,6 +1,6 @@
 """The armed process: :class:`OnDemand` (arming, the state file, disarming, the step
 count, in-process requests) and ``arm()``, ``armed()`` and ``disarm()``, which keep
-this process's one armed object. Its captures are ``_recording``'s, its control
+this process's one armed object. Its captures are ``_captures``'s, its control
 thread ``_requests``'s."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import threading
 import time
 from typing import Any
 
+from .._recording import at_fork_in_child
 from . import _capture as capture_
 from . import _proto as proto
 from ._capture import CaptureRequest
+from ._captures import _Captures
 from ._dump import Dumper
-from ._recording import _Recording
 from ._requests import _Requests
 from ._shared import _say
 
@@ -36,7 +37,7 @@ class _SourceCounter:
         self.step = step
 
 
-class OnDemand(_Requests, _Recording):
+class OnDemand(_Requests, _Captures):
     """This process, armed for on-demand capture (``gpuprof.arm()`` returns it).
 
     Attributes:
@@ -464,4 +465,4 @@ def _after_fork_in_child() -> None:
         _ARMED = None
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)

@@ -94,12 +94,10 @@ class _Requests:
                 # and only if it gets it at all: a main thread that lets the GIL go and
                 # takes it back often (a stat() per step) starves a plain select()'s
                 # return, so the wait hands the GIL over (csrc/gil.c)
+                # (the wake-up bytes are read inside the wait: an os.read() after it
+                # would let the GIL go once more)
                 with _share_the_gil() if timed else contextlib.nullcontext():
-                    ready = _gpuprof._wait_readable(self._wake_r, timeout)
-                if ready:
-                    with contextlib.suppress(OSError):
-                        while os.read(self._wake_r, 4096):
-                            pass
+                    _gpuprof._wait_readable(self._wake_r, timeout, True)
             except (OSError, ValueError):
                 if self._closing:
                     return

@@ -15,11 +15,11 @@ import fcntl
 import json
 import os
 import sys
-import threading
 import time
 
-from .. import _gpuprof, _monitoring
+from .. import _gpuprof
 from .._output import write_atomic
+from .._recording import Recording
 from . import _current, _pieces
 from ._protocol import POLL_S, Ctx, read_state
 
@@ -50,19 +50,8 @@ class _Child:
         self.seen_flush = 0  # lock
         self.seq = 0  # lock: pieces written
         self.reg_fd = -1
-        # the same hook backend as a profile in this process would use (sys.monitoring
-        # on 3.12+ unless GPUPROF_HOOK says otherwise)
-        self.monitoring = _monitoring.use_monitoring()
-        self.core = _gpuprof.Profiler(
-            max_events=ctx.max_events,
-            cuda=False,
-            memory=False,
-            schedule=None,
-            schedule_fn=None,
-            on_trace_ready=None,
-            owner=None,
-            monitoring=self.monitoring,
-        )
+        # CPU only, recording from start to stop: the parent's state file says when
+        self.rec = Recording(max_events=ctx.max_events)
 
     # -- lifecycle -------------------------------------------------------------------
     def register(self) -> bool:
@@ -115,36 +104,14 @@ class _Child:
 
     # -- recording ---------------------------------------------------------------------
     def _start(self, win: int, from_poll: bool) -> None:
-        if self.monitoring:
-            # interpreter-wide; the poll thread's own calls are gpuprof's frames and
-            # C calls made from them, which the aggregation leaves out
-            _monitoring.install()
-            try:
-                self.core.start()
-            except BaseException:
-                _monitoring.uninstall()
-                raise
-        else:
-            if not from_poll:
-                threading.setprofile(_gpuprof._thread_bootstrap)
-            self.core.start()
-            if from_poll:
-                # The poll thread is gpuprof's, not the program's: keep it out of the data.
-                sys.setprofile(None)
-                threading.setprofile(_gpuprof._thread_bootstrap)
+        # the poll thread is gpuprof's, not the program's: it stays out of the data
+        self.rec.start(this_thread=not from_poll)
         self.recording = True
         self.rec_win = win
 
     def _stop(self) -> dict | None:
         self.recording = False
-        try:
-            self.core.stop()
-        finally:
-            if self.monitoring:
-                _monitoring.uninstall()
-            else:
-                threading.setprofile(None)
-        return self.core.result
+        return self.rec.stop()
 
     def _stop_and_save(self, restart_win: int | None = None) -> None:
         if not self.recording:

@@ -16,5 +16,4 @@ ctx: Ctx | None = None  # the shared folder while a session with subprocesses ru
 # (the modules of these two import this one: no import back, so Any)
 child: Any = None  # _child._Child: this process's own child session, if it is a child
 parent: Any = None  # _parent.ParentSession: the running parent session of this process
-fork_hook = False  # os.register_at_fork done (once per process)
 patches: list = []  # (owner, attribute, original) of the multiprocessing patches now on

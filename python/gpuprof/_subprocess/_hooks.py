@@ -1,10 +1,10 @@
 """How children are reached: fork, spawn and forkserver, and Process.terminate().
 
-Forked children through ``os.register_at_fork``; spawn and forkserver children
-through one extra entry in multiprocessing's preparation data, whose unpickling in
-the child starts its session before the child's ``__main__`` is imported; a child
-about to be terminated is asked for its piece first. Exits go through
-multiprocessing's finalizers (workers leave with ``os._exit``) and ``atexit``
+Forked children through the recording's fork handler (``_recording.at_fork_in_child``);
+spawn and forkserver children through one extra entry in multiprocessing's preparation
+data, whose unpickling in the child starts its session before the child's ``__main__``
+is imported; a child about to be terminated is asked for its piece first. Exits go
+through multiprocessing's finalizers (workers leave with ``os._exit``) and ``atexit``
 (``_child``). The multiprocessing patches are on while a parent session runs.
 """
 
@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from types import FrameType
 
+from .._recording import at_fork_in_child
 from . import _current
 from ._child import _Child
 from ._protocol import Ctx
@@ -53,12 +55,14 @@ def _after_fork_in_child() -> None:
         return
     # subprocess.Popen(preexec_fn=...) runs the at-fork handlers from C (fork_exec),
     # in a child about to exec another program: its Python caller is the only sign
-    caller = sys._getframe(1)
-    if (
-        caller.f_code.co_name == "_execute_child"
-        and caller.f_globals.get("__name__") == "subprocess"
-    ):
-        return
+    caller: FrameType | None = sys._getframe(1)
+    while caller is not None:
+        if (
+            caller.f_code.co_name == "_execute_child"
+            and caller.f_globals.get("__name__") == "subprocess"
+        ):
+            return
+        caller = caller.f_back
     try:
         _boot(ctx, "fork")
     except Exception as e:  # a child must run even if it cannot be profiled
@@ -67,11 +71,8 @@ def _after_fork_in_child() -> None:
 
 
 def install_fork_hook() -> None:
-    # Registered after gpuprof's own after-fork handler (at import), so in a child
-    # the parent's session is dropped before this one starts.
-    if not _current.fork_hook:
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-        _current.fork_hook = True
+    # run after the recording's own handler drops the parent's session
+    at_fork_in_child(_after_fork_in_child)
 
 
 def boot_spawned(folder: str, top_pid: int, max_events: int, how: str = "spawn") -> None:

@@ -16,11 +16,9 @@ import tempfile
 import time
 import warnings
 
-from .._constants import ACT_RECORD as _RECORD
-from .._constants import ACT_RECORD_AND_SAVE as _RECORD_AND_SAVE
 from .._output import write_atomic
 from .._parts import Part
-from ..schedule import Schedule
+from .._recording import RecordingState
 from . import _current, _hooks, _pieces
 from ._protocol import (
     Ctx,
@@ -60,8 +58,8 @@ class ParentSession(Part):
 
     steps = True  # children start recording before a parent step that records
 
-    def __init__(self, prof, to_processes):
-        self.prof = prof
+    def __init__(self, to_processes):
+        self.state: RecordingState | None = None  # the profile's, from start()
         self.to_processes = to_processes
         self.pid = os.getpid()
         self.ctx: Ctx | None = None
@@ -80,7 +78,7 @@ class ParentSession(Part):
         return self.ctx is not None and os.getpid() == self.pid
 
     # -- lifecycle (profile.start / stop) -------------------------------------------------
-    def start(self, prof) -> None:
+    def start(self, state: RecordingState) -> None:
         """Before the C session starts: folder, state, hooks."""
         running = _current.parent
         if running is not None and running is not self and running._mine():
@@ -89,35 +87,36 @@ class ParentSession(Part):
                 "is running in this process; stop it first"
             )
         self.pid = os.getpid()
+        self.state = state
         folder = tempfile.mkdtemp(prefix="gpuprof-children-")
-        self.ctx = Ctx(folder, self.pid, self.prof.max_events)
+        self.ctx = Ctx(folder, self.pid, state.max_events)
         self.v = self.rec = self.win = self.flush = 0
         self.flush_v = -1
-        self.handled = self.prof._core.windows
+        self.handled = state.windows
         self.by_raw = {}
         self.skipped = self.late = 0
         self.closing = False
         # children forked at once must know whether step 0 records
-        self._write_state(rec=int(bool(self._records_at(0))))
+        self._write_state(rec=int(bool(state.records_at(0))))
         _hooks.install_fork_hook()
         _hooks.patch()
         _current.ctx = self.ctx
         _current.parent = self
 
-    def started(self, prof) -> None:
+    def started(self, state: RecordingState) -> None:
         """After the C session started: tell children whether it records."""
         if self._mine():
-            self.after_step(prof)
+            self.after_step(state)
 
-    def stopping(self, prof) -> None:
+    def stopping(self, state: RecordingState) -> None:
         """The last window closes: no window follows it."""
         self.closing = True
 
-    def stopped(self, prof) -> None:
+    def stopped(self, state: RecordingState) -> None:
         """After the C session stopped (its last window collected)."""
         if not self._mine():
             return
-        self._catch_up()
+        self._catch_up(state)
         with contextlib.suppress(OSError):
             self._write_state(rec=0, alive=0)
         _hooks.unpatch()
@@ -142,24 +141,12 @@ class ParentSession(Part):
         )
         return self.v
 
-    def _records_at(self, step: int) -> bool | None:
-        """Whether the parent's schedule records `step`; None when only the schedule
-        callable knows (it is called once per step, by the C core, and may keep state)."""
-        if getattr(self.prof, "capture", None):
-            return None  # capture ranges (docs/nvtx.md) open windows without steps
-        sched = self.prof.schedule
-        if sched is None:
-            return True
-        if isinstance(sched, Schedule):
-            return int(sched(step)) in (_RECORD, _RECORD_AND_SAVE)
-        return None
-
-    def before_step(self, prof) -> None:
+    def before_step(self, state: RecordingState) -> None:
         """Before a parent step that starts recording: children start first, so their
         recording covers the parent's window (the wait is outside it)."""
         if not self._mine() or self.rec:
             return
-        if self._records_at(self.prof._core.step_num + 1):
+        if state.records_at(state.step_num + 1):
             self._forget_gone_children()
             try:
                 v = self._write_state(rec=1)
@@ -168,14 +155,14 @@ class ParentSession(Part):
                 return
             self._wait_for_children(v, ack_timeout_s())
 
-    def after_step(self, prof) -> None:
+    def after_step(self, state: RecordingState) -> None:
         """After a parent step: the window may have ended without on_trace_ready
         (a schedule going from RECORD straight to NONE), and recording may have
         started or stopped."""
         if not self._mine():
             return
-        self._catch_up()
-        rec = int(self.prof._core.action in (_RECORD, _RECORD_AND_SAVE))
+        self._catch_up(state)
+        rec = int(state.records)
         if rec != self.rec:
             if rec:
                 self._forget_gone_children()
@@ -184,20 +171,19 @@ class ParentSession(Part):
             except OSError as e:
                 self._lost_folder(e)
 
-    def _catch_up(self) -> None:
-        core = self.prof._core
-        if core.windows > self.handled:
-            self.window_ended(self.prof, core.result)
+    def _catch_up(self, state: RecordingState) -> None:
+        if state.windows > self.handled:
+            self.window_ended(state, state.last_closed)
 
     # -- the parent's window ended (profile._window_ready) -------------------------------
-    def window_ended(self, prof, raw: dict | None) -> None:
+    def window_ended(self, state: RecordingState, raw: dict | None) -> None:
         if not self._mine():
             return
-        self.handled = self.prof._core.windows
+        self.handled = state.windows
         ended = self.win
         self.win += 1
         # a window that follows at once: children save this one and go on recording
-        rec_next = int(not self.closing and bool(self._records_at(self.prof._core.step_num)))
+        rec_next = int(not self.closing and bool(state.records_at(state.step_num)))
         try:
             v = self._write_state(rec=rec_next)
         except OSError as e:
@@ -207,7 +193,7 @@ class ParentSession(Part):
             timed_out = self._wait_for_children(v, ack_timeout_s())
             children = self._collect(ended, timed_out)
         if raw is not None:
-            keep = {id(w) for w in self.prof._windows}
+            keep = {id(w) for w in state.kept}
             keep.add(id(raw))
             self.by_raw = {k: e for k, e in self.by_raw.items() if k in keep}
             self.by_raw[id(raw)] = (raw, children)
@@ -386,4 +372,5 @@ class ParentSession(Part):
 
     def contribute(self, results) -> None:
         """``results.subprocesses``: the children's data of the kept windows."""
-        results.subprocesses = self.to_processes(self.children_of(self.prof._windows))
+        kept = list(self.state.kept) if self.state is not None else []
+        results.subprocesses = self.to_processes(self.children_of(kept))

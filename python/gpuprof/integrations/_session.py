@@ -18,12 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .._constants import ACT_NONE, ACTS_KEPT
 from .._loaded import LoadedProfile
 from ..diagnose import data_wait_per_step, diagnose
 from ..exporters.tensorboard import tensorboard_trace_handler
 from ..profiler import profile as _profile
-from ..schedule import Schedule
+from ..schedule import ProfilerAction, Schedule, action_at
 from ..tables import SORT_KEYS, format_time
 from ..views import Table
 
@@ -187,11 +186,6 @@ def _check_options(who: str, log_metrics, row_limit, sort_by) -> None:
 _LOOKAHEAD = 10_000  # steps a wait is looked through at once (see StepSession._next_busy)
 
 
-def _action(value) -> int:
-    """A schedule's answer as an int (gpuprof's and torch's ProfilerAction, or an int)."""
-    return int(getattr(value, "value", value))
-
-
 class SessionResults:
     """``prof`` and ``steps()`` of an integration that records through the
     :class:`StepSession` in its ``_session``."""
@@ -332,9 +326,9 @@ class StepSession:
         self.active = True
         action = self._action_at(0)
         self.live = self._new_profile()
-        if not self._cycling or action != ACT_NONE:
+        if not self._cycling or action is not ProfilerAction.NONE:
             self.live.start()
-        if action == ACT_NONE:
+        if action is ProfilerAction.NONE:
             self._quiet_until = self._next_busy(0)
         self._arm_peak(0, action)
 
@@ -361,13 +355,13 @@ class StepSession:
         action = self._action_at(k)
         if self._cycling:
             if live.running:
-                if action == ACT_NONE:  # the window closed and the schedule waits
+                if action is ProfilerAction.NONE:  # the window closed and the schedule waits
                     live.stop()
-            elif action != ACT_NONE:
+            elif action is not ProfilerAction.NONE:
                 self._offset = k
                 self.live = self._new_profile()
                 self.live.start()
-        if action == ACT_NONE:
+        if action is ProfilerAction.NONE:
             self._quiet_until = self._next_busy(k)
         if self._pending:
             self._flush()
@@ -379,7 +373,7 @@ class StepSession:
         matters: the first call in a step of a large training loop runs from cold
         caches, at several times the cost of a warm one."""
         for j in range(step + 1, step + 1 + _LOOKAHEAD):
-            if self._action_at(j) != 0:
+            if self._action_at(j) is not ProfilerAction.NONE:
                 return j
         return step + 1 + _LOOKAHEAD
 
@@ -395,15 +389,15 @@ class StepSession:
                 self.live.stop()
         self._flush()
 
-    def _action_at(self, step: int) -> int:
-        return 2 if self.schedule is None else _action(self.schedule(step))
+    def _action_at(self, step: int) -> ProfilerAction:
+        return action_at(self.schedule, step)
 
     def _arm_peak(self, step: int, action) -> None:
         """Reset torch's peak counter when ``step`` is recorded (only then: reading
         torch's memory statistics costs tens of microseconds)."""
         torch = self._torch
         self._peak_armed = False
-        if torch is None or action not in ACTS_KEPT or not torch.cuda.is_initialized():
+        if torch is None or not action.records or not torch.cuda.is_initialized():
             return
         self._device = torch.cuda.current_device()
         torch.cuda.reset_peak_memory_stats(self._device)
@@ -441,7 +435,10 @@ class StepSession:
         if not len(rows):
             return
         last = int(rows["step"][-1])
-        complete = self.schedule is None or _action(self.schedule(last)) == 3
+        complete = (
+            self.schedule is None
+            or action_at(self.schedule, last) is ProfilerAction.RECORD_AND_SAVE
+        )
         if not complete and self._view_complete:
             return  # cut short by the end of training: the complete one stays
         self.view = LoadedProfile(results)

@@ -7,19 +7,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from .. import _gpuprof
+from .._recording import hook_holder
 from . import _capture as capture_
 from . import _proto as proto
 from . import _summary
 from ._shared import _say, _share_the_gil
 
 
-class _Recording:
+class _Captures:
     """An :class:`OnDemand`'s captures, from the step boundary that starts one to its
     files.
 
@@ -108,7 +108,7 @@ class _Recording:
             cap.t_start = time.monotonic()
             if cap.duration is not None:
                 cap.deadline = cap.t_start + cap.duration
-            held = _hook_held()
+            held = hook_holder(gpuprof_too=True)
             if held:  # checked first: a failing start() would unhook the program's profiler
                 raise RuntimeError(
                     f"another profiler is active in this process ({held}), "
@@ -241,16 +241,3 @@ class _Recording:
             and cap.writer is not threading.current_thread()
         ):
             cap.writer.join()
-
-
-def _hook_held() -> str | None:
-    """What holds Python's profile hook on this thread (or interpreter-wide), or None."""
-    current = sys.getprofile()
-    if current is not None:
-        return f"sys.setprofile is set to {current!r}"
-    monitoring = getattr(sys, "monitoring", None)
-    if monitoring is not None:
-        tool = monitoring.get_tool(monitoring.PROFILER_ID)
-        if tool is not None:
-            return f"sys.monitoring's profiler slot is held by {tool!r}"
-    return None
