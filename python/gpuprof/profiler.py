@@ -151,6 +151,56 @@ def _check_torch_compat_args(**args: Any) -> None:
         warnings.warn(f"gpuprof.profile({name}=...): {why}", UserWarning, stacklevel=3)
 
 
+def _check_flags(**flags: object) -> None:
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
+
+
+def _activities(
+    activities: Iterable[ProfilerActivity] | None, use_cuda: bool | None
+) -> tuple[set[ProfilerActivity], bool, str | None]:
+    """profile()'s activities: the set, whether CUDA was asked for explicitly (a warning
+    then says why it is off), and why CUDA is not in the set (for the table footer)."""
+    cuda_off_reason = None
+    if activities is None:
+        acts = {ProfilerActivity.CPU}
+        if use_cuda is not None:
+            if use_cuda:
+                acts.add(ProfilerActivity.CUDA)
+            else:
+                cuda_off_reason = "use_cuda=False"
+            explicit = bool(use_cuda)
+        else:
+            if _cuda.gpu_present() and _cuda.ensure_cupti()[0]:
+                acts.add(ProfilerActivity.CUDA)
+            else:
+                cuda_off_reason = _cuda.cuda_status()["reason"] or "not usable here"
+            explicit = False
+    else:
+        if isinstance(activities, (str, ProfilerActivity)) or not isinstance(activities, Iterable):
+            raise TypeError(
+                f"profile(): activities must be a list of ProfilerActivity, got {activities!r}"
+            )
+        acts = set()
+        for a in activities:
+            if not isinstance(a, ProfilerActivity):
+                if type(a).__name__ == "ProfilerActivity" and a.name in ("CPU", "CUDA"):
+                    a = ProfilerActivity[a.name]  # torch.profiler.ProfilerActivity
+                else:
+                    raise TypeError(
+                        "profile(): activities must contain ProfilerActivity.CPU"
+                        f" or ProfilerActivity.CUDA, got {a!r}"
+                    )
+            acts.add(a)
+        if use_cuda:
+            acts.add(ProfilerActivity.CUDA)
+        explicit = ProfilerActivity.CUDA in acts
+        if not explicit:
+            cuda_off_reason = "ProfilerActivity.CUDA is not in activities"
+    return acts, explicit, cuda_off_reason
+
+
 class profile(ResultAccessors):
     """Profile the Python calls and GPU work of a block of code.
 
@@ -259,44 +309,7 @@ class profile(ResultAccessors):
         )
         if getattr(experimental_config, "enable_cuda_sync_events", False) is True:
             cuda_sync_events = True
-        cuda_off_reason = None  # why CUDA is not in the activities, for the table footer
-        if activities is None:
-            acts = {ProfilerActivity.CPU}
-            if use_cuda is not None:
-                if use_cuda:
-                    acts.add(ProfilerActivity.CUDA)
-                else:
-                    cuda_off_reason = "use_cuda=False"
-                self._explicit_cuda = bool(use_cuda)
-            else:
-                if _cuda.gpu_present() and _cuda.ensure_cupti()[0]:
-                    acts.add(ProfilerActivity.CUDA)
-                else:
-                    cuda_off_reason = _cuda.cuda_status()["reason"] or "not usable here"
-                self._explicit_cuda = False
-        else:
-            if isinstance(activities, (str, ProfilerActivity)) or not isinstance(
-                activities, Iterable
-            ):
-                raise TypeError(
-                    f"profile(): activities must be a list of ProfilerActivity, got {activities!r}"
-                )
-            acts = set()
-            for a in activities:
-                if not isinstance(a, ProfilerActivity):
-                    if type(a).__name__ == "ProfilerActivity" and a.name in ("CPU", "CUDA"):
-                        a = ProfilerActivity[a.name]  # torch.profiler.ProfilerActivity
-                    else:
-                        raise TypeError(
-                            "profile(): activities must contain ProfilerActivity.CPU"
-                            f" or ProfilerActivity.CUDA, got {a!r}"
-                        )
-                acts.add(a)
-            if use_cuda:
-                acts.add(ProfilerActivity.CUDA)
-            self._explicit_cuda = ProfilerActivity.CUDA in acts
-            if not self._explicit_cuda:
-                cuda_off_reason = "ProfilerActivity.CUDA is not in activities"
+        acts, self._explicit_cuda, cuda_off_reason = _activities(activities, use_cuda)
         if schedule is not None and not callable(schedule):
             raise TypeError(
                 f"profile(): schedule must be gpuprof.schedule(...) or a callable, got {schedule!r}"
@@ -305,18 +318,16 @@ class profile(ResultAccessors):
             raise TypeError(f"profile(): on_trace_ready must be callable, got {on_trace_ready!r}")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"profile(): max_events must be a positive int, got {max_events!r}")
-        for name, flag in (
-            ("profile_memory", profile_memory),
-            ("with_stack", with_stack),
-            ("record_shapes", record_shapes),
-            ("acc_events", acc_events),
-            ("subprocesses", subprocesses),
-            ("cuda_sync_events", cuda_sync_events),
-            ("autograd_nodes", autograd_nodes),
-            ("modules", modules),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"profile(): {name} must be a bool, got {flag!r}")
+        _check_flags(
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            record_shapes=record_shapes,
+            acc_events=acc_events,
+            subprocesses=subprocesses,
+            cuda_sync_events=cuda_sync_events,
+            autograd_nodes=autograd_nodes,
+            modules=modules,
+        )
         self.activities = acts
         self.schedule = schedule
         self.on_trace_ready = on_trace_ready
