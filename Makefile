@@ -66,7 +66,7 @@ bench: build  ## run the benchmarks side by side with peers
 
 # The C style is .clang-format's; ruff, clang-format and mypy come from PyPI at pinned
 # versions (the clang-format wheel), so that every machine formats and checks alike.
-C_SOURCES = csrc/*.c csrc/*.h cuda/*.c cuda/*.h
+C_SOURCES = csrc/*.c csrc/*.h csrc/*/*.c csrc/*/*.h cuda/*.c cuda/*.h
 LINT_TOOLS = "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)" "mypy==$(MYPY_VERSION)"
 CLANG_FORMAT_VERSION ?= 23.1.5
 RUFF_VERSION ?= 0.17.6

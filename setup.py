@@ -5,7 +5,7 @@ CUPTI headers decide how cuda/ is built:
   GPUPROF_CUPTI_INCLUDE=DIR  use cupti.h from DIR
   otherwise                  $CUDA_HOME/include, /usr/local/cuda/include, the CUPTI
                              folder of a CUDA toolkit, then the nvidia-cuda-cupti wheel
-libcupti is never linked: it is opened at run time (python/gpuprof/_cuda.py).
+libcupti is never linked: it is opened at run time (python/gpuprof/record/_cuda.py).
 """
 
 import glob
@@ -45,9 +45,11 @@ def find_cupti_include():
 
 
 def extension():
-    # csrc/nvtx.c (the NVTX injection library) needs no CUDA headers: always built.
-    sources = sorted(glob.glob("csrc/*.c"))
-    include_dirs = [numpy.get_include(), "csrc"]
+    # csrc/record/nvtx.c (the NVTX injection library) needs no CUDA headers: always built.
+    # csrc/ is one folder per layer (record, aggregate, results, trace, dump; the module
+    # and its test entry points at the top); headers are included by name from any of them
+    sources = sorted(glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c"))
+    include_dirs = [numpy.get_include(), "csrc", *sorted(glob.glob("csrc/*/")), "cuda"]
     macros = []
     cupti = find_cupti_include()
     if cupti:

@@ -2,7 +2,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "../cuda/gp_cuda.h"
+#include "gp_cuda.h"
 #include "arrays.h"
 #include "buffer.h"
 #include "clock.h"

@@ -11,7 +11,7 @@ enum {
     GP_OP_USER = 3,     /* record_function / NVTX label */
     GP_OP_STEP = 4,     /* ProfilerStep* */
     GP_OP_CUDA_API = 5, /* CUDA runtime/driver call (made by aggregation) */
-    GP_OP_NVTX = 6,     /* aggregation only: NVTX name ids (csrc/nvtx.c) are their own id
+    GP_OP_NVTX = 6,     /* aggregation only: NVTX name ids (csrc/record/nvtx.c) are their own id
                            space; their rows are GP_OP_USER with GP_OPF_NVTX */
 };
 
@@ -24,7 +24,7 @@ enum {
     GP_OPF_WAIT = 16,     /* C function that blocks its thread: sleep, lock, poll, queue
                              get, recv (gp_intern_cfunc_slow; the list in docs/tables.md) */
     GP_OPF_AUTOGRAD = 32, /* with GP_OPF_NVTX: an autograd node's range (AddmmBackward0),
-                             from PyTorch's range messages (csrc/nvtx.c) */
+                             from PyTorch's range messages (csrc/record/nvtx.c) */
 };
 
 /* Reserved op ids. */

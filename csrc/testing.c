@@ -7,7 +7,7 @@
 
 #include "testing.h"
 
-#include "../cuda/gp_cuda.h"
+#include "gp_cuda.h"
 #include "aggregate.h"
 #include "buffer.h"
 #include "intern.h"
@@ -368,7 +368,7 @@ test_binding_function(PyObject *module, PyObject *module_name)
     return fn;
 }
 
-/* _test_nvtx_name(message): how a push of `message` is named (csrc/nvtx.c,
+/* _test_nvtx_name(message): how a push of `message` is named (csrc/record/nvtx.c,
  * "PyTorch's range messages"): {"name", "flags" (GP_NVTXT_*), "seq" (-1 none),
  * "torch" (it follows PyTorch's grammar), "id" (the name id a push on the
  * default domain records, interned now)}. New reference, NULL on error. */

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "../csrc/clock.h"
+#include "clock.h"
 
 /* CUPTI fills whole buffers; 8 MiB holds ~30k kernel records, so a buffer
  * completes every few thousand launches at most, not per launch. */

@@ -11,7 +11,7 @@
  * only through gp_buffer_record_api's first use on a thread.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* clock_gettime in csrc/clock.h, should a build omit -D_GNU_SOURCE */
+#define _GNU_SOURCE /* clock_gettime in csrc/record/clock.h, should a build omit -D_GNU_SOURCE */
 #endif
 
 #include "cupti_internal.h"
@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../csrc/buffer.h"
-#include "../csrc/clock.h"
+#include "buffer.h"
+#include "clock.h"
 
 /* ---- Session state -------------------------------------------------------- */
 

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "../csrc/buffer.h" /* GP_API_KEY, GP_API_DOMAIN, GP_API_CBID */
+#include "buffer.h" /* GP_API_KEY, GP_API_DOMAIN, GP_API_CBID */
 #include "cupti_symbols.h"
 #include "gp_cuda.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../csrc/strtab.h"
+#include "strtab.h"
 
 #define MAX_RECORDS ((size_t)1 << 23) /* ~1 GiB of records between takes; beyond: dropped */
 #define MAX_STRINGS ((uint32_t)1 << 20)

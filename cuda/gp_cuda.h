@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../csrc/common.h"
-#include "../csrc/nvtx.h" /* NVTX in and out: csrc/nvtx.c, in every build */
+#include "common.h"
+#include "nvtx.h" /* NVTX in and out: csrc/record/nvtx.c, in every build */
 
 /* GpGpuRecord.kind */
 enum {
@@ -68,10 +68,10 @@ enum {
     GP_SYNC_CONTEXT,
 };
 
-/* API domains in GP_API_KEY (csrc/buffer.h). */
+/* API domains in GP_API_KEY (csrc/record/buffer.h). */
 enum { GP_API_RUNTIME = 1, GP_API_DRIVER = 2 };
 
-/* One GPU activity on the profiler clock (csrc/clock.h). Plain data. */
+/* One GPU activity on the profiler clock (csrc/record/clock.h). Plain data. */
 typedef struct GpGpuRecord {
     uint64_t start_ns;      /* profiler clock */
     uint64_t end_ns;        /* profiler clock; == start_ns for instants (malloc/free) */

@@ -186,7 +186,7 @@ cfunc_key(PyObject *callable, PyObject *self_arg, const PyMethodDef **ml, PyObje
 /* ---- autograd sequence numbers ---------------------------------------------
  * PyTorch numbers each autograd node it makes from a per-thread counter
  * (at::sequence_number), and its NVTX range for the node carries that number
- * when the node runs in the backward pass (csrc/nvtx.c). The nodes a forward
+ * when the node runs in the backward pass (csrc/record/nvtx.c). The nodes a forward
  * call made are those numbered between the counter's values at its entry and
  * at its exit: so, where the profile asks for it (python/gpuprof/_autograd.py
  * passes at::sequence_number::peek), the hook reads the counter at each event

@@ -1,7 +1,7 @@
 /* The NVTX injection ABI (nvtx3 nvtxDetail/nvtxTypes.h, NVTX_VERSION 3): the
  * export tables an NVTX client hands an injection library, the slots of its
- * CORE and CORE2 modules, and the event attributes. Shared by csrc/nvtx.c (in)
- * and csrc/nvtx_out.c (out). */
+ * CORE and CORE2 modules, and the event attributes. Shared by csrc/record/nvtx.c (in)
+ * and csrc/record/nvtx_out.c (out). */
 #ifndef GPUPROF_CSRC_NVTX_ABI_H
 #define GPUPROF_CSRC_NVTX_ABI_H
 

@@ -1,5 +1,5 @@
-/* NVTX ranges in and out, and capture ranges (csrc/nvtx.c: gpuprof as the NVTX
- * injection library; csrc/nvtx_out.c: gpuprof's ranges out to another NVTX
+/* NVTX ranges in and out, and capture ranges (csrc/record/nvtx.c: gpuprof as the NVTX
+ * injection library; csrc/record/nvtx_out.c: gpuprof's ranges out to another NVTX
  * tool). Built in every build: no CUDA header needed. Every function: any
  * thread, no GIL needed, never calls Python. */
 #ifndef GPUPROF_CSRC_NVTX_H
@@ -16,7 +16,7 @@
  * the range had one. 0, or -1 for an unknown id. Valid until gp_nvtx_clear. */
 int gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size_t where_cap);
 
-/* A range message in PyTorch's grammar (csrc/nvtx.c, "PyTorch's range
+/* A range message in PyTorch's grammar (csrc/record/nvtx.c, "PyTorch's range
  * messages"): its NAME (a slice of the text), GP_NVTXT_* flags (buffer.h) and
  * sequence number. */
 typedef struct GpNvtxTorchName {

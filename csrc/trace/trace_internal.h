@@ -1,4 +1,4 @@
-/* What the files of the trace writer share (csrc/trace_json.c: inputs,
+/* What the files of the trace writer share (csrc/trace/trace_json.c: inputs,
  * metadata and the whole file; trace_host.c: host events; trace_gpu.c: GPU
  * events, flows and the GPU projections of user annotations). Internal. */
 #ifndef GPUPROF_CSRC_TRACE_INTERNAL_H

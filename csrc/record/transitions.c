@@ -6,7 +6,7 @@
 
 #include "profiler_internal.h"
 
-#include "../cuda/gp_cuda.h"
+#include "gp_cuda.h"
 #include "arrays.h"
 #include "buffer.h"
 #include "clock.h"
@@ -162,7 +162,7 @@ window_stop(GpProfilerObject *self)
     int spans_built = t.has_spans;
     gp_aggregate_free(&t);
     if (result != NULL && !spans_built) {
-        /* The spans come later, from the events (csrc/window.h). */
+        /* The spans come later, from the events (csrc/results/window.h). */
         PyObject *kept = gp_window_keep(&ev, &in);
         if (kept == NULL || PyDict_SetItemString(result, "_events", kept) < 0)
             Py_CLEAR(result);

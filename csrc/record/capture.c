@@ -6,7 +6,7 @@
 
 #include "profiler_internal.h"
 
-#include "../cuda/gp_cuda.h"
+#include "gp_cuda.h"
 #include "arrays.h"
 #include "buffer.h"
 #include "clock.h"

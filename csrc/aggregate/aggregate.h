@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../cuda/gp_cuda.h"
+#include "gp_cuda.h"
 #include "buffer.h"
 #include "common.h"
 
@@ -143,7 +143,7 @@ typedef struct GpSpanRow {
     uint8_t kind;   /* GP_OP_* of its op */
     uint8_t flags;  /* GP_SF_* */
     /* The sequence number of PyTorch's range (the autograd node's, or the op's
-     * under emit_nvtx) mod 2^31, from the range's message (csrc/nvtx.c); -1
+     * under emit_nvtx) mod 2^31, from the range's message (csrc/record/nvtx.c); -1
      * for every other span. */
     int32_t seq;
     /* The torch.nn.Module instance a call of Module.__call__ ran on, + 1 (0 for

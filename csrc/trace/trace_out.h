@@ -1,6 +1,6 @@
 /* The trace writer's output: a block buffer flushed to a file or a Python
  * write(), number formatting without printf, and JSON string escaping
- * (trace_out.c). Internal to csrc/trace_*.c. */
+ * (trace_out.c). Internal to csrc/trace/trace_*.c. */
 #ifndef GPUPROF_CSRC_TRACE_OUT_H
 #define GPUPROF_CSRC_TRACE_OUT_H
 

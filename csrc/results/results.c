@@ -5,7 +5,7 @@
 
 #include "profiler.h"
 
-#include "../cuda/gp_cuda.h"
+#include "gp_cuda.h"
 #include "arrays.h"
 #include "buffer.h"
 #include "clock.h"

@@ -52,7 +52,7 @@ enum {
     GP_EV_API_EXIT,     /* CUDA API left: arg = correlation id */
     GP_EV_FRAME,        /* initial-stack frame (window start snapshot): arg = op id,
                            payload = its caller's f_lasti + 1 then, or 0 */
-    /* NVTX ranges (csrc/nvtx.c), written from any thread like API events. */
+    /* NVTX ranges (csrc/record/nvtx.c), written from any thread like API events. */
     GP_EV_NVTX_PUSH,    /* nvtx*RangePush*: arg = NVTX name id, payload = domain index */
     GP_EV_NVTX_POP,     /* nvtx*RangePop: payload = domain index */
     GP_EV_NVTX_START,   /* nvtx*RangeStart*: arg = NVTX name id, payload = range tag */
@@ -60,7 +60,7 @@ enum {
                            that started it, payload = range tag */
     GP_EV_NVTX_TORCH,   /* right after the GP_EV_NVTX_PUSH/START of a range whose message
                            follows PyTorch's grammar ("AddmmBackward0, seq = 7, op_id = 9";
-                           csrc/nvtx.c): arg = its seq mod 2^31 (GP_NVTXT_SEQ), payload =
+                           csrc/record/nvtx.c): arg = its seq mod 2^31 (GP_NVTXT_SEQ), payload =
                            GP_NVTXT_* */
     GP_EV_SEQ,          /* PyTorch's autograd sequence counter on this thread moved, seen
                            before the event that follows: arg = its new value mod 2^31,
