@@ -179,7 +179,7 @@ class _Session:
         # gpuprof_wait: a schedule still waiting for its first window (every step WAIT)
         sched = gpuprof.schedule(wait=10 * self.steps, warmup=0, active=1)
         if m == "gpuprof_noseq":  # node ranges, but no forward join (the counter unread)
-            from gpuprof import _autograd
+            from gpuprof.record import _autograd
 
             _autograd.seq_peek_address = lambda torch: 0
         self.prof = gpuprof.profile(

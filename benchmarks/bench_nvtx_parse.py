@@ -1,7 +1,7 @@
 """Cost of one NVTX push + pop through gpuprof's injection, per message kind.
 
 PyTorch's autograd node ranges ("AddmmBackward0, seq = 1646, op_id = 168") reach
-gpuprof's NVTX injection on autograd's thread, once per node; csrc/nvtx.c parses
+gpuprof's NVTX injection on autograd's thread, once per node; csrc/record/nvtx.c parses
 each message into its name and sequence number. This measures what a push + pop
 costs there, in ns, from C (tests/helpers/nvtx_client.c, compiled against the real
 nvtx3 headers, so the figures hold no Python call):

@@ -96,7 +96,7 @@ for _ in range(warmup):
     step()
 sync()
 gp = sys.modules.get("gpuprof")
-od = gp._ondemand.armed() if gp is not None else None
+od = gp.api.ondemand.armed() if gp is not None else None
 if capture_first:
     import tempfile
     req = od.capture(steps=5, output=tempfile.mkdtemp(prefix="bench-on-demand-"))
@@ -148,7 +148,7 @@ def _command(child: str, workload: str, mode: str, args) -> tuple[list[str], dic
         return [sys.executable, *tail], env
     if mode == "env":
         sys.path.insert(0, os.path.join(ROOT, "python"))
-        from gpuprof.boot import BOOT_DIR
+        from gpuprof.cli.boot import BOOT_DIR
 
         env["GPUPROF_ON_DEMAND"] = "1"
         env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, env["PYTHONPATH"]])

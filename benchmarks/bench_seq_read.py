@@ -1,7 +1,7 @@
 """What reading PyTorch's autograd sequence counter adds to the Python hook, per event.
 
 With autograd node ranges on, the hook reads ``at::sequence_number::peek`` at every
-event while a window records (csrc/hook.c, "autograd sequence numbers"), so that each
+event while a window records (csrc/record/hook.c, "autograd sequence numbers"), so that each
 backward node joins the forward call that made it (docs/backward.md). This times the
 same recorded work with the counter read and without, in one process, interleaved:
 
@@ -22,7 +22,8 @@ import statistics
 import time
 
 import gpuprof
-from gpuprof import _autograd, _gpuprof
+from gpuprof import _gpuprof
+from gpuprof.record import _autograd
 
 
 def _chain(n):

@@ -13,10 +13,11 @@ docs/diagnosis.md shows what each printed on an H200.
 
 import argparse
 import time
+
 import gpuprof
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 from _common import report
+from transformers import GPT2Config, GPT2LMHeadModel
 
 
 def parse_args():

@@ -13,12 +13,13 @@ docs/diagnosis.md shows what both printed on an H200.
 import argparse
 import io
 import time
+
 import gpuprof
 import numpy as np
 import torch
 import torchvision
-from PIL import Image
 from _common import report
+from PIL import Image
 
 
 class Photos(torch.utils.data.Dataset):

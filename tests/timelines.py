@@ -5,7 +5,7 @@ and tests/unit/test_diagnose.py (the findings) build on :class:`Timeline`.
 """
 
 from gpuprof import _gpuprof
-from gpuprof._results import Results
+from gpuprof.results._results import Results
 
 C = _gpuprof._test_constants()
 US = 1000

@@ -17,33 +17,38 @@ import os as _os
 import runpy as _runpy
 from typing import Any
 
-from . import (  # _nvtx first: gpuprof becomes the NVTX injection (docs/nvtx.md)
-    _gpuprof,
-    _nvtx,
-    _paths,
-)
-from ._cuda import cuda_status as _cuda_status
-from ._loaded import load
-from ._ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
-from ._ondemand import arm_from_environment as _arm_from_environment
-from ._results import Results
+# first: gpuprof becomes the NVTX injection before anything else loads NVTX (docs/nvtx.md)
+from .record import _nvtx  # isort: skip
+
+# The public module paths users import (gpuprof.tables, gpuprof.schedule, ...) are
+# facades of the layer folders below; these two are loaded before their functions of
+# the same name are bound here, so that importing them later keeps the functions.
+from . import compare as _compare_module  # noqa: F401  # isort: skip
+from . import schedule as _schedule_module  # noqa: F401  # isort: skip
+from . import _gpuprof
 from ._version import __version__
-from .compare import compare
-from .distributed import merge
+from .analysis.distributed import merge
+from .api._loaded import load
+from .api.compare import compare
+from .api.ondemand import arm, disarm  # on-demand capture (docs/on-demand.md)
+from .api.ondemand import arm_from_environment as _arm_from_environment
+from .api.profiler import ProfilerActivity, profile, record_function
+from .core import _paths
 from .exporters import tensorboard_trace_handler
-from .profiler import ProfilerActivity, profile, record_function
-from .schedule import ProfilerAction, Schedule, schedule
-from .tables import KeyAverages
+from .record._cuda import cuda_status as _cuda_status
+from .record.schedule import ProfilerAction, Schedule, schedule
+from .results._results import Results
+from .results.tables import KeyAverages
 
 
 def cuda_status() -> dict[str, Any]:
-    """Whether GPU capture can work here, and if not, why (see ``gpuprof._cuda.cuda_status``
+    """Whether GPU capture can work here, and if not, why (see ``gpuprof.record._cuda.cuda_status``
     for the keys), plus ``nvtx``: where NVTX ranges go and which libraries' ranges gpuprof
-    cannot see (``gpuprof._nvtx.status``, docs/nvtx.md), and ``autograd_nodes``:
+    cannot see (``gpuprof.record._nvtx.status``, docs/nvtx.md), and ``autograd_nodes``:
     ``usable`` (backward kernels can be charged to autograd nodes: a CUDA build of
     PyTorch, imported, whose NVTX reaches gpuprof) and ``reason`` (why not; "" when
     usable; docs/backward.md)."""
-    from . import _autograd
+    from .record import _autograd
 
     status = _cuda_status()
     status["nvtx"] = _nvtx.status()
@@ -82,7 +87,7 @@ _gpuprof._set_hidden_prefix(
 )
 # Where library code lives besides installed packages (the standard library, gpuprof):
 # the user's line of a finding is outside it, and the hook records the line where the
-# user's code calls into it (gpuprof._paths.is_library).
+# user's code calls into it (gpuprof.core._paths.is_library).
 _gpuprof._set_library_roots(_paths.library_roots())
 
 # GPUPROF_ON_DEMAND=1: arm this process for `python -m gpuprof capture PID` (docs/on-demand.md).

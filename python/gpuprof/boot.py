@@ -1,18 +1,12 @@
-"""The folder that makes ``GPUPROF_ON_DEMAND=1`` arm programs gpuprof does not start.
+"""``gpuprof.boot``, also ``python -m gpuprof.boot`` (prints the folder): the public
+path of :mod:`gpuprof.cli.boot`."""
 
-    export GPUPROF_ON_DEMAND=1 PYTHONPATH="$(python -m gpuprof.boot)${PYTHONPATH:+:$PYTHONPATH}"
+import sys
 
-``python -m gpuprof.boot`` prints it; its ``sitecustomize`` imports gpuprof at the
-start of every Python program that has it on ``PYTHONPATH`` (docs/on-demand.md).
-"""
-
-from __future__ import annotations
-
-import os
-
-__all__ = ["BOOT_DIR"]
-
-BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
+from .cli import boot as _impl
+from .cli.boot import *  # noqa: F403 - for type checkers
 
 if __name__ == "__main__":
-    print(BOOT_DIR)
+    print(_impl.BOOT_DIR)
+else:
+    sys.modules[__name__] = _impl

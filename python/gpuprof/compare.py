@@ -1,49 +1,8 @@
-"""Before/after comparison of two profiles: ``gpuprof.compare(before, after)``.
+"""``gpuprof.compare``: the public path of :mod:`gpuprof.api.compare`."""
 
-Either side may be a running-or-finished ``gpuprof.profile``, a loaded
-profile (``gpuprof.load``), a :class:`gpuprof.Results`, or the path of a
-saved ``.gpuprof`` file. Times are compared per recorded step, so profiles
-with different step counts compare fairly. The figures are computed in
-gpuprof._comparison; this module opens saved files and writes the page.
-"""
+import sys
 
-from __future__ import annotations
+from .api import compare as _impl
+from .api.compare import *  # noqa: F403 - for type checkers
 
-import os
-
-from . import _comparison
-from ._accessors import ResultAccessors
-from ._comparison import Delta
-from ._loaded import load
-from ._results import Results
-
-# what compare() takes on either side
-Profile = ResultAccessors | Results | str
-
-__all__ = ["Comparison", "Delta", "compare"]
-
-
-class Comparison(_comparison.Comparison):
-    """What changed between two profiles (per-step figures)."""
-
-    def export_html(self, path: str | os.PathLike[str], *, title: str | None = None) -> str:
-        """Write this comparison as one self-contained HTML page (docs/report.md):
-        step time and where it goes on each side, the op and kernel changes as
-        sortable tables, and the findings gone, new and kept. Returns ``path``."""
-        from .exporters.html import export_compare_html
-
-        return export_compare_html(self, path, title=title)
-
-
-def compare(before: Profile, after: Profile, limit: int = 15) -> Comparison:
-    """Compare two profiles; ``print()`` the result for a report.
-
-    Args:
-        before, after: profiles, loaded profiles, Results or saved .gpuprof paths.
-        limit: rows per table (largest absolute changes first).
-    """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"compare(): limit must be a positive int, got {limit!r}")
-    before = load(before) if isinstance(before, str) else before
-    after = load(after) if isinstance(after, str) else after
-    return _comparison.build(before, after, limit, Comparison)
+sys.modules[__name__] = _impl

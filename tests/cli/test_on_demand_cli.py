@@ -523,7 +523,7 @@ def test_environment_arms_a_program_started_by_something_else(env, tmp_path):
     """GPUPROF_ON_DEMAND=1 with gpuprof's start-up folder on PYTHONPATH: plain
     `python script.py` is armed; its PyTorch optimizer steps are the steps."""
     pytest.importorskip("torch", reason="PyTorch is not installed")
-    from gpuprof.boot import BOOT_DIR
+    from gpuprof.cli.boot import BOOT_DIR
 
     env = dict(
         env, GPUPROF_ON_DEMAND="1", PYTHONPATH=os.pathsep.join([BOOT_DIR, env["PYTHONPATH"]])

@@ -111,7 +111,8 @@ def wait_for_steps(env, pid, timeout=120):
 
 
 @pytest.mark.xfail(
-    reason="open bug (issue 36): the on-demand thread's GIL starvation is fixed (csrc/gil.c) "
+    reason="open bug (issue 36): the on-demand thread's GIL starvation is fixed "
+    "(csrc/record/gil.c) "
     "and the loop answers its counts, but 1 run in 5 on a 2-core machine top's first line "
     "still has no rate ('counting steps'), its first sample not started after 2 s",
     strict=False,

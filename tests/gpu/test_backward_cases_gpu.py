@@ -78,7 +78,7 @@ def _joined(prof, min_share=0.99):
 
 def _in_nodes(prof):
     """The GPU work of autograd's thread is all in node calls: per record, the node span
-    above its launch (gpuprof._backward)."""
+    above its launch (gpuprof.results._backward)."""
     w = prof.results.window()
     b = w.backward()
     ev = prof.gpu_events()

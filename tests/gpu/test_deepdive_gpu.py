@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from gpu_helpers import cuda_torch
 from gpuprof import _gpuprof
-from gpuprof.occupancy import LIMITERS, theoretical_occupancy
+from gpuprof.results.occupancy import LIMITERS, theoretical_occupancy
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]

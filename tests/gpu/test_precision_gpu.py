@@ -4,7 +4,7 @@ name (forward, data and weight gradients), bf16 autocast makes the finding go.""
 import gpuprof
 import pytest
 from gpu_helpers import cuda_torch
-from gpuprof import diagnose as diagnose_mod
+from gpuprof.analysis import diagnose as diagnose_mod
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]

@@ -113,7 +113,8 @@ int c_threads(int n, int k, const char *name)
 
 /* n threads (not Python threads) pushing and popping "storm" without pause
  * until c_storm_stop(), as CUDA callbacks fire on a job's threads while a
- * profile starts and stops; c_storm_stop returns the pushes made. */
+ * profile starts and stops; c_storm_pushes and c_storm_stop return the pushes
+ * made (each counted once popped). */
 static atomic_int storm_on;
 static atomic_ullong storm_pushes;
 static pthread_t storm_threads[64];
@@ -137,6 +138,11 @@ c_storm_start(int n)
     atomic_store(&storm_pushes, 0);
     for (int i = 0; i < storm_n; i++)
         pthread_create(&storm_threads[i], NULL, storm, NULL);
+}
+uint64_t
+c_storm_pushes(void)
+{
+    return atomic_load(&storm_pushes);
 }
 uint64_t
 c_storm_stop(void)

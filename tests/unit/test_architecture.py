@@ -3,11 +3,12 @@ imports only from its own layer or below, and no import cycle exists. Every impo
 counts, at module level or inside a function (a deferred import still ties the two
 modules together). docs/architecture.md explains the layers.
 
-A new module gets a line in LAYERS; an import that this test refuses means the
+A module's layer is the folder it is in; an import that this test refuses means the
 imported thing belongs lower (move it down) or the importer belongs higher.
 """
 
 import ast
+import importlib
 import pathlib
 
 import pytest
@@ -15,122 +16,29 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "python" / "gpuprof"
 
 # Lowest first. A module may import from its own layer and the layers before it.
-LAYER_ORDER = ["core", "recording", "results", "analysis", "exporters", "api", "cli"]
-LAYERS = {
-    # core: the extension and small helpers every layer shares (no gpuprof imports
-    # except the extension and each other)
-    "gpuprof._gpuprof": "core",
-    "gpuprof._version": "core",
-    "gpuprof._constants": "core",
-    "gpuprof._format": "core",
-    "gpuprof._intervals": "core",
-    "gpuprof._paths": "core",
-    "gpuprof._progress": "core",
-    "gpuprof._ranks": "core",
-    "gpuprof._output": "core",
-    "gpuprof._window_file": "core",
-    "gpuprof._trace_read": "core",
-    "gpuprof._spans": "core",
-    "gpuprof._steps": "core",
-    "gpuprof._launch": "core",
-    "gpuprof._flops": "core",
-    "gpuprof._peaks": "core",
-    "gpuprof._ondemand._proto": "core",
-    "gpuprof.boot": "core",
-    # recording: the parts a profile composes (CUDA, NVTX, sys.monitoring, schedule,
-    # samplers, child processes)
-    "gpuprof.schedule": "recording",
-    "gpuprof._cuda": "recording",
-    "gpuprof._nvtx": "recording",
-    "gpuprof._monitoring": "recording",
-    "gpuprof._host_sampler": "recording",
-    "gpuprof._allocators": "recording",
-    "gpuprof._recording": "recording",
-    "gpuprof._parts": "recording",
-    "gpuprof._threads": "recording",
-    "gpuprof._autograd": "recording",
-    "gpuprof._modules": "recording",
-    "gpuprof._module_rows": "results",
-    "gpuprof._subprocess": "recording",
-    "gpuprof._subprocess._current": "recording",
-    "gpuprof._subprocess._protocol": "recording",
-    "gpuprof._subprocess._pieces": "recording",
-    "gpuprof._subprocess._child": "recording",
-    "gpuprof._subprocess._hooks": "recording",
-    "gpuprof._subprocess._parent": "recording",
-    "gpuprof._ondemand._capture": "recording",
-    # results: the arrays from C and what reads them directly
-    "gpuprof._results": "results",
-    "gpuprof._backward": "results",
-    "gpuprof.occupancy": "results",
-    "gpuprof.tables": "results",
-    "gpuprof.views": "results",
-    "gpuprof.events": "results",
-    "gpuprof._findings": "results",
-    # analysis: figures and findings computed from results
-    "gpuprof.processes": "analysis",
-    "gpuprof.memory": "analysis",
-    "gpuprof.distributed": "analysis",
-    "gpuprof.distributed._overlap": "analysis",
-    "gpuprof.distributed._traces": "analysis",
-    "gpuprof.distributed._merged": "analysis",
-    "gpuprof.distributed._checks": "analysis",
-    "gpuprof.diagnose": "analysis",
-    "gpuprof._comparison": "analysis",
-    "gpuprof._deepdive": "analysis",
-    "gpuprof._deepdive._report": "analysis",
-    "gpuprof._deepdive._cupti": "analysis",
-    "gpuprof._deepdive._ncu": "analysis",
-    # exporters: files written from results and analyses
-    "gpuprof.exporters.chrome": "exporters",
-    "gpuprof.exporters.stacks": "exporters",
-    "gpuprof.exporters.tensorboard": "exporters",
-    "gpuprof.exporters.saved": "exporters",
-    "gpuprof.exporters.html": "exporters",
-    # api: the objects users hold (a live or loaded profile answers every call of
-    # the layers below through one accessor class) and the facades that name them
-    "gpuprof._accessors": "api",
-    "gpuprof.profiler": "api",
-    "gpuprof._loaded": "api",
-    "gpuprof.deepdive": "api",
-    "gpuprof.compare": "api",
-    "gpuprof._ondemand": "api",
-    "gpuprof._ondemand._armed": "api",
-    "gpuprof._ondemand._captures": "api",
-    "gpuprof._ondemand._requests": "api",
-    "gpuprof._ondemand._environment": "api",
-    "gpuprof._ondemand._shared": "api",
-    "gpuprof._ondemand._dump": "api",
-    "gpuprof._ondemand._summary": "api",
-    "gpuprof.exporters": "api",
-    "gpuprof": "api",
-    # cli: programs and framework adapters on top of the public API
-    "gpuprof.cli": "cli",
-    "gpuprof.cli.__main__": "cli",
-    "gpuprof.cli._common": "cli",
-    "gpuprof.cli._run": "cli",
-    "gpuprof.cli._report": "cli",
-    "gpuprof.cli._capture": "cli",
-    "gpuprof.cli._dump": "cli",
-    "gpuprof.cli._top": "cli",
-    "gpuprof.__main__": "cli",
-    "gpuprof._ondemand._client": "cli",
-    "gpuprof._ondemand._targets": "cli",
-    "gpuprof._ondemand._exchange": "cli",
-    "gpuprof._ondemand._dump_client": "cli",
-    "gpuprof._ondemand._top": "cli",
-    "gpuprof.demo": "cli",
-    "gpuprof.workloads": "cli",
-    "gpuprof.workloads.training": "cli",
-    "gpuprof._boot.sitecustomize": "cli",
-    "gpuprof.integrations": "cli",
-    "gpuprof.integrations._session": "cli",
-    "gpuprof.integrations._lightning": "cli",
-    "gpuprof.integrations.lightning": "cli",
-    "gpuprof.integrations.pytorch_lightning": "cli",
-    "gpuprof.integrations.transformers": "cli",
-    "gpuprof.integrations.accelerate": "cli",
-}
+# A module's layer is its folder: python/gpuprof/<layer>/... (docs/architecture.md).
+LAYER_ORDER = ["core", "record", "results", "analysis", "exporters", "api", "cli"]
+# folders of the top layer besides cli/: the framework adapters and the bundled demo
+# workloads, whose public paths (gpuprof.integrations.lightning) are the API
+ALSO_CLI = {"integrations", "workloads"}
+# the top level: the extension and the version are core; gpuprof/__init__.py and the
+# facades (public module paths, each the module of a layer folder) are the API
+TOP = {"_gpuprof": "core", "_version": "core", "__main__": "cli", "boot": "cli", "demo": "cli"}
+# gpuprof.exporters's __init__ names the exporters for users, as gpuprof's does
+FACADE_PACKAGES = {"gpuprof.exporters": "api"}
+
+
+def layer_of(name: str) -> str:
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "api"  # gpuprof/__init__.py
+    if name in FACADE_PACKAGES:
+        return FACADE_PACKAGES[name]
+    if len(parts) == 2 and not (ROOT / parts[1]).is_dir():
+        return TOP.get(parts[1], "api")
+    folder = parts[1]
+    return "cli" if folder in ALSO_CLI else folder
+
 
 # Upward imports not yet removed (issue #22). The list is exact: an entry that no
 # longer exists fails the test, so that it can only shrink.
@@ -176,26 +84,40 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_every_module_has_a_layer():
-    missing = sorted(set(modules()) - set(LAYERS))
-    assert not missing, f"give these modules a layer in LAYERS: {missing}"
-    gone = sorted(set(LAYERS) - set(modules()) - {"gpuprof._gpuprof"})
-    assert not gone, f"LAYERS names modules that no longer exist: {gone}"
+    wrong = sorted(n for n in modules() if layer_of(n) not in LAYER_ORDER)
+    assert not wrong, f"modules outside the layer folders ({', '.join(LAYER_ORDER)}): {wrong}"
+
+
+def test_the_top_level_holds_only_facades():
+    """Each module at the top (but __init__, __main__, _version) is a public path: the
+    module of a layer folder, under the name users import."""
+    for name, path in modules().items():
+        parts = name.split(".")
+        if len(parts) != 2 or parts[1] in TOP or (ROOT / parts[1]).is_dir():
+            continue
+        src = path.read_text()
+        assert "sys.modules[__name__] = _impl" in src, f"{name} is not a facade"
+        impl = importlib.import_module(name)
+        assert impl.__name__ != name and layer_of(impl.__name__) in LAYER_ORDER, name
 
 
 def test_every_import_names_a_module():
     g = graph()
-    unknown = {(a, b) for a, deps in g.items() for b in deps if b not in LAYERS}
+    known = set(modules()) | {"gpuprof._gpuprof"}
+    unknown = {(a, b) for a, deps in g.items() for b in deps if b not in known}
     assert not unknown, f"imports of modules that do not exist: {sorted(unknown)}"
 
 
 def test_imports_go_down_the_layers():
     g = graph()
-    rank = {name: LAYER_ORDER.index(layer) for name, layer in LAYERS.items()}
+    rank = {
+        name: LAYER_ORDER.index(layer_of(name)) for name in set(modules()) | {"gpuprof._gpuprof"}
+    }
     upward = {(a, b) for a, deps in g.items() for b in deps if b in rank and rank[b] > rank[a]}
     new = sorted(upward - set(KNOWN_UPWARD))
     assert not new, (
         "upward imports ("
-        + ", ".join(f"{a} [{LAYERS[a]}] -> {b} [{LAYERS[b]}]" for a, b in new)
+        + ", ".join(f"{a} [{layer_of(a)}] -> {b} [{layer_of(b)}]" for a, b in new)
         + ")"
     )
     fixed = sorted(set(KNOWN_UPWARD) - upward)
@@ -243,9 +165,10 @@ def test_the_import_reader_sees_every_form(tmp_path, src, want):
 
 
 def test_c_enum_values_come_from_the_extension():
-    """gpuprof._constants reads them from the extension; the extension's own test
+    """gpuprof.core._constants reads them from the extension; the extension's own test
     table (built from the same enums) agrees."""
-    from gpuprof import _constants, _gpuprof
+    from gpuprof import _gpuprof
+    from gpuprof.core import _constants
 
     table = _gpuprof._test_constants()
     for name in (
@@ -268,15 +191,17 @@ def test_c_enum_values_come_from_the_extension():
 
 
 ENUM_PREFIXES = ("OP_", "OPF_", "GPU_", "GF_", "SF_", "CAT_", "API_", "ACT_", "CAPTURE_")
-NOT_ENUMS = {"gpuprof.distributed._traces._GPU_TID_BASE"}  # a lane numbering of merged traces
+NOT_ENUMS = {
+    "gpuprof.analysis.distributed._traces._GPU_TID_BASE"
+}  # a lane numbering of merged traces
 
 
 def test_no_module_copies_a_c_enum_value():
     """A module-level name spelled like a C enum constant and bound to a number
-    literal is a copy: import it from gpuprof._constants instead."""
+    literal is a copy: import it from gpuprof.core._constants instead."""
     copies = []
     for name, path in modules().items():
-        if name == "gpuprof._constants":
+        if name == "gpuprof.core._constants":
             continue
         for node in ast.parse(path.read_text()).body:
             if not isinstance(node, ast.Assign):
@@ -321,7 +246,7 @@ def test_the_type_stub_names_what_the_extension_defines():
 
 # The one owner of a recording (issue 34): only these modules create or drive the C
 # profiler, and only the profile reads its recording's insides.
-OWNERS = {"gpuprof._recording", "gpuprof.profiler"}
+OWNERS = {"gpuprof.record._recording", "gpuprof.api.profiler"}
 PRIVATE = {"_core", "_rec", "_kept"}  # the C profiler, a profile's recording, its windows
 
 
@@ -341,11 +266,13 @@ def test_only_the_recording_touches_the_c_profiler():
             elif node.attr == "register_at_fork":
                 found.append(f"{name}:{node.lineno} os.register_at_fork")
     assert not found, (
-        "go through gpuprof._recording (Recording, RecordingState, at_fork_in_child): "
+        "go through gpuprof.record._recording (Recording, RecordingState, at_fork_in_child): "
         + ", ".join(found)
     )
 
 
 def test_one_fork_handler():
     sources = {n: p.read_text() for n, p in modules().items()}
-    assert [n for n, s in sources.items() if "register_at_fork(" in s] == ["gpuprof._recording"]
+    assert [n for n, s in sources.items() if "register_at_fork(" in s] == [
+        "gpuprof.record._recording"
+    ]

@@ -1,4 +1,4 @@
-"""The autograd-node part of a profile (gpuprof._autograd): when it asks PyTorch for its
+"""The autograd-node part of a profile (gpuprof.record._autograd): when it asks PyTorch for its
 NVTX range per autograd node, and what it says when it cannot.
 
 CI has PyTorch's CPU wheel, which has no NVTX callback; the tests check what the part
@@ -14,8 +14,10 @@ import types
 
 import gpuprof
 import pytest
-from gpuprof import ProfilerActivity, _autograd, tables
-from gpuprof._results import Results
+from gpuprof import ProfilerActivity
+from gpuprof.record import _autograd
+from gpuprof.results import tables
+from gpuprof.results._results import Results
 
 CPU = [ProfilerActivity.CPU]
 

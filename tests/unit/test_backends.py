@@ -5,7 +5,7 @@ import sys
 import textwrap
 
 import pytest
-from gpuprof import _monitoring
+from gpuprof.record import _monitoring
 
 SCRIPT = textwrap.dedent("""
     import sys, threading, gpuprof

@@ -13,7 +13,7 @@ import gpuprof
 import numpy as np
 import pytest
 import timelines
-from gpuprof.diagnose import diagnose
+from gpuprof.analysis.diagnose import diagnose
 from timelines import US, C
 
 CPU = [gpuprof.ProfilerActivity.CPU]

@@ -15,10 +15,10 @@ import gpuprof
 import pytest
 import timelines
 from gpuprof import _gpuprof
-from gpuprof import diagnose as diagnose_mod
-from gpuprof._accessors import ResultAccessors
-from gpuprof._results import Results
-from gpuprof.diagnose import Diagnosis, data_wait_per_step, diagnose, step_breakdown
+from gpuprof.analysis import diagnose as diagnose_mod
+from gpuprof.analysis.diagnose import Diagnosis, data_wait_per_step, diagnose, step_breakdown
+from gpuprof.api._accessors import ResultAccessors
+from gpuprof.results._results import Results
 from timelines import US, C
 
 gpuprof.cuda_status()  # loads libcupti when present: API names come from it
@@ -788,7 +788,7 @@ import hashlib  # noqa: E402
 import random  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
-from gpuprof._paths import source_location  # noqa: E402
+from gpuprof.core._paths import source_location  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
 

@@ -17,9 +17,8 @@ import types
 import gpuprof
 import pytest
 from gpuprof import _gpuprof
-from gpuprof._results import Results
-from gpuprof.diagnose import diagnose
-from gpuprof.distributed import (
+from gpuprof.analysis.diagnose import diagnose
+from gpuprof.analysis.distributed import (
     collective_name,
     comm_overlap,
     distributed_info,
@@ -28,6 +27,7 @@ from gpuprof.distributed import (
     rank_info,
 )
 from gpuprof.exporters import export_chrome_trace
+from gpuprof.results._results import Results
 
 C = _gpuprof._test_constants()
 US = 1000

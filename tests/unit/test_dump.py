@@ -1,6 +1,6 @@
-"""The dump's walk of this process's threads (csrc/dump_walk.c) against what Python
+"""The dump's walk of this process's threads (csrc/dump/dump_walk.c) against what Python
 itself says of them, the C call named from the bytecode, and the dump server's life
-in an armed process (csrc/dump.c, python/gpuprof/_ondemand/_dump.py).
+in an armed process (csrc/dump/dump.c, python/gpuprof/api/ondemand/_dump.py).
 
 The walk reads the interpreter's memory without the GIL; `sys._current_frames()`,
 read with it, is the reference for every frame and line.
@@ -18,7 +18,8 @@ import time
 import gpuprof
 import pytest
 from gpuprof import _gpuprof
-from gpuprof._ondemand import _dump, _dump_client
+from gpuprof.api.ondemand import _dump
+from gpuprof.cli.ondemand import _dump_client
 
 WALKS = (3, 11) <= sys.version_info[:2] <= (3, 13)
 pytestmark = pytest.mark.skipif(not WALKS, reason="the walk reads CPython 3.11-3.13 frames")
@@ -307,7 +308,7 @@ def test_an_armed_process_answers_its_own_dump_with_names(armed, blocked):
 def test_a_forked_child_has_no_dump_thread_and_the_parent_keeps_its(armed):
     pid = os.fork()
     if pid == 0:  # the child: not armed, no server; it must not touch the parent's socket
-        code = 0 if gpuprof._ondemand.armed() is None else 1
+        code = 0 if gpuprof.api.ondemand.armed() is None else 1
         _gpuprof._dump_stop()  # nothing to stop here
         os._exit(code)
     _, status = os.waitpid(pid, 0)

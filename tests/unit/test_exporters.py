@@ -15,9 +15,9 @@ import gpuprof
 import numpy as np
 import pytest
 from gpuprof import _gpuprof, record_function
-from gpuprof._results import Results
 from gpuprof.exporters import export_chrome_trace, export_stacks, load, save
 from gpuprof.exporters.stacks import collapsed_stacks
+from gpuprof.results._results import Results
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -397,7 +397,7 @@ def test_cpu_trace_schema(cpu_prof, tmp_path):
 
 
 def test_files_are_named_relative_to_their_import_root(tmp_path):
-    from gpuprof._paths import display_files, import_roots
+    from gpuprof.core._paths import display_files, import_roots
 
     sep = os.sep
     site = f"{sep}venv{sep}lib{sep}site-packages{sep}"
@@ -432,7 +432,7 @@ def test_files_are_named_relative_to_their_import_root(tmp_path):
 
 
 def test_reports_show_files_under_the_working_directory_relative_to_it(tmp_path, monkeypatch):
-    from gpuprof._paths import source_location, source_path
+    from gpuprof.core._paths import source_location, source_path
 
     work, lib = tmp_path / "work", tmp_path / "venv" / "site-packages"
     (work / "pkg").mkdir(parents=True)

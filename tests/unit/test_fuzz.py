@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from gpuprof import ProfilerAction as A
 from gpuprof import _gpuprof, record_function
-from gpuprof.tables import _UNPRINTABLE, SORT_KEYS
+from gpuprof.results.tables import _UNPRINTABLE, SORT_KEYS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -1,5 +1,5 @@
 """gpuprof's own threads get the GIL back from a main thread that lets it go and
-takes it back often (csrc/gil.c): _wait_readable hands the GIL over."""
+takes it back often (csrc/record/gil.c): _wait_readable hands the GIL over."""
 
 import os
 import threading

@@ -3,7 +3,7 @@
 One synthetic recording (two threads, nested Python calls and record_function ranges,
 two steps, CUDA API calls that launch kernels, copies, a memset, a sync and a device
 allocation on two streams) goes through the real C aggregation once. Its Chrome trace
-(the C writer, csrc/trace_json*.c, behind ``export_chrome_trace``) and its
+(the C writer, csrc/trace/trace_json*.c, behind ``export_chrome_trace``) and its
 ``key_averages().table()`` text are compared byte for byte with the files under
 tests/data/golden. A change to either output fails here; when the change is meant,
 regenerate with ``GPUPROF_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py`` and review
@@ -15,9 +15,9 @@ import pathlib
 
 import pytest
 from gpuprof import _gpuprof
-from gpuprof._results import Results
 from gpuprof.exporters import export_chrome_trace, export_stacks
-from gpuprof.tables import KeyAverages
+from gpuprof.results._results import Results
+from gpuprof.results.tables import KeyAverages
 
 C = _gpuprof._test_constants()
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "data" / "golden"

@@ -2,8 +2,9 @@
 
 import gpuprof
 import pytest
-from gpuprof import _gpuprof, tables
-from gpuprof._results import Results
+from gpuprof import _gpuprof
+from gpuprof.results import tables
+from gpuprof.results._results import Results
 
 C = _gpuprof._test_constants()
 gpuprof.cuda_status()  # loads libcupti when present: API names and classes come from it
@@ -241,7 +242,7 @@ def test_activity_only_api_records_from_unknown_threads_go_to_the_blocked_thread
 
 
 def test_sync_fix_depends_on_the_call():
-    from gpuprof.diagnose import _sync_fix
+    from gpuprof.analysis.diagnose import _sync_fix
 
     assert "pin_memory" in _sync_fix({"torch._C.TensorBase.cuda"})
     assert ".item()" in _sync_fix({"torch._C.TensorBase.item"})

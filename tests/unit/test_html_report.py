@@ -9,10 +9,10 @@ import re
 import gpuprof
 import numpy as np
 import pytest
-from gpuprof.diagnose import diagnose, step_breakdown
-from gpuprof.distributed import comm_overlap
+from gpuprof.analysis.diagnose import diagnose, step_breakdown
+from gpuprof.analysis.distributed import comm_overlap
 from gpuprof.exporters.html import FLAME_MIN_SHARE, export_html
-from gpuprof.views import kernel_table
+from gpuprof.results.views import kernel_table
 from report_profiles import (
     US,
     forward,
@@ -268,7 +268,7 @@ def test_memory_not_recorded_is_said(tmp_path):
 
 
 def test_a_loaded_profile_gives_the_same_report(training, tmp_path):
-    from gpuprof._loaded import LoadedProfile
+    from gpuprof.api._loaded import LoadedProfile
     from gpuprof.exporters.html import report_data
 
     saved = gpuprof.load(gpuprof.exporters.save(training, tmp_path / "run.gpuprof"))

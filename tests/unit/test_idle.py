@@ -12,14 +12,13 @@ import os
 import queue
 import select
 import socket
-import sys
 import threading
 import time
 
 import gpuprof
 import numpy as np
 import pytest
-from gpuprof import diagnose as diagnose_mod
+from gpuprof.analysis import diagnose as diagnose_mod
 
 
 def crunch(n=40):
@@ -154,25 +153,30 @@ def test_group_by_thread_names_each_thread(polled):
 # ---- each kind of wait ---------------------------------------------------------------------
 
 
+# the threads about to make their blocking call: each waiter below adds itself right
+# before it (a set's add lets no other thread run in between)
+_AT_THE_WAIT: set[int] = set()
+
+
+def _at_the_wait() -> None:
+    _AT_THE_WAIT.add(threading.get_ident())
+
+
 def _until_blocked_in(t, fn):
-    """Return once thread t runs fn and sleeps in the kernel three looks in a row, the
-    GIL free between looks (a thread waiting for the GIL would take it and move on):
-    it is blocked in fn's wait, however slowly the machine started it. Counted, not
-    timed; fails rather than hangs."""
+    """Return once thread t reached fn's blocking call and sleeps in the kernel three
+    looks in a row, the GIL free between looks (a thread waiting for the GIL would take
+    it and move on): it is blocked in that wait, however slowly the machine started it
+    (starting its feeder thread also sleeps, in Thread.start). Counted, not timed;
+    fails rather than hangs."""
     stat = f"/proc/self/task/{t.native_id}/stat"
     seen = 0
     for _ in range(20_000):
-        frame = sys._current_frames().get(t.ident)
-        in_fn = False
-        while frame is not None and not in_fn:
-            in_fn = frame.f_code is fn.__code__
-            frame = frame.f_back
         try:
             with open(stat) as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             return  # no /proc: the crunch below is all there is
-        seen = seen + 1 if in_fn and state == "S" else 0
+        seen = seen + 1 if t.ident in _AT_THE_WAIT and state == "S" else 0
         if seen == 3:
             return
         time.sleep(0.001)
@@ -184,6 +188,7 @@ def _waits_in(fn):
     computes: the idle ops of the blocked thread (read while it still waits, which the
     window's end closes), and the profile."""
     done = threading.Event()
+    _AT_THE_WAIT.clear()  # (a thread's ident is reused once it ended)
     t = threading.Thread(target=fn, args=(done,), name="waiter")
     try:
         with gpuprof.profile() as prof:
@@ -197,21 +202,29 @@ def _waits_in(fn):
     return {e.key for e in ka if e.thread == "waiter" and e.is_idle}, prof
 
 
+def _event_wait(done):
+    _at_the_wait()
+    done.wait()
+
+
 def _queue_get(done):
     q = queue.Queue()
     threading.Thread(target=lambda: (done.wait(), q.put(1)), name="feeder").start()
+    _at_the_wait()
     q.get()
 
 
 def _simple_queue_get(done):
     q = queue.SimpleQueue()
     threading.Thread(target=lambda: (done.wait(), q.put(1)), name="feeder").start()
+    _at_the_wait()
     q.get()
 
 
 def _socket_recv(done):
     a, b = socket.socketpair()
     threading.Thread(target=lambda: (done.wait(), b.send(b"x")), name="feeder").start()
+    _at_the_wait()
     select.select([a], [], [])
     a.recv(1)
     a.close()
@@ -221,6 +234,7 @@ def _socket_recv(done):
 def _pipe_read(done):
     r, w = os.pipe()
     threading.Thread(target=lambda: (done.wait(), os.write(w, b"x")), name="feeder").start()
+    _at_the_wait()
     os.read(r, 1)
     os.close(r)
     os.close(w)
@@ -229,7 +243,7 @@ def _pipe_read(done):
 @pytest.mark.parametrize(
     "waiter, expected",
     [
-        (lambda done: done.wait(), {"_thread.lock.acquire"}),  # threading.Event.wait
+        (_event_wait, {"_thread.lock.acquire"}),  # threading.Event.wait
         (_queue_get, {"_thread.lock.acquire"}),  # queue.Queue.get: Condition.wait
         (_simple_queue_get, {"_queue.SimpleQueue.get"}),
         (_socket_recv, {"select.select"}),

@@ -14,7 +14,7 @@ import gpuprof
 import numpy as np
 import pytest
 from gpuprof import ProfilerActivity
-from gpuprof.tables import KeyAverages
+from gpuprof.results.tables import KeyAverages
 from test_memory import MiB
 from test_memory import _synthetic as _memory_window
 
@@ -321,7 +321,7 @@ def test_events_device_time_joins_gpu_work_to_its_launch():
 
     res = _synthetic()  # f launches one 30 ns kernel through cudaLaunchKernel
 
-    class Loaded(gpuprof._loaded.LoadedProfile):
+    class Loaded(gpuprof.api._loaded.LoadedProfile):
         pass
 
     ev = Loaded(res).events()

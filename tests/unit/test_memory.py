@@ -12,10 +12,11 @@ import types
 import gpuprof
 import numpy as np
 import pytest
-from gpuprof import _gpuprof, memory
-from gpuprof._allocators import TorchAdapter
-from gpuprof._host_sampler import HOST_DTYPE, Series
-from gpuprof._results import Results
+from gpuprof import _gpuprof
+from gpuprof.analysis import memory
+from gpuprof.record._allocators import TorchAdapter
+from gpuprof.record._host_sampler import HOST_DTYPE, Series
+from gpuprof.results._results import Results
 
 C = _gpuprof._test_constants()
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-"""Module instances (gpuprof._modules, gpuprof._module_rows): each call of a
+"""Module instances (gpuprof.record._modules, gpuprof.results._module_rows): each call of a
 ``torch.nn.Module`` is charged to its instance, named as in the model, on PyTorch's CPU
 wheel (the GPU columns are checked in tests/gpu/test_backward_gpu.py)."""
 
@@ -120,7 +120,7 @@ def test_html_report_has_the_module_tree(tmp_path):
 
 
 def test_innermost_marked_looks_up_the_span_tree_and_stops_where_told():
-    from gpuprof._spans import innermost_marked
+    from gpuprof.core._spans import innermost_marked
 
     # 0 <- 1 <- 2 <- 3 <- 4 and 1 <- 5 <- 6; marked: 1 and 3; a stop at 5
     spans = np.zeros(7, dtype=[("parent", "i4")])

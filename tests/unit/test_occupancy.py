@@ -17,12 +17,12 @@ import sys
 
 import numpy as np
 import pytest
-from gpuprof import _deepdive as dd
 from gpuprof import _gpuprof
-from gpuprof._deepdive import _cupti as ddc
-from gpuprof._deepdive import _ncu as ddn
-from gpuprof.deepdive import deep_dive
-from gpuprof.occupancy import (
+from gpuprof.analysis import deepdive as dd
+from gpuprof.analysis.deepdive import _cupti as ddc
+from gpuprof.analysis.deepdive import _ncu as ddn
+from gpuprof.api.deepdive import deep_dive
+from gpuprof.results.occupancy import (
     ARCH_LIMITS,
     annotate_kernels,
     arch_limits,
@@ -241,7 +241,7 @@ def test_estimated_achieved_occupancy_is_capped_by_the_grid():
 
 
 def test_annotate_kernel_rows_with_and_without_properties():
-    from gpuprof._results import KERNELS_DTYPE
+    from gpuprof.results._results import KERNELS_DTYPE
 
     rows = np.zeros(3, dtype=KERNELS_DTYPE)
     rows["block"][0] = (256, 1, 1)
@@ -269,7 +269,7 @@ C = _gpuprof._test_constants()
 
 
 def _results(meta):
-    from gpuprof._results import Results
+    from gpuprof.results._results import Results
 
     gpu = [
         dict(
@@ -317,7 +317,7 @@ def test_kernels_array_carries_occupancy_through_the_c_aggregation():
     assert conv["shared_mem"] == 48 * 1024
     assert (float(conv["occupancy"]), conv["occupancy_limiter"]) == (0.25, "shared_mem")
     # accumulated windows keep the per-configuration fields instead of summing them
-    from gpuprof._results import Results
+    from gpuprof.results._results import Results
 
     two = Results(res.windows * 2, cuda=res.cuda, meta=res.meta).kernels()
     assert sorted(two["occupancy"].tolist()) == [0.25, 0.5]
@@ -326,7 +326,7 @@ def test_kernels_array_carries_occupancy_through_the_c_aggregation():
 
 def test_kernel_table_shows_occupancy(capsys):
     # `gpuprof report --kernels` prints this table (LoadedProfile.kernel_table)
-    from gpuprof.views import kernel_table
+    from gpuprof.results.views import kernel_table
 
     print(kernel_table(_results({"device_properties": [H100]}).kernels(), row_limit=10))
     out = capsys.readouterr().out
@@ -505,7 +505,7 @@ def _synthetic_results(meta=None):
 
 
 def test_top_kernels_are_ordered_by_gpu_time():
-    from gpuprof._results import Results
+    from gpuprof.results._results import Results
 
     gpu = [
         dict(
@@ -565,7 +565,7 @@ def test_deep_dive_without_counters_says_why_and_keeps_the_rest(monkeypatch):
     # the theoretical occupancy is there even without counters
     assert {k.occupancy_limiter for k in rep.kernels} == {"registers", "shared_mem"}
     # no kernels at all
-    from gpuprof._results import Results
+    from gpuprof.results._results import Results
 
     raw = _gpuprof._test_aggregate([], [], [], 0, 1000, [], 1)
     empty = deep_dive(Results([raw]), 3, replay=lambda: None)

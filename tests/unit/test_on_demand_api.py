@@ -12,8 +12,8 @@ import sys
 
 import gpuprof
 import pytest
-from gpuprof import _ondemand
-from gpuprof._ondemand import _proto as proto
+from gpuprof.api import ondemand as _ondemand
+from gpuprof.core import _ondemand_proto as proto
 
 
 @pytest.fixture
@@ -239,7 +239,7 @@ def test_a_capture_waiting_to_start_refuses_others(runtime, tmp_path):
 def test_a_started_capture_is_stopped_only_by_an_abort_and_writes_nothing(runtime, tmp_path):
     """capture --all-ranks undoes its own request when another rank refused it (abort);
     a plain cancel leaves a started capture alone."""
-    from gpuprof._ondemand._capture import InProcessReply
+    from gpuprof.record._ondemand_capture import InProcessReply
 
     od = gpuprof.arm(signal=None, poll_interval_s=0.05)
     od.step()

@@ -1,11 +1,11 @@
-"""gpuprof._peaks: the dense-peak table, the precision an op ran in, and the TFLOPS and
+"""gpuprof.analysis._peaks: the dense-peak table, the precision an op ran in, and the TFLOPS and
 MFU arithmetic, on synthetic op rows. An op above its peak is a counting error: the
 checks here fail on it."""
 
 import pytest
-from gpuprof import _peaks
-from gpuprof._flops import flops
-from gpuprof._peaks import (
+from gpuprof.analysis import _peaks
+from gpuprof.analysis._flops import flops
+from gpuprof.analysis._peaks import (
     PEAKS,
     PRECISIONS,
     CountingError,
@@ -147,7 +147,7 @@ def test_kernel_precision(kernel, precision):
 def test_kernel_precision_agrees_with_the_diagnosis():
     """gpuprof.diagnose's mixed-precision check reads kernels the same way where both
     know the precision (it has no fp64, int8 or fp4)."""
-    from gpuprof import diagnose
+    from gpuprof.analysis import diagnose
 
     names = [
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",

@@ -17,10 +17,10 @@ import gpuprof
 import numpy as np
 import pytest
 from gpuprof import _gpuprof
+from gpuprof.analysis.processes import ProcessData
 from gpuprof.exporters import export_chrome_trace, load, save
 from gpuprof.exporters.chrome import trace_meta
 from gpuprof.exporters.saved import FORMAT_VERSION
-from gpuprof.processes import ProcessData
 
 # the trace and table checks of the exporter tests
 from test_exporters import assert_nested_per_lane, assert_tables_equal, ns

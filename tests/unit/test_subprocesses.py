@@ -17,8 +17,8 @@ import warnings
 
 import gpuprof
 import pytest
-from gpuprof import _subprocess
-from gpuprof._subprocess import _current, _parent, _pieces
+from gpuprof.record import _subprocess
+from gpuprof.record._subprocess import _current, _parent, _pieces
 
 CPU = [gpuprof.ProfilerActivity.CPU]
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuprof.__file__)))
@@ -447,7 +447,7 @@ def test_persistent_worker_follows_the_schedule():
     assert pieces[1]["window_start_ns"] >= windows[0]["window_end_ns"]
     counts = []
     for piece in pieces:
-        n = calls(gpuprof._results.Results([piece]).ops(), "tick")
+        n = calls(gpuprof.results._results.Results([piece]).ops(), "tick")
         # a tick sleeps at least 2 ms, so the child's own window bounds the count
         fits = (piece["window_end_ns"] - piece["window_start_ns"]) / 2e6 + 1
         assert 1 <= n <= fits, (n, fits)
@@ -622,7 +622,7 @@ def test_worker_hotspot_leaves_out_waiting_for_work():
             time.sleep(0.05)  # the worker has done its item: it waits in q.get meanwhile
         q.put(None)
         p.join()
-    from gpuprof.processes import worker_hotspot
+    from gpuprof.analysis.processes import worker_hotspot
 
     hot = worker_hotspot(prof.results)
     assert hot["workers"] == 1
@@ -642,7 +642,7 @@ def test_worker_hotspot_leaves_out_waiting_for_work():
 def test_worker_hotspot_without_children_is_empty():
     with gpuprof.profile(activities=CPU) as prof:
         main_side(10)
-    from gpuprof.processes import worker_hotspot
+    from gpuprof.analysis.processes import worker_hotspot
 
     assert worker_hotspot(prof.results) == {}
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import gpuprof
 import pytest
-from gpuprof import _threads
+from gpuprof.record import _threads
 from test_exporters import read_trace
 from test_html_report import page_data
 

@@ -1,4 +1,4 @@
-"""What an armed process answers `gpuprof top` for a sampled step (_ondemand/_summary.py),
+"""What an armed process answers `gpuprof top` for a sampled step (api/ondemand/_summary.py),
 and how top prints it (cli/_top.py), on synthetic GPU steps put through the real C
 aggregation: GPU time, the ops that launched it and the kernels, the shares of the
 step, and the same figures on the line and on the screen.
@@ -11,9 +11,9 @@ import json
 
 import pytest
 import timelines
-from gpuprof._ondemand import _summary
-from gpuprof._ondemand._top import Interval, Proc, Row, Top
+from gpuprof.api.ondemand import _summary
 from gpuprof.cli import _top as cli_top
+from gpuprof.cli.ondemand._top import Interval, Proc, Row, Top
 from timelines import US, C
 
 LAUNCH = 211  # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000

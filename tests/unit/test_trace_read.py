@@ -1,10 +1,10 @@
-"""gpuprof._trace_read.read_trace: the one reader of Chrome traces (merge, report)."""
+"""gpuprof.core._trace_read.read_trace: the one reader of Chrome traces (merge, report)."""
 
 import gzip
 import json
 
 import pytest
-from gpuprof._trace_read import read_trace
+from gpuprof.core._trace_read import read_trace
 
 EVENTS = [{"ph": "X", "name": "f", "ts": 1.0, "dur": 2.0, "pid": 1, "tid": 1}]
 

@@ -9,7 +9,7 @@ import textwrap
 
 import gpuprof
 import numpy as np
-from gpuprof._paths import is_library, user_location
+from gpuprof.core._paths import is_library, user_location
 
 LIB = textwrap.dedent("""
     import time
@@ -35,7 +35,7 @@ LIB = textwrap.dedent("""
 
 SCRIPT = textwrap.dedent("""
     import sys, gpuprof
-    from gpuprof._spans import user_caller
+    from gpuprof.core._spans import user_caller
     import fakelib
 
     def train_step():
@@ -117,8 +117,8 @@ def test_the_users_line_is_outside_installed_packages(tmp_path):
 def test_a_module_top_level_without_a_recorded_call_site_has_no_line():
     # given: spans of a module's top level with a library function below it, whose
     # call site was not recorded (site 0), as in windows saved by older versions
-    from gpuprof._constants import OP_PYTHON
-    from gpuprof._spans import user_caller
+    from gpuprof.core._constants import OP_PYTHON
+    from gpuprof.core._spans import user_caller
 
     fields = [("kind", "u1"), ("op_row", "i4"), ("line", "i4"), ("parent", "i4")]
     spans = np.zeros(2, dtype=fields + [("start_ns", "i8"), ("end_ns", "i8")])

@@ -5,8 +5,8 @@ from html.parser import HTMLParser
 import gpuprof
 import pytest
 from gpuprof import _gpuprof
-from gpuprof._results import Results
-from gpuprof.views import kernel_table, step_table
+from gpuprof.results._results import Results
+from gpuprof.results.views import kernel_table, step_table
 
 C = _gpuprof._test_constants()
 

@@ -7,10 +7,10 @@
     python -m gpuprof run --delay 30 --duration 10 train.py
 
 Steps are found without code changes: every PyTorch optimizer step ends one
-(``gpuprof._steps``), or ``--step-fn module:function`` names the function whose
+(``gpuprof.core._steps``), or ``--step-fn module:function`` names the function whose
 every return ends one; ``--delay/--duration`` record a time window instead. By
 default the start-up up to the end of the first step is recorded apart and left out
-of the results (``gpuprof._steps.StartupApart``); ``--whole-run`` keeps it.
+of the results (``gpuprof.core._steps.StartupApart``); ``--whole-run`` keeps it.
 
 Every argument is checked before the program starts: a bad one gets one line on
 stderr and exit code 2. When the program has ended, the ``--output`` files are

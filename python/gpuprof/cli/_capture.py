@@ -19,9 +19,9 @@ from ._common import (
 )
 
 
-# -- on-demand capture (gpuprof._ondemand, docs/on-demand.md) --
+# -- on-demand capture (gpuprof.api.ondemand, docs/on-demand.md) --
 def _signal_arg(text: str) -> str:
-    from .._ondemand._proto import parse_signal
+    from ..core._ondemand_proto import parse_signal
 
     try:
         parse_signal(text)
@@ -74,7 +74,9 @@ def _check_trigger_dir(path: str) -> None:
 
 def _run_on_demand(args) -> int:
     """``run --on-demand``: the program runs armed and unprofiled; ``capture`` asks."""
-    from .. import _launch, _ondemand, _steps
+    from ..api import ondemand as _ondemand
+    from ..core import _steps
+    from . import _launch
 
     if not args.on_demand:
         flag = "--signal" if args.signal is not None else "--trigger-dir"
@@ -149,8 +151,8 @@ def _run_on_demand(args) -> int:
 
 
 def cmd_capture(args) -> int:
-    from .._ondemand import _client as client
-    from .._ondemand._capture import default_output
+    from ..record._ondemand_capture import default_output
+    from .ondemand import _client as client
 
     if args.list:
         if args.pids or args.trigger_dir or args.all_ranks or args.cancel:

@@ -10,6 +10,8 @@ import os
 import sys
 import traceback
 
+from ..core._paths import PACKAGE_DIR
+
 
 class _CliError(Exception):
     """A bad argument: printed as one line, exit code 2."""
@@ -56,7 +58,7 @@ def _seconds(positive: bool):
 
 
 def _sort_key(text: str) -> str:
-    from ..tables import SORT_KEYS
+    from ..results.tables import SORT_KEYS
 
     if text not in SORT_KEYS:
         raise argparse.ArgumentTypeError(
@@ -66,7 +68,7 @@ def _sort_key(text: str) -> str:
 
 
 def _step_fn(text: str) -> str:
-    from .._steps import parse
+    from ..core._steps import parse
 
     try:
         parse(text)
@@ -115,7 +117,7 @@ def _check_cuda_usable(side: str) -> None:
 def _find_program(args):
     """The program that `run` is to start (a script, or -m module), with its folder
     first on sys.path, as python itself puts it; a one-line error when not found."""
-    from .. import _launch
+    from . import _launch
 
     try:
         program = _launch.find(args.target, args.module)
@@ -154,10 +156,7 @@ def _run_program(program, code, argv, init_globals) -> int:
 
 def _is_ours(filename: str) -> bool:
     """Whether ``filename`` is a file of the gpuprof package (this file's grandparent)."""
-    return filename.startswith(_PACKAGE_DIR)
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    return filename.startswith(PACKAGE_DIR)
 
 
 def _flush(stream) -> None:

@@ -16,7 +16,7 @@ from ._common import _CliError
 
 
 def cmd_dump(args) -> int:
-    from .._ondemand import _dump_client as dc
+    from .ondemand import _dump_client as dc
 
     if not args.pids:
         raise _CliError(
@@ -83,7 +83,7 @@ def _tid(t) -> str:
 
 
 def _device_note(d, t) -> str | None:
-    from .._ondemand._dump_client import CUDA_CALLS, TENSOR_SYNCS
+    from .ondemand._dump_client import CUDA_CALLS, TENSOR_SYNCS
 
     callee = (t.call or {}).get("callee")
     if not callee:
@@ -160,7 +160,7 @@ def format_dump(d, header: bool = False) -> str:
 
 
 def _native_state(n: dict) -> str:
-    from .._ondemand._dump_client import STATES
+    from .ondemand._dump_client import STATES
 
     state = STATES.get(n.get("state") or "", "")
     sc = n.get("syscall")
@@ -249,7 +249,7 @@ def _rank_name(d) -> str:
 
 
 def format_ranks(dumps) -> str:
-    from .._ondemand._dump_client import compare_ranks
+    from .ondemand._dump_client import compare_ranks
 
     names = ", ".join(f"{_rank_name(d)} (pid {d.pid})" for d in dumps)
     lines = [f"== {len(dumps)} processes: {names}"]

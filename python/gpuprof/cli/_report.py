@@ -179,9 +179,9 @@ def cmd_report(args) -> int:
 
 def _trace_report(path: str, kernels: bool, limit: int):
     """Totals by name from an exported Chrome trace (ours or any Kineto-style trace)."""
-    from .._format import format_time
-    from .._trace_read import read_trace
-    from ..views import Table
+    from ..core._format import format_time
+    from ..core._trace_read import read_trace
+    from ..results.views import Table
 
     try:
         events = read_trace(path, "report")["traceEvents"]
@@ -257,7 +257,7 @@ def _write_html(write, path: str) -> None:
 
 # -- merge (gpuprof.distributed) --
 def cmd_merge(args) -> int:
-    from ..distributed import merge
+    from ..analysis.distributed import merge
 
     ranks = None
     if args.ranks:

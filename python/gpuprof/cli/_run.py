@@ -1,6 +1,6 @@
 """``run``: profile an unmodified program, with its step schedule, time window or
 capture range, then write the files and print the report (``demo`` runs the bundled
-loop). Steps are found by ``gpuprof._steps``; ``run --on-demand`` is ``_capture``'s.
+loop). Steps are found by ``gpuprof.core._steps``; ``run --on-demand`` is ``_capture``'s.
 
 With none of those flags (and no ``--whole-run``), the start-up up to the end of the
 first step is a window of its own (``_steps.StartupApart``) that the results leave
@@ -42,7 +42,7 @@ def _profile_kwargs(args, startup=None) -> dict:
     import gpuprof
 
     kwargs: dict = {"profile_memory": args.memory, "with_stack": args.with_stack}
-    if startup is not None:  # the default: start-up apart (gpuprof._steps.StartupApart)
+    if startup is not None:  # the default: start-up apart (gpuprof.core._steps.StartupApart)
         kwargs["schedule"] = startup
         kwargs["on_trace_ready"] = startup.window_ready
     if args.subprocesses:  # -- subprocesses (docs/subprocesses.md) --
@@ -101,7 +101,7 @@ def _check_run(args) -> None:
         _check_cuda_usable("profile")
     if args.capture_range:
         try:
-            gpuprof._nvtx.parse_capture(args.capture_range)
+            gpuprof.record._nvtx.parse_capture(args.capture_range)
         except ValueError as e:
             raise _CliError(f"--capture-range: {e}") from None
         if args.capture_range == "cudaProfilerApi":
@@ -177,7 +177,8 @@ class _TimeWindow:
 def cmd_run(args) -> int:
     import gpuprof
 
-    from .. import _launch, _steps
+    from ..core import _steps
+    from . import _launch
 
     if args.on_demand or args.signal is not None or args.trigger_dir is not None:
         return _run_on_demand(args)  # -- on-demand capture --
@@ -347,7 +348,7 @@ def _startup_note(prof, startup) -> str | None:
         return None
     import json
 
-    from .._steps import startup_note
+    from ..core._steps import startup_note
 
     header = startup.header()
     prof.add_metadata_json("gpuprof_startup", json.dumps(header))
@@ -432,7 +433,7 @@ def _report_run(prof, results, args, counter, source, out, startup_apart=False) 
 # -- subprocesses (docs/subprocesses.md) --
 def _report_processes(prof, args, out) -> None:
     """One line per profiled process, then the workers' ops summed (when any recorded)."""
-    from .._format import format_time
+    from ..core._format import format_time
 
     procs = prof.processes()
     workers = procs[procs["role"] == "worker"]
@@ -461,6 +462,6 @@ def _report_processes(prof, args, out) -> None:
 
 
 def cmd_demo(args) -> int:
-    from .. import demo
+    from . import demo
 
     return demo.main([])

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from .._format import format_bytes
+from ..core._format import format_bytes
 from ._capture import check_targets
 from ._common import _flush
 
@@ -329,8 +329,8 @@ def _on_signal(signum, frame):
 
 
 def cmd_top(args) -> int:
-    from .._ondemand import _client as client
-    from .._ondemand._top import Top
+    from .ondemand import _client as client
+    from .ondemand._top import Top
 
     check_targets(args, "to watch the ranks of one job (or watch each one on its own)")
     try:

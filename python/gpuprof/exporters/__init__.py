@@ -35,9 +35,9 @@ __all__ = [
 
 def __getattr__(name: str):
     # load() and LoadedProfile answer as a profile does, so they live above the
-    # exporters (gpuprof._loaded); they stay reachable here, where they always were.
+    # exporters (gpuprof.api._loaded); they stay reachable here, where they always were.
     if name in ("LoadedProfile", "load"):
-        from .. import _loaded
+        from ..api import _loaded
 
         return getattr(_loaded, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

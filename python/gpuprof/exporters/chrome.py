@@ -1,7 +1,7 @@
 """Chrome trace export: one recorded window as Kineto-compatible trace JSON,
 with the child processes profiled in that window as their own process lanes.
 
-The events are formatted in C (``_gpuprof._write_trace``, csrc/trace_json.c);
+The events are formatted in C (``_gpuprof._write_trace``, csrc/trace/trace_json.c);
 this module prepares what C cannot know: display names, thread names, the
 metadata keys before ``traceEvents``, and gzip for ``.gz`` paths. The schema
 and what each track means are described in docs/traces.md.
@@ -17,15 +17,15 @@ import sys
 import numpy as np
 
 from .. import _gpuprof
-from .._constants import GPU_FREE as _GPU_FREE
-from .._constants import GPU_MALLOC as _GPU_MALLOC
-from .._constants import OP_CFUNC as _OP_CFUNC
-from .._constants import OP_PYTHON as _OP_PYTHON
-from .._constants import OP_STEP as _OP_STEP
-from .._output import atomic_output, check_output_path, reraise_os_error
-from .._paths import display_files
-from .._ranks import distributed_info as _distributed_info
 from .._version import __version__
+from ..core._constants import GPU_FREE as _GPU_FREE
+from ..core._constants import GPU_MALLOC as _GPU_MALLOC
+from ..core._constants import OP_CFUNC as _OP_CFUNC
+from ..core._constants import OP_PYTHON as _OP_PYTHON
+from ..core._constants import OP_STEP as _OP_STEP
+from ..core._output import atomic_output, check_output_path, reraise_os_error
+from ..core._paths import display_files
+from ..core._ranks import distributed_info as _distributed_info
 
 __all__ = [
     "atomic_output",
@@ -74,7 +74,7 @@ def program_name() -> str:
 def distributed_info() -> dict:
     """Rank metadata: torch.distributed when it is initialised (never imported
     here), else torchrun's RANK/WORLD_SIZE, else a single process."""
-    # -- distributed (gpuprof._ranks): also pg_count, pg_config, nccl_version --
+    # -- distributed (gpuprof.core._ranks): also pg_count, pg_config, nccl_version --
     return _distributed_info()
 
 
@@ -122,7 +122,7 @@ def _header(results, window: dict, props: list[dict], thinned: dict | None = Non
 
 
 def _thread_names(results, window: dict) -> list[str]:
-    return results.thread_row_names(window)  # kept past each thread's end (gpuprof._threads)
+    return results.thread_row_names(window)  # kept past each thread's end (gpuprof.record._threads)
 
 
 def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = None) -> dict:
@@ -279,7 +279,7 @@ def check_min_duration(min_duration_us, func: str) -> float:
 
 def _thin(window: dict, min_ns: int) -> tuple[dict, int]:
     """The window without the Python and C calls shorter than ``min_ns`` that launched
-    no CUDA work (csrc/trace_json.c, keep_spans), and how many calls that leaves out."""
+    no CUDA work (csrc/trace/trace_json.c, keep_spans), and how many calls that leaves out."""
     mask, omitted = _gpuprof._trace_keep(window, min_ns)
     if not omitted:
         return window, 0

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import source_location
-from .._results import Results, display_name
-from .._steps import startup_note
-from ..tables import KeyAverages, format_time, op_columns
+from ..core._paths import source_location
+from ..core._steps import startup_note
+from ..results._results import Results, display_name
+from ..results.tables import KeyAverages, format_time, op_columns
 from .chrome import _thread_names, atomic_output, check_output_path, program_name
 
 __all__ = ["export_compare_html", "export_html", "report_data", "compare_data"]
@@ -156,7 +156,7 @@ def op_table(ka: KeyAverages) -> dict:
 
 def _kernel_table(kernels: np.ndarray) -> dict:
     """The rows of :func:`gpuprof.views.kernel_table`, every one, sortable."""
-    from ..views import kernel_table
+    from ..results.views import kernel_table
 
     t = kernel_table(kernels, row_limit=-1, max_name_width=1 << 30)
     order = np.argsort(-kernels["total_ns"].astype(np.float64), kind="stable")
@@ -188,7 +188,7 @@ def _kernel_table(kernels: np.ndarray) -> dict:
 
 
 def _step_table(steps: np.ndarray) -> dict:
-    from ..views import step_table
+    from ..results.views import step_table
 
     t = step_table(steps)
     f = (
@@ -255,8 +255,8 @@ def _summary(results: Results, title: str | None) -> dict:
 
 
 def _diagnosis(results: Results) -> dict:
-    from .._findings import _fmt
-    from ..diagnose import diagnose
+    from ..analysis.diagnose import diagnose
+    from ..results._findings import _fmt
 
     d = diagnose(results)
     out = d.to_dict()
@@ -267,7 +267,7 @@ def _diagnosis(results: Results) -> dict:
 
 
 def _steps(results: Results) -> dict:
-    from ..diagnose import step_breakdown
+    from ..analysis.diagnose import step_breakdown
 
     b = step_breakdown(results)
     windows = []
@@ -380,7 +380,7 @@ def _curve(ts, t0, **series) -> dict:
 
 
 def _memory(results: Results, sampler) -> dict:
-    from .. import memory
+    from ..analysis import memory
 
     t0 = results.window_bounds()[0]
     summary = memory.memory_summary(results, sampler=sampler)
@@ -485,7 +485,7 @@ def _processes(results: Results, processes) -> dict | None:
     """-- subprocesses --: one row per process, and the workers' ops summed."""
     if processes is None or len(processes) < 2:
         return None
-    from .. import processes as _proc
+    from ..analysis import processes as _proc
 
     cols = [
         ("PID", "r"),
@@ -543,7 +543,7 @@ def _processes(results: Results, processes) -> dict | None:
 
 def _ranks(results: Results) -> dict | None:
     """-- distributed --: this rank's place in the job and its communication per step."""
-    from ..distributed import comm_overlap
+    from ..analysis.distributed import comm_overlap
     from .chrome import distributed_info
 
     info = results.meta.get("distributed_info") or distributed_info()
@@ -700,8 +700,8 @@ def export_html(
 
 def compare_data(comparison, title: str | None = None) -> dict:
     """The document the comparison page draws; see :func:`export_compare_html`."""
-    from .._comparison import Comparison
     from .._version import __version__
+    from ..analysis.comparison import Comparison
 
     if not isinstance(comparison, Comparison):
         raise TypeError(

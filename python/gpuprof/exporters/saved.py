@@ -5,7 +5,7 @@ array of every window (``w0/spans.npy``, ``w0/gpu.npy``, ...), readable with
 ``numpy.load`` and no pickle, plus ``meta.json`` holding everything that is
 not an array: op names, files and lines, kernel names, the window's scalars,
 the CUDA capture state, thread and process names, device properties and the
-format version. Each window is stored as ``gpuprof._window_file`` defines, the
+format version. Each window is stored as ``gpuprof.core._window_file`` defines, the
 layout that child-process pieces share.
 
 Format version 2 adds the child processes of ``profile(subprocesses=True)``
@@ -32,9 +32,9 @@ import zipfile
 
 import numpy as np
 
-from .. import _window_file
-from .._results import Results
-from ..processes import ProcessData
+from ..analysis.processes import ProcessData
+from ..core import _window_file
+from ..results._results import Results
 from .chrome import (
     atomic_output,
     check_output_path,
@@ -110,7 +110,7 @@ def save(results: Results, path) -> str:
 def _split_memory(results: Results, samples, arrays: dict) -> dict:
     """The samples inside the windows go to ``arrays`` under ``memory/``; the
     sampler's scalars are returned."""
-    from ..memory import kept_samples
+    from ..analysis.memory import kept_samples
 
     kept = kept_samples(results, samples)
     arrays[_window_file.entry_name(_MEMORY, "host")] = kept.host_samples()
@@ -129,7 +129,7 @@ def _split_memory(results: Results, samples, arrays: dict) -> dict:
 
 
 def _load_memory(meta: dict, entries: dict):
-    from .._host_sampler import SampleSnapshot
+    from ..record._host_sampler import SampleSnapshot
 
     allocators = {
         name: {int(d): entries[f"{name}.{d}"] for d in devices}

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 
-from .._ranks import expand_name
+from ..core._ranks import expand_name
 from .chrome import check_min_duration
 
 __all__ = ["tensorboard_trace_handler"]

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from .._loaded import LoadedProfile
-from ..diagnose import data_wait_per_step, diagnose
+from ..analysis.diagnose import data_wait_per_step, diagnose
+from ..api._loaded import LoadedProfile
+from ..api.profiler import profile as _profile
 from ..exporters.tensorboard import tensorboard_trace_handler
-from ..profiler import profile as _profile
-from ..schedule import ProfilerAction, Schedule, action_at
-from ..tables import SORT_KEYS, format_time
-from ..views import Table
+from ..record.schedule import ProfilerAction, Schedule, action_at
+from ..results.tables import SORT_KEYS, format_time
+from ..results.views import Table
 
 __all__ = [
     "METRIC_NAMES",

@@ -7,7 +7,7 @@ See docs/integrations.md.
 
 from __future__ import annotations
 
-from ._lightning import build
+from ._lightning_base import build
 from ._session import require
 
 __all__ = ["GpuprofProfiler"]

@@ -8,7 +8,7 @@ while ``lightning`` is installed too. See docs/integrations.md.
 
 from __future__ import annotations
 
-from ._lightning import build
+from ._lightning_base import build
 from ._session import require
 
 __all__ = ["GpuprofProfiler"]

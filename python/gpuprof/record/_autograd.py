@@ -1,0 +1,205 @@
+"""Autograd node ranges: the part of a profile that asks PyTorch for one NVTX range per
+backward node, so that backward kernels are charged to ``AddmmBackward0`` and its kin.
+
+autograd runs the backward pass on its own C++ threads, where no Python frame exists,
+so the Python hook alone charges every backward kernel to ``loss.backward()``'s call.
+PyTorch can push an NVTX range around each node it runs, on those threads too
+(``torch.autograd._enable_profiler`` with the NVTX state and the BACKWARD_FUNCTION scope,
+the node-only part of ``emit_nvtx()``); gpuprof is the process's NVTX injection
+(``_nvtx``), and csrc/record/nvtx.c names each range by its node (docs/backward.md).
+
+The callback is PyTorch's, per thread: it is switched on for the thread that starts the
+profile or calls ``prof.step()``, and autograd carries it into its device threads for
+each backward pass begun there. With a schedule it is on only while a window records
+(from the step that opens WARMUP to the one that ends the window), so waiting steps pay
+nothing; without one, from ``start()`` to ``stop()``. ``torch`` is never imported here:
+the part reads ``sys.modules`` at ``start()``, so PyTorch must be imported by then.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from .. import _gpuprof
+from . import _nvtx
+from ._parts import Part
+from ._recording import RecordingState
+
+__all__ = ["AutogradNodes", "seq_peek_address", "torch_reason"]
+
+_NO_TORCH = "PyTorch is not imported"
+
+
+def torch_reason() -> str:
+    """Why this process cannot have autograd node ranges now ("" when it can): PyTorch
+    not imported, a build without CUDA, or NVTX ranges that do not reach gpuprof. Does
+    not look at a profile's own state (another torch profiler on the thread)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "autograd"):
+        return _NO_TORCH
+    if getattr(getattr(torch, "version", None), "cuda", None) is None:
+        return (
+            "this PyTorch is built without CUDA (CPU wheel or ROCm): it has no NVTX "
+            "ranges for autograd nodes, so the backward pass stays under loss.backward()"
+        )
+    nvtx = _nvtx.status()
+    if nvtx["reason"]:
+        return f"NVTX ranges do not reach gpuprof: {nvtx['reason']}"
+    return ""
+
+
+def seq_peek_address(torch) -> int:
+    """The address of ``at::sequence_number::peek`` in the loaded libtorch, the C
+    function that reads the calling thread's autograd sequence counter (the number
+    the next node made there gets), or 0 where this PyTorch has none. The hook
+    reads it at every event while a window records, to join each backward node to
+    the forward call that made it (csrc/record/hook.c, docs/backward.md)."""
+    import ctypes
+
+    where = getattr(torch, "__file__", None)
+    if not where:
+        return 0
+    lib = os.path.join(os.path.dirname(where), "lib", "libtorch_cpu.so")
+    try:
+        fn = ctypes.CDLL(lib)._ZN2at15sequence_number4peekEv
+    except (OSError, AttributeError):
+        return 0
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+
+
+def _config(torch):
+    """(enable, disable) callables for the node ranges of this PyTorch; raises
+    AttributeError or ImportError when its private API moved."""
+    prof = torch._C._profiler
+    config = prof.ProfilerConfig(
+        prof.ProfilerState.NVTX, False, False, False, False, False, prof._ExperimentalConfig()
+    )
+    scopes = {prof.RecordScope.BACKWARD_FUNCTION}
+    autograd = torch.autograd
+    enable, disable = autograd._enable_profiler, autograd._disable_profiler
+
+    def on():
+        enable(config, set(), scopes)
+
+    def off():
+        disable()  # returns a (here empty) result object: dropped
+
+    return on, off, autograd._profiler_enabled
+
+
+class AutogradNodes(Part):
+    """``autograd_nodes=True``: PyTorch's NVTX range per autograd node while recording.
+
+    ``status()`` says whether the ranges were on in the recorded windows, or why not;
+    the profile's results carry it as ``results.cuda["autograd_nodes"]``.
+    """
+
+    def __init__(self, wanted: bool, cuda: bool, scheduled: bool):
+        self.wanted = wanted
+        self.cuda = cuda
+        # with a schedule, follow the windows step by step
+        self.steps = bool(wanted and cuda and scheduled)
+        self._scheduled = scheduled
+        self._on_thread: int | None = None  # the thread the callback is on for
+        self._fns = None  # (on, off, enabled) when this PyTorch can, from start()
+        self._reason = "" if wanted else "autograd_nodes=False"
+        self._was_on = False
+        self._peek = 0  # at::sequence_number::peek, read by the hook while recording
+
+    # -- state --------------------------------------------------------------
+    def status(self) -> dict:
+        """``on`` (node ranges were on while recording), ``reason`` (why not, or why
+        only part of the time; "" when all is well) and ``forward`` (the nodes were
+        joined to the forward calls that made them: PyTorch's sequence counter was
+        read)."""
+        if not self.wanted:
+            return {"on": False, "reason": "autograd_nodes=False", "forward": False}
+        if not self.cuda:
+            return {"on": False, "reason": "CUDA capture is off", "forward": False}
+        forward = self._was_on and bool(self._peek)
+        return {"on": self._was_on, "reason": self._reason, "forward": forward}
+
+    # -- switching ----------------------------------------------------------
+    def _on(self) -> None:
+        if self._fns is None and self._reason == _NO_TORCH and "torch" in sys.modules:
+            self._resolve()  # imported since start(): gpuprof's frames are hidden here
+        if self._on_thread is not None or self._fns is None:
+            return
+        on, _, enabled = self._fns
+        if enabled():
+            self._reason = (
+                "another PyTorch profiler is active on this thread (torch.profiler or "
+                "emit_nvtx): gpuprof adds no node ranges, and names those it emits"
+            )
+            return
+        try:
+            on()
+        except RuntimeError as e:
+            self._reason = f"torch.autograd._enable_profiler failed: {e}"
+            return
+        self._on_thread = threading.get_ident()
+        self._was_on = True
+        self._reason = ""
+
+    def _off(self) -> None:
+        if self._on_thread is None:
+            return
+        thread, self._on_thread = self._on_thread, None
+        if threading.get_ident() != thread:
+            # PyTorch's callback is per thread: only its own thread can take it off.
+            # It records nothing while no window is open.
+            self._reason = (
+                "the node ranges were switched on by another thread than the one that "
+                "stopped the profile, and stay on there"
+            )
+            return
+        if self._fns is None:
+            return
+        try:
+            self._fns[1]()
+        except RuntimeError as e:  # someone else took PyTorch's profiler state off
+            self._reason = f"torch.autograd._disable_profiler failed: {e}"
+
+    # -- Part ---------------------------------------------------------------
+    def start(self, state: RecordingState) -> None:
+        """Before the hook goes on: whether this PyTorch can. (Looked at again at a
+        step where PyTorch was not imported at start: ``python -m gpuprof run``
+        starts before the program imports it.)"""
+        self._on_thread = None
+        self._was_on = False
+        self._fns = None
+        if self.wanted and self.cuda:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        self._reason = torch_reason()
+        if self._reason:
+            return
+        torch = sys.modules["torch"]
+        try:
+            self._fns = _config(torch)
+        except (AttributeError, ImportError, TypeError) as e:
+            self._reason = f"this PyTorch has no NVTX callback for autograd nodes ({e!r})"
+            return
+        self._peek = seq_peek_address(torch)
+        _gpuprof._set_seq_peek(self._peek)
+
+    def started(self, state: RecordingState) -> None:
+        if not self._scheduled or state.hooked:
+            self._on()
+
+    def after_step(self, state: RecordingState) -> None:
+        if state.hooked:
+            self._on()
+        else:
+            self._off()
+
+    def stopped(self, state: RecordingState) -> None:
+        self._off()
+        if self._peek:
+            _gpuprof._set_seq_peek(0)
+
+    def contribute(self, results) -> None:
+        results.cuda = {**results.cuda, "autograd_nodes": self.status()}
