@@ -99,7 +99,10 @@ def build_floor() -> str | None:
         "-fPIC",
         f"-I{inc}",
         f"-I{cuda_inc}",
-        f"-I{os.path.join(ROOT, 'csrc')}",
+        *(
+            f"-I{d}"
+            for d in [os.path.join(ROOT, "csrc"), *glob.glob(os.path.join(ROOT, "csrc", "*/"))]
+        ),
         os.path.join(HERE, "cupti_floor.c"),
         "-o",
         out,
