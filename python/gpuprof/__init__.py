@@ -92,3 +92,20 @@ _gpuprof._set_library_roots(_paths.library_roots())
 
 # GPUPROF_ON_DEMAND=1: arm this process for `python -m gpuprof capture PID` (docs/on-demand.md).
 _arm_from_environment()
+
+
+# The public module paths that are not imported above (gpuprof.diagnose, gpuprof.tables,
+# ...) load on first use, so that `import gpuprof; gpuprof.diagnose.diagnose(res)` works
+# without paying for every module at import.
+_FACADES = frozenset(
+    "boot deepdive demo diagnose distributed events memory occupancy processes profiler"
+    " tables views".split()
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FACADES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,8 @@ imported thing belongs lower (move it down) or the importer belongs higher.
 import ast
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -276,3 +278,25 @@ def test_one_fork_handler():
     assert [n for n, s in sources.items() if "register_at_fork(" in s] == [
         "gpuprof.record._recording"
     ]
+
+
+def test_every_facade_is_an_attribute_of_a_fresh_import():
+    """`import gpuprof; gpuprof.diagnose.diagnose(res)` works as it did before the
+    facades: each public module path is reachable as an attribute, lazily."""
+    names = sorted(
+        n.split(".")[1]
+        for n, path in modules().items()
+        if n.count(".") == 1 and "sys.modules[__name__] = _impl" in path.read_text()
+    )
+    assert "diagnose" in names and "tables" in names
+    code = (
+        "import gpuprof, types, sys\n"
+        f"for n in {names!r}:\n"
+        "    m = getattr(gpuprof, n)\n"
+        "    if not isinstance(m, types.ModuleType):\n"
+        "        m = sys.modules['gpuprof.' + n]\n"
+        "    assert m is sys.modules['gpuprof.' + n], n\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
