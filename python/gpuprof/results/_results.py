@@ -148,6 +148,23 @@ CALL_TREE_DTYPE = np.dtype(
 )
 
 
+def pass_through(
+    out: np.ndarray,
+    raw: np.ndarray,
+    skip: tuple[str, ...] = (),
+    rename: dict[str, str] | None = None,
+) -> None:
+    """Copy into the public array ``out`` every field it shares with the C array
+    ``raw`` (its dtype comes from csrc/results/arrays.c), ``rename`` mapping a public
+    name to C's: each field is named once on each side, and the public dtype above
+    declares only what Python adds or converts (names, kinds as text, joins)."""
+    have = set(raw.dtype.names or ())
+    for f in out.dtype.names or ():
+        src = (rename or {}).get(f, f)
+        if f not in skip and src in have:
+            out[f] = raw[src]
+
+
 def subtree_sums(parent: np.ndarray, own: np.ndarray) -> np.ndarray:
     """Per tree node: ``own`` summed over the node and its descendants. Nodes are
     numbered parents first (a node is created when its path is first entered)."""
@@ -226,8 +243,7 @@ class _Window:
             out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
             out["line"] = self._raw["op_lines"]
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
-            for f in (OPS_DTYPE.names or ())[4:-4]:
-                out[f] = r[f]
+            pass_through(out, r, skip=("kind",))
             out["idle"] = (r["kind"] == OP_CFUNC) & ((r["flags"] & OPF_WAIT) != 0)
             bwd_self = self.node_backward_ns()
             if bwd_self is not None:
@@ -248,19 +264,7 @@ class _Window:
             names = self._raw["kernel_names"]
             out = np.zeros(len(r), dtype=KERNELS_DTYPE)
             out["name"] = np.array([names[i] for i in r["name"]] + [None], dtype=object)[:-1]
-            for f in (
-                "device",
-                "calls",
-                "total_ns",
-                "min_ns",
-                "max_ns",
-                "bytes",
-                "grid",
-                "block",
-                "registers",
-                "shared_mem",
-            ):
-                out[f] = r[f]
+            pass_through(out, r, skip=("name", "category"))
             out["category"] = [KERNEL_CATEGORIES.get(int(c), "compute") for c in r["category"]]
             from .occupancy import annotate_kernels
 
@@ -312,24 +316,7 @@ class _Window:
         codes = g["kind"].astype(np.intp)
         kinds = np.array([GPU_KINDS.get(i, "?") for i in range(int(codes.max()) + 1)])
         out["kind"] = kinds[codes]
-        for f in (
-            "start_ns",
-            "end_ns",
-            "device",
-            "stream",
-            "correlation",
-            "node",
-            "thread",
-            "bytes",
-            "address",
-            "grid",
-            "block",
-            "registers",
-            "shared_mem",
-            "graph_id",
-        ):
-            out[f] = g[f]
-        out["op"] = g["op_row"]
+        pass_through(out, g, skip=("kind",), rename={"op": "op_row"})
         out["op_name"] = self._op_display_names()[np.where(g["op_row"] >= 0, g["op_row"], -1)]
         out["blocked_thread"] = (g["flags"] & GF_BLOCKED_THREAD) != 0
         out["rolled_up"] = (g["flags"] & GF_ROLLED_UP) != 0
@@ -370,18 +357,7 @@ class _Window:
     def call_tree(self) -> np.ndarray:
         n = self._raw["nodes"]
         out = np.zeros(len(n), dtype=CALL_TREE_DTYPE)
-        for f in (
-            "id",
-            "parent",
-            "thread",
-            "calls",
-            "total_ns",
-            "self_ns",
-            "cuda_total_ns",
-            "cuda_self_ns",
-        ):
-            out[f] = n[f]
-        out["op"] = n["op_row"]
+        pass_through(out, n, rename={"op": "op_row"})
         out["name"] = self._op_display_names()[n["op_row"]] if len(n) else None
         bwd = self.node_backward_ns()
         if bwd is not None:
