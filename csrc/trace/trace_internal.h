@@ -43,11 +43,11 @@ typedef struct Ctx {
     size_t n_thread_names;
     int64_t *sm_counts, *warp_sizes;
     size_t n_sm_counts, n_warp_sizes;
-    /* fwdbwd flows (meta['fwdbwd']): per flow, the forward call's thread row and
+    /* fwdbwd flows (meta.fwdbwd): per flow, the forward call's thread row and
      * start, then the autograd node's; ns on the profiler clock */
     const int64_t *fwdbwd;
     size_t n_fwdbwd;
-    Str *module_names;  /* per module instance (meta['module_names']): module call slices */
+    Str *module_names;  /* per module instance (meta.module_names): module call slices */
     size_t n_module_names;
 } Ctx;
 

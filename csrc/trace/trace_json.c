@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* meta['part']: a whole file, or one window's events inside a file written by
+/* meta.part: a whole file, or one window's events inside a file written by
  * several calls on the same writer (other processes' lanes): "open" writes the
  * header and the events, "append" the events, "close" the events, the window
  * markers and the end. */
@@ -80,6 +80,14 @@ release_rows(Rows *r)
     memset(r, 0, sizeof(*r));
 }
 
+/* A field that is there and not None. */
+static int
+present(PyObject *d, const char *key)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    return v != NULL && v != Py_None;
+}
+
 static int
 get_i64(PyObject *d, const char *key, int64_t *out, const char *where)
 {
@@ -103,7 +111,7 @@ get_opt_i64(PyObject *d, const char *key, int64_t *out)
     if (v == NULL || v == Py_None)
         return 0;
     if (!PyLong_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "_write_trace: meta['%s'] must be an int, not %.100s", key,
+        PyErr_Format(PyExc_TypeError, "_write_trace: meta.%s must be an int, not %.100s", key,
                      Py_TYPE(v)->tp_name);
         return -1;
     }
@@ -114,7 +122,7 @@ get_opt_i64(PyObject *d, const char *key, int64_t *out)
     return 0;
 }
 
-/* meta['part'] (optional, default "whole") -> PART_*. */
+/* meta.part (optional, default "whole") -> PART_*. */
 static int
 meta_part(PyObject *meta, int *part)
 {
@@ -133,7 +141,7 @@ meta_part(PyObject *meta, int *part)
         }
     }
     PyErr_Format(PyExc_ValueError,
-                 "_write_trace: meta['part'] must be 'whole', 'open', 'append' or 'close', "
+                 "_write_trace: meta.part must be 'whole', 'open', 'append' or 'close', "
                  "got %R",
                  v);
     return -1;
@@ -149,7 +157,7 @@ get_int_list(PyObject *d, const char *key, int64_t **out, size_t *n)
     if (v == NULL || v == Py_None)
         return 0;
     if (!PyList_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "_write_trace: meta['%s'] must be a list of int", key);
+        PyErr_Format(PyExc_TypeError, "_write_trace: meta.%s must be a list of int", key);
         return -1;
     }
     size_t len = (size_t)PyList_GET_SIZE(v);
@@ -379,7 +387,7 @@ meta_str(PyObject *meta, const char *key, Str *out)
 {
     PyObject *v = PyDict_GetItemString(meta, key); /* borrowed */
     if (v == NULL) {
-        PyErr_Format(PyExc_KeyError, "_write_trace: meta has no '%s'", key);
+        PyErr_Format(PyExc_TypeError, "_write_trace: meta.%s is missing", key);
         return -1;
     }
     return gp_trace_out_escape_obj(v, out, key);
@@ -400,10 +408,21 @@ PyObject *
 gp_trace_json_write(PyObject *module, PyObject *args)
 {
     (void)module;
-    PyObject *dest, *window, *meta;
-    if (!PyArg_ParseTuple(args, "OO!O!:_write_trace", &dest, &PyDict_Type, &window, &PyDict_Type,
-                          &meta))
+    PyObject *dest, *window, *typed;
+    if (!PyArg_ParseTuple(args, "OO!O:_write_trace", &dest, &PyDict_Type, &window, &typed))
         return NULL;
+    /* meta is a gpuprof.exporters.chrome.TraceMeta (a dataclass): its fields are its
+     * instance dict, which every reader below takes, None standing for a field left
+     * out. */
+    PyObject *meta = PyDict_Check(typed) ? NULL : PyObject_GetAttrString(typed, "__dict__");
+    if (meta == NULL || !PyDict_Check(meta)) {
+        Py_XDECREF(meta);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "_write_trace: meta must be a gpuprof.exporters.chrome.TraceMeta, not %.100s",
+                     Py_TYPE(typed)->tp_name);
+        return NULL;
+    }
     Ctx c;
     Out o;
     Rows spans, gpu, ops, steps, threads, fwdbwd;
@@ -434,10 +453,10 @@ gp_trace_json_write(PyObject *module, PyObject *args)
     c.n_steps = steps.n;
     c.threads = threads.v;
     c.n_threads = threads.n;
-    if (PyDict_GetItemString(meta, "module_names") != NULL &&
+    if (present(meta, "module_names") &&
         meta_list(meta, "module_names", &c.module_names, &c.n_module_names, "meta") < 0)
         goto done;
-    if (PyDict_GetItemString(meta, "fwdbwd") != NULL) { /* optional: docs/backward.md */
+    if (present(meta, "fwdbwd")) { /* optional: docs/backward.md */
         if (get_rows(meta, "fwdbwd", 4 * sizeof(int64_t), &fwdbwd) < 0)
             goto done;
         c.fwdbwd = fwdbwd.v;
@@ -447,8 +466,8 @@ gp_trace_json_write(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "_write_trace: too many events for one trace");
         goto done;
     }
-    /* CallFrom's files: as displayed (meta['files']), else as recorded */
-    int files_in_meta = PyDict_GetItemString(meta, "files") != NULL;
+    /* CallFrom's files: as displayed (meta.files), else as recorded */
+    int files_in_meta = present(meta, "files");
     if (get_i64(window, "window_start_ns", &c.base, "the window") < 0 ||
         get_i64(window, "window_end_ns", &c.window_end, "the window") < 0 ||
         get_i64(meta, "pid", &c.pid, "meta") < 0 ||
@@ -472,7 +491,7 @@ gp_trace_json_write(PyObject *module, PyObject *args)
             goto done;
         if (id_base < 0 || (uint64_t)id_base + c.n_spans >= UINT32_MAX) {
             PyErr_Format(PyExc_ValueError,
-                         "_write_trace: meta['id_base'] must be >= 0 and leave room for the "
+                         "_write_trace: meta.id_base must be >= 0 and leave room for the "
                          "window's %zu spans below 2**32 - 1, got %lld",
                          c.n_spans, (long long)id_base);
             goto done;
@@ -486,7 +505,7 @@ gp_trace_json_write(PyObject *module, PyObject *args)
         const char *hs = h && PyUnicode_Check(h) ? PyUnicode_AsUTF8AndSize(h, &hn) : NULL;
         if (hs == NULL) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "_write_trace: meta['header'] must be a str");
+                PyErr_SetString(PyExc_TypeError, "_write_trace: meta.header must be a str");
             goto done;
         }
         c.header.p = malloc((size_t)hn + 1);
@@ -565,6 +584,7 @@ gp_trace_json_write(PyObject *module, PyObject *args)
     }
     result = PyLong_FromLongLong(o.events);
 done:
+    Py_DECREF(meta);
     Py_XDECREF(o.write);
     Py_XDECREF(path);
     free(o.buf);

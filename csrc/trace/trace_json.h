@@ -20,33 +20,9 @@
  *   1 MiB (the GIL stays held); used for gzip.
  * window: a window dict as Profiler.result returns it (spans, gpu, ops,
  *   steps, threads, op_files, window_start_ns, window_end_ns).
- * meta: dict with
- *   header (str)        JSON members written before "traceEvents", without
- *                       braces or a trailing comma (may be "")
- *   trace_name (str)    value of the final "traceName" key
- *   pid (int)           host process id
- *   process_name (str)
- *   names (list)        display name per op row (str or UTF-8 bytes)
- *   files (list, optional) display file per op row, for a C call's CallFrom
- *                       (default: window['op_files'])
- *   kernel_names (list) name per kernels row
- *   thread_names (list) name per threads row
- *   sm_counts, warp_sizes (list of int, optional) per device index, for
- *                       the kernels' "blocks per SM" and "warps per SM"
- *   part (str, optional) "whole" (default): a complete file. For one file
- *                       holding several processes, written by several calls
- *                       on the same writer: "open" writes the header, the
- *                       opening of traceEvents and this window's events;
- *                       "append" only this window's events (each after a
- *                       comma); "close" this window's events, the window
- *                       markers and the end of the file.
- *   base_ns (int, optional) profiler-clock ns of ts == 0 (default: the
- *                       window's window_start_ns); earlier times become 0
- *   sort_index (int, optional) process_sort_index of the host lane
- *                       (default: pid)
- *   id_base (int, optional, >= 0) added to the Python ids, External ids and
- *                       Ev Idx of this window's host events, so that several
- *                       windows in one file keep them unique (default 0)
+ * meta: a gpuprof.exporters._trace_meta.TraceMeta, a dataclass whose docstring
+ *   says what each field is (header, names, part, ...); a field set to None is
+ *   left out.
  * Strings may hold lone surrogates or invalid UTF-8: they are replaced
  * with U+FFFD. Returns a new int, or NULL with an exception set (KeyError,
  * TypeError or ValueError for a malformed window or meta, MemoryError,

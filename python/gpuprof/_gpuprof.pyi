@@ -1,11 +1,13 @@
-# Type stub of the C extension gpuprof._gpuprof (csrc/module.c, csrc/profiler.c,
-# csrc/threads.c, csrc/dump.c, csrc/testing.c). tests/unit/test_architecture.py checks that it
-# names what the extension defines.
+# Type stub of the C extension gpuprof._gpuprof (csrc/module.c, csrc/record/profiler.c,
+# csrc/record/threads.c, csrc/dump/dump.c, csrc/testing.c).
+# tests/unit/test_architecture.py checks that it names what the extension defines.
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from _typeshed import SupportsWrite
+
+from .exporters._trace_meta import TraceMeta
 
 HAVE_CUPTI: int
 EVENT_CLOCK: str
@@ -130,7 +132,7 @@ def epoch_offset_ns() -> int: ...
 # results and traces
 def _complete_window(raw: dict[str, Any], /) -> dict[str, Any]: ...
 def _write_trace(
-    dest: str | SupportsWrite[bytes], window: dict[str, Any], meta: dict[str, Any], /
+    dest: str | SupportsWrite[bytes], window: dict[str, Any], meta: TraceMeta, /
 ) -> int: ...
 def _trace_keep(window: dict[str, Any], min_ns: int, /) -> tuple[np.ndarray, int]: ...
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from gpuprof import _gpuprof, record_function
 from gpuprof.exporters import export_chrome_trace, export_stacks, load, save
+from gpuprof.exporters._trace_meta import TraceMeta
 from gpuprof.exporters.stacks import collapsed_stacks
 from gpuprof.results._results import Results
 from hypothesis import HealthCheck, given, settings
@@ -977,8 +978,7 @@ def test_gpu_user_annotations_project_nested_ranges(tmp_path):
 
 def test_gpu_user_annotations_keep_external_ids_unique_with_id_base(tmp_path):
     res = nested_ranges_results()
-    meta = dict(
-        header="",
+    meta = TraceMeta(
         trace_name="t",
         pid=1,
         process_name="p",

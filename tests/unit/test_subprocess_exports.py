@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import sys
 import zipfile
+from dataclasses import asdict, replace
 
 import gpuprof
 import numpy as np
@@ -114,21 +115,20 @@ def test_writer_parts_compose_one_file(window_res, tmp_path):
     res = window_res
     w = res.windows[-1]
     meta = trace_meta(res, w, "t")
-    main_pid, n = meta["pid"], len(w["spans"])
+    main_pid, n = meta.pid, len(w["spans"])
     whole_path = tmp_path / "whole.json"
     _gpuprof._write_trace(str(whole_path), w, meta)
     whole, _ = read_trace(whole_path)
 
-    other = dict(
+    other = replace(
         meta,
-        header=meta["header"],
         part="open",
         pid=3_000_001,
         process_name="worker A",
         sort_index=main_pid + 1,
         id_base=n,
     )
-    third = dict(
+    third = replace(
         meta,
         header="",
         part="append",
@@ -137,7 +137,7 @@ def test_writer_parts_compose_one_file(window_res, tmp_path):
         sort_index=main_pid + 2,
         id_base=2 * n,
     )
-    trace, events = write_calls([(w, other), (w, third), (w, dict(meta, part="close"))])
+    trace, events = write_calls([(w, other), (w, third), (w, replace(meta, part="close"))])
 
     # the header and end are the whole file's; the main window's events are unchanged
     assert {k: v for k, v in trace.items() if k != "traceEvents"} == {
@@ -175,13 +175,13 @@ def test_writer_base_ns_moves_time_zero(window_res):
     w = res.windows[-1]
     meta = trace_meta(res, w, "t")
     plain, _ = write_calls([(w, meta)])
-    moved, _ = write_calls([(w, dict(meta, base_ns=int(w["window_start_ns"]) - 5_000))])
-    main_pid = meta["pid"]
+    moved, _ = write_calls([(w, replace(meta, base_ns=int(w["window_start_ns"]) - 5_000))])
+    main_pid = meta.pid
     a, b = slices(plain, main_pid), slices(moved, main_pid)
     assert len(a) == len(b) > 0
     assert all(ns(y["ts"]) - ns(x["ts"]) == 5_000 for x, y in zip(a, b, strict=True))
     # times before base_ns are clamped to 0
-    late, _ = write_calls([(w, dict(meta, base_ns=int(w["window_end_ns"]) + 10**9))])
+    late, _ = write_calls([(w, replace(meta, base_ns=int(w["window_end_ns"]) + 10**9))])
     assert all(e["ts"] == 0.0 for e in slices(late, main_pid))
 
 
@@ -192,20 +192,28 @@ def test_writer_base_ns_moves_time_zero(window_res):
             "part",
             "middle",
             ValueError,
-            r"meta\['part'\] must be 'whole', 'open', 'append' or "
+            r"meta\.part must be 'whole', 'open', 'append' or "
             "'close'",
         ),
-        ("part", 3, ValueError, r"meta\['part'\]"),
-        ("id_base", -1, ValueError, r"meta\['id_base'\] must be >= 0"),
-        ("id_base", 2**32, ValueError, r"meta\['id_base'\]"),
-        ("base_ns", "0", TypeError, r"meta\['base_ns'\] must be an int"),
-        ("sort_index", 1.5, TypeError, r"meta\['sort_index'\] must be an int"),
+        ("part", 3, ValueError, r"meta\.part"),
+        ("id_base", -1, ValueError, r"meta\.id_base must be >= 0"),
+        ("id_base", 2**32, ValueError, r"meta\.id_base"),
+        ("base_ns", "0", TypeError, r"meta\.base_ns must be an int"),
+        ("sort_index", 1.5, TypeError, r"meta\.sort_index must be an int"),
     ],
 )
 def test_writer_rejects_bad_part_arguments(window_res, key, value, error, message):
     w = window_res.windows[-1]
     with pytest.raises(error, match=message):
-        _gpuprof._write_trace(io.BytesIO(), w, dict(trace_meta(window_res, w, "t"), **{key: value}))
+        meta = replace(trace_meta(window_res, w, "t"), **{key: value})
+        _gpuprof._write_trace(io.BytesIO(), w, meta)
+
+
+def test_writer_takes_a_trace_meta_not_a_dict(window_res):
+    w = window_res.windows[-1]
+    fields = asdict(trace_meta(window_res, w, "t"))
+    with pytest.raises(TypeError, match=r"meta must be a gpuprof\.exporters.*TraceMeta, not dict"):
+        _gpuprof._write_trace(io.BytesIO(), w, fields)
 
 
 # -- export_chrome_trace with child processes ------------------------------------------------

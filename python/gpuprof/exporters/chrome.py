@@ -9,6 +9,7 @@ and what each track means are described in docs/traces.md.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -26,6 +27,7 @@ from ..core._constants import OP_STEP as _OP_STEP
 from ..core._output import atomic_output, check_output_path, reraise_os_error
 from ..core._paths import display_files
 from ..core._ranks import distributed_info as _distributed_info
+from ._trace_meta import TraceMeta
 
 __all__ = [
     "atomic_output",
@@ -125,7 +127,7 @@ def _thread_names(results, window: dict) -> list[str]:
     return results.thread_row_names(window)  # kept past each thread's end (gpuprof.record._threads)
 
 
-def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = None) -> dict:
+def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = None) -> TraceMeta:
     """The ``meta`` argument of ``_gpuprof._write_trace`` for one window; ``thinned``:
     header keys saying which calls were left out (see :func:`export_chrome_trace`)."""
     props = device_properties(results)
@@ -137,18 +139,18 @@ def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = No
         warp_sizes[d] = int(p.get("warpSize", 0))
     kernel_names = window["kernel_names"]
     files = display_files(window["op_files"])
-    return {
-        "header": _header(results, window, props, thinned),
-        "trace_name": trace_name,
-        "pid": int(results.meta.get("pid") or os.getpid()),
-        "process_name": results.meta.get("process_name") or program_name(),
-        "names": trace_names(window, files),
-        "files": files,
-        "kernel_names": [kernel_names[i] for i in window["kernels"]["name"].tolist()],
-        "thread_names": _thread_names(results, window),
-        "sm_counts": sm_counts,
-        "warp_sizes": warp_sizes,
-    }
+    return TraceMeta(
+        header=_header(results, window, props, thinned),
+        trace_name=trace_name,
+        pid=int(results.meta.get("pid") or os.getpid()),
+        process_name=results.meta.get("process_name") or program_name(),
+        names=trace_names(window, files),
+        files=files,
+        kernel_names=[kernel_names[i] for i in window["kernels"]["name"].tolist()],
+        thread_names=_thread_names(results, window),
+        sm_counts=sm_counts,
+        warp_sizes=warp_sizes,
+    )
 
 
 _FLOW_DTYPE = np.dtype(
@@ -218,7 +220,7 @@ def _clip_to(window: dict, lo: int, hi: int) -> dict | None:
     return out
 
 
-def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict, dict]]:
+def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict, TraceMeta]]:
     """(window, meta) for ``_write_trace`` per piece of child data that overlaps
     ``window`` (the parent's), in pid order: each child is its own process lane
     (pid = its OS pid, sorted after the main process), on the parent's time base,
@@ -240,20 +242,19 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
             calls.append(
                 (
                     part,
-                    {
-                        "header": "",
-                        "trace_name": trace_name,
-                        "part": "append",
-                        "pid": int(child.pid),
-                        "process_name": _child_process_name(child),
-                        "sort_index": main_pid + 1 + i,
-                        "base_ns": lo,
-                        "id_base": id_base,
-                        "names": trace_names(part, files),
-                        "files": files,
-                        "kernel_names": [],
-                        "thread_names": _child_thread_names(int(child.pid), part),
-                    },
+                    TraceMeta(
+                        trace_name=trace_name,
+                        part="append",
+                        pid=int(child.pid),
+                        process_name=_child_process_name(child),
+                        sort_index=main_pid + 1 + i,
+                        base_ns=lo,
+                        id_base=id_base,
+                        names=trace_names(part, files),
+                        files=files,
+                        kernel_names=[],
+                        thread_names=_child_thread_names(int(child.pid), part),
+                    ),
                 )
             )
             id_base += len(part["spans"])
@@ -467,21 +468,21 @@ def export_chrome_trace(
     max_events = check_max_events(max_events, "export_chrome_trace")
     window, calls, thinned, _ = _prepared(results, min_us, max_events)
     for _, m in calls:
-        m["trace_name"] = path
+        m.trace_name = path
     meta = trace_meta(results, window, path, thinned)
     flows = fwdbwd_flows(results, window)
     if len(flows):
-        meta["fwdbwd"] = flows
+        meta.fwdbwd = flows
     if window.get("module_names"):  # module call slices named by instance
-        meta["module_names"] = [
+        meta.module_names = [
             f"nn.Module: {n} ({c})"
             for n, c in zip(window["module_names"], window["module_classes"])
         ]
     if calls:
         # one file from several calls on one writer: the children's lanes first,
         # the parent's window last (it ends the file with the window end marker)
-        calls[0][1].update(part="open", header=meta["header"])
-        calls.append((window, dict(meta, part="close")))
+        calls[0][1].part, calls[0][1].header = "open", meta.header
+        calls.append((window, dataclasses.replace(meta, part="close")))
     else:
         calls = [(window, meta)]
     if not path.endswith(".gz") and len(calls) == 1:
