@@ -466,7 +466,7 @@ def test_merged_flows_stay_paired_and_unique(tmp_path):
     paths = []
     for r in range(2):
         res = synthetic_gpu_results()
-        res.meta["distributed_info"] = {"rank": r, "world_size": 2}
+        res.meta.distributed_info = {"rank": r, "world_size": 2}
         paths.append(export_chrome_trace(res, tmp_path / f"r{r}.json"))
     out = tmp_path / "m.json"
     merge(out, paths)

@@ -18,6 +18,7 @@ from gpuprof import _gpuprof, record_function
 from gpuprof.exporters import export_chrome_trace, export_stacks, load, save
 from gpuprof.exporters._trace_meta import TraceMeta
 from gpuprof.exporters.stacks import collapsed_stacks
+from gpuprof.results._meta import RecordingMeta
 from gpuprof.results._results import Results
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -796,7 +797,7 @@ def test_gpu_trace_schema(tmp_path):
 
 def test_kernel_occupancy_args_with_device_properties(tmp_path):
     res = synthetic_gpu_results()
-    res.meta["device_properties"] = [
+    res.meta.device_properties = [
         {
             "id": 0,
             "name": "Fake",
@@ -1400,6 +1401,30 @@ def test_save_load_round_trip(cpu_prof, tmp_path, which):
     # numpy can read it without pickle
     with np.load(path, allow_pickle=False) as npz:
         assert np.array_equal(npz["w0/spans"], res.windows[0]["spans"])
+
+
+def test_the_recording_meta_survives_a_saved_file(tmp_path):
+    with gpuprof.profile(activities=[gpuprof.ProfilerActivity.CPU], with_stack=True) as prof:
+        work(5)
+    prof.add_metadata("run", "A")
+    live = prof.results.meta
+    assert isinstance(live, RecordingMeta)
+    assert live.with_stack and not live.profile_memory and live.pid is None
+    prof.save(tmp_path / "m.gpuprof")
+    saved = load(tmp_path / "m.gpuprof").results.meta
+    # the settings come back; the process fields are the saving process's
+    assert (saved.with_stack, saved.profile_memory) == (True, False)
+    assert saved.trace_metadata == live.trace_metadata == {"run": '"A"'}
+    assert (saved.pid, saved.ppid) == (os.getpid(), os.getppid())
+    assert saved.thread_names and saved.device_properties == []
+
+
+def test_results_meta_reads_a_mapping_and_refuses_other_types():
+    meta = RecordingMeta.of({"profile_memory": 1, "from_a_later_version": 3, "pid": 7})
+    assert meta == RecordingMeta(profile_memory=True, pid=7)
+    assert RecordingMeta.of(None) == RecordingMeta()
+    with pytest.raises(TypeError, match=r"Results\(meta=...\).*got list"):
+        RecordingMeta.of([("pid", 1)])
 
 
 def test_save_keeps_every_window(tmp_path):

@@ -25,6 +25,7 @@ import sys
 import numpy as np
 
 from ..core._paths import source_location
+from ..results._meta import RecordingMeta
 from ..results._results import Results, merge_rows
 from ..results.tables import KeyAverages
 
@@ -163,7 +164,7 @@ def processes_array(results: Results) -> np.ndarray:
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
     main_ops = results.ops()
     out[0] = (
-        int(results.meta.get("pid") or os.getpid()),
+        int(results.meta.pid or os.getpid()),
         os.getppid(),
         "main",
         os.path.basename(argv0) or "python",
@@ -198,7 +199,12 @@ class ProcessResults(Results):
     (what ``key_averages(pid=...)`` tabulates)."""
 
     def __init__(
-        self, windows: list[dict], ops: np.ndarray, cuda: dict | None, meta: dict | None, label: str
+        self,
+        windows: list[dict],
+        ops: np.ndarray,
+        cuda: dict | None,
+        meta: RecordingMeta | None,
+        label: str,
     ):
         super().__init__(windows, cuda=cuda, meta=meta)
         self._ops_rows = ops
@@ -236,7 +242,7 @@ def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
             ``subprocesses=True``.
     """
     _check_pid(pid)
-    main_pid = int(results.meta.get("pid") or os.getpid())
+    main_pid = int(results.meta.pid or os.getpid())
     children = results.subprocesses or []
     if pid is None or pid == "main" or (not isinstance(pid, str) and int(pid) == main_pid):
         return ProcessResults(
@@ -259,7 +265,7 @@ def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
             wins,
             ops,
             {"active": False, "mode": "off", "error": None},
-            {},
+            None,
             f"{len(children)} worker process(es)",
         )
     if pid == "all":
@@ -280,7 +286,7 @@ def select(results: Results, pid, subprocesses: bool) -> ProcessResults:
                 c.windows,
                 c.ops(),
                 {"active": False, "mode": "off", "error": None},
-                {"pid": pid, "process_name": c.name},
+                RecordingMeta(pid=pid, process_name=c.name),
                 f"process {pid} ({c.name or 'worker'})",
             )
     known = ", ".join(str(p) for p in [main_pid] + [c.pid for c in children])

@@ -54,11 +54,11 @@ class LoadedProfile(ResultAccessors):
 
     @property
     def profile_memory(self) -> bool:
-        return bool(self._results.meta.get("profile_memory"))
+        return bool(self._results.meta.profile_memory)
 
     @property
     def with_stack(self) -> bool:
-        return bool(self._results.meta.get("with_stack"))
+        return bool(self._results.meta.with_stack)
 
     @property
     def subprocesses(self) -> bool:
@@ -71,6 +71,6 @@ class LoadedProfile(ResultAccessors):
         out = processes.processes_array(self._results)
         meta = self._results.meta
         # the main process's row as it was recorded, not the reader's own
-        out[0]["ppid"] = int(meta.get("ppid", -1))
-        out[0]["name"] = str(meta.get("process_name") or out[0]["name"])
+        out[0]["ppid"] = -1 if meta.ppid is None else int(meta.ppid)
+        out[0]["name"] = str(meta.process_name or out[0]["name"])
         return out

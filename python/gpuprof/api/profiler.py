@@ -33,6 +33,7 @@ from ..record import (  # docs/nvtx.md, docs/subprocesses.md, docs/backward.md
     _threads,
 )
 from ..record.schedule import Schedule
+from ..results._meta import RecordingMeta
 from ..results._results import Results
 from ._accessors import ResultAccessors
 
@@ -572,11 +573,11 @@ class profile(ResultAccessors):
         res = Results(
             list(self._rec.state.kept),
             cuda=self._cuda_state,
-            meta={
-                "profile_memory": self.profile_memory,
-                "with_stack": self.with_stack,
-                "trace_metadata": dict(self._metadata),
-            },
+            meta=RecordingMeta(
+                profile_memory=self.profile_memory,
+                with_stack=self.with_stack,
+                trace_metadata=dict(self._metadata),
+            ),
         )
         for part in self._parts:
             part.contribute(res)

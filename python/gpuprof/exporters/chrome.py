@@ -83,7 +83,7 @@ def distributed_info() -> dict:
 def device_properties(results) -> list[dict]:
     """deviceProperties entries: saved with the results, else asked of the
     driver only when GPU capture was on (a CPU-only export never touches CUDA)."""
-    props = results.meta.get("device_properties")
+    props = results.meta.device_properties
     if props is None:
         props = _gpuprof.device_props() if results.cuda.get("active") else []
     out = []
@@ -98,14 +98,14 @@ def _header(results, window: dict, props: list[dict], thinned: dict | None = Non
     keys = {
         "schemaVersion": 1,
         "deviceProperties": props,
-        "distributedInfo": results.meta.get("distributed_info") or distributed_info(),
+        "distributedInfo": results.meta.distributed_info or distributed_info(),
         "gpuprof_version": __version__,
     }
     if thinned:
         keys.update(thinned)
-    if results.meta.get("with_stack"):
+    if results.meta.with_stack:
         keys["with_stack"] = 1
-    if results.meta.get("profile_memory"):
+    if results.meta.profile_memory:
         keys["profile_memory"] = 1
     keys["displayTimeUnit"] = "ms"
     keys["baseTimeNanoseconds"] = int(window["window_start_ns"]) + int(window["epoch_offset_ns"])
@@ -113,7 +113,7 @@ def _header(results, window: dict, props: list[dict], thinned: dict | None = Non
     # rank lookup in distributedInfo needs.
     fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in keys.items()]
     # prof.add_metadata()/add_metadata_json(): JSON text already, as torch writes them
-    for k, text in (results.meta.get("trace_metadata") or {}).items():
+    for k, text in results.meta.trace_metadata.items():
         if k in keys or k == "traceEvents":
             raise ValueError(
                 f"add_metadata(): key {k!r} is one gpuprof writes itself in the "
@@ -142,8 +142,8 @@ def trace_meta(results, window: dict, trace_name: str, thinned: dict | None = No
     return TraceMeta(
         header=_header(results, window, props, thinned),
         trace_name=trace_name,
-        pid=int(results.meta.get("pid") or os.getpid()),
-        process_name=results.meta.get("process_name") or program_name(),
+        pid=int(results.meta.pid or os.getpid()),
+        process_name=results.meta.process_name or program_name(),
         names=trace_names(window, files),
         files=files,
         kernel_names=[kernel_names[i] for i in window["kernels"]["name"].tolist()],
@@ -228,7 +228,7 @@ def child_trace_calls(results, window: dict, trace_name: str) -> list[tuple[dict
     "open"/"append" before the parent's window with part "close"."""
     children = results.subprocesses or []
     lo, hi = int(window["window_start_ns"]), int(window["window_end_ns"])
-    main_pid = int(results.meta.get("pid") or os.getpid())
+    main_pid = int(results.meta.pid or os.getpid())
     id_base = len(window["spans"])
     calls = []
     for i, child in enumerate(children):

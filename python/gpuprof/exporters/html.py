@@ -232,9 +232,9 @@ def _summary(results: Results, title: str | None) -> dict:
         )
     else:
         capture = f"off ({cuda['error']})" if cuda.get("error") else "off"
-    program = str(meta.get("process_name") or program_name())
+    program = str(meta.process_name or program_name())
     notes = []
-    startup = (meta.get("trace_metadata") or {}).get("gpuprof_startup")  # run's default
+    startup = meta.trace_metadata.get("gpuprof_startup")  # run's default
     if startup:
         note = startup_note(json.loads(startup))
         if note:
@@ -242,7 +242,7 @@ def _summary(results: Results, title: str | None) -> dict:
     return {
         "title": title or f"gpuprof report: {program}",
         "program": program,
-        "pid": int(meta.get("pid", os.getpid())),
+        "pid": int(os.getpid() if meta.pid is None else meta.pid),
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "windows": len(results.windows),
         "window_ns": int(end - start),
@@ -470,7 +470,7 @@ def _memory(results: Results, sampler) -> dict:
             },
             "curve": _curve(c["timestamp_ns"], t0, rss=c["rss_bytes"]),
         }
-    recorded = bool(results.meta.get("profile_memory")) or bool(devices) or host is not None
+    recorded = results.meta.profile_memory or bool(devices) or host is not None
     return {
         "devices": devices,
         "host": host,
@@ -546,7 +546,7 @@ def _ranks(results: Results) -> dict | None:
     from ..analysis.distributed import comm_overlap
     from .chrome import distributed_info
 
-    info = results.meta.get("distributed_info") or distributed_info()
+    info = results.meta.distributed_info or distributed_info()
     world = int(info.get("world_size", 1) or 1)
     k = results.kernels()
     has_comm = bool(len(k)) and bool((k["category"] == "communication").any())
@@ -638,7 +638,7 @@ def report_data(
         )
     summary = _summary(results, title)
     ops = results.ops()
-    show_memory = bool(results.meta.get("profile_memory"))
+    show_memory = results.meta.profile_memory
     ka = KeyAverages(results, show_memory=show_memory)
     from .._version import __version__
 

@@ -25,6 +25,7 @@ theirs is the memory that CUPTI recorded, in the windows' GPU records.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -61,13 +62,22 @@ def save(results: Results, path) -> str:
     path = check_output_path(path, "save")
     arrays: dict[str, np.ndarray] = {}
     windows = [_window_file.split(raw, f"w{i}", arrays) for i, raw in enumerate(results.windows)]
-    meta = dict(results.meta)
-    meta.setdefault("pid", os.getpid())
-    meta.setdefault("process_name", program_name())
-    meta.setdefault("ppid", os.getppid())
-    meta.setdefault("thread_names", {str(k): v for k, v in results.thread_names().items()})
-    meta.setdefault("device_properties", device_properties(results))
-    meta.setdefault("distributed_info", distributed_info())
+    m = results.meta
+    meta = dataclasses.replace(
+        m,
+        pid=os.getpid() if m.pid is None else m.pid,
+        process_name=program_name() if m.process_name is None else m.process_name,
+        ppid=os.getppid() if m.ppid is None else m.ppid,
+        thread_names=(
+            {str(k): v for k, v in results.thread_names().items()}
+            if m.thread_names is None
+            else m.thread_names
+        ),
+        device_properties=(
+            device_properties(results) if m.device_properties is None else m.device_properties
+        ),
+        distributed_info=distributed_info() if m.distributed_info is None else m.distributed_info,
+    ).to_json()
     doc = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

@@ -67,7 +67,7 @@ def _running(names: dict[int, str]) -> None:
 
 class ThreadNames(Part):
     """The names of the threads of a session, kept past their end; ``contribute``
-    puts ``{os_tid: name}`` in ``results.meta["thread_names_by_tid"]``, which
+    puts ``{os_tid: name}`` in ``results.meta.thread_names_by_tid``, which
     ``Results.thread_row_names()`` (the trace, the report) and saved profiles read."""
 
     def __init__(self):
@@ -87,4 +87,4 @@ class ThreadNames(Part):
         if _session is self.names:  # still recording: the threads running now too
             _running(names)
         # every thread of the session, recorded or not: readers look theirs up
-        results.meta["thread_names_by_tid"] = names
+        results.meta.thread_names_by_tid = names

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from ..core._constants import (
 from ..core._constants import GPU_FREE as GPU_KIND_FREE
 from ..core._constants import GPU_MALLOC as GPU_KIND_MALLOC
 from ..core._constants import GPU_SYNC as GPU_KIND_SYNC
+from ._meta import RecordingMeta
 
 __all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS", "complete_window"]
 
@@ -412,7 +413,7 @@ class Results:
         self,
         windows: list[dict[str, Any]],
         cuda: dict[str, Any] | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: RecordingMeta | Mapping[str, Any] | None = None,
     ) -> None:
         if not windows:
             raise RuntimeError(
@@ -422,7 +423,7 @@ class Results:
         props = _DevicePropsOf(self)
         self._windows = [_Window(w, props) for w in windows]
         self.cuda = cuda or {"active": False, "mode": "off", "error": None}
-        self.meta = dict(meta or {})
+        self.meta = RecordingMeta.of(meta)
         # host and allocator memory samples (profile_memory=True): the live sampler
         # (gpuprof.record._host_sampler.HostSampler) or the saved ones (SampleSnapshot)
         self.memory_samples: Any = None
@@ -433,7 +434,7 @@ class Results:
     def _device_props(self) -> list[dict[str, Any]]:
         """Device properties for occupancy: saved with the results, else the live
         devices' when GPU capture was on (a CPU-only run never touches CUDA)."""
-        props = self.meta.get("device_properties")
+        props = self.meta.device_properties
         if props is None:
             from .occupancy import live_device_props
 
@@ -731,10 +732,10 @@ class Results:
         stopped), else a saved profile's name for its ident, else (in a live profile)
         the name of the running thread of that ident, else ``thread N`` (N the row)."""
         threads = self.threads() if window is None else window["threads"]
-        by_tid = {int(k): v for k, v in (self.meta.get("thread_names_by_tid") or {}).items()}
-        by_ident = {int(k): v for k, v in (self.meta.get("thread_names") or {}).items()}
+        by_tid = {int(k): v for k, v in (self.meta.thread_names_by_tid or {}).items()}
+        by_ident = {int(k): v for k, v in (self.meta.thread_names or {}).items()}
         # a saved profile's threads are not this process's
-        saved = "thread_names" in self.meta
+        saved = self.meta.thread_names is not None
         running = {} if saved else {t.ident: t.name for t in threading.enumerate()}
         return [
             by_tid.get(tid) or by_ident.get(ident) or running.get(ident) or f"thread {i}"
