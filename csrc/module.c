@@ -303,6 +303,8 @@ static PyMethodDef module_methods[] = {
     {"_complete_window", gp_window_complete, METH_O,
      "_complete_window(raw) -> raw: a window dict with its spans, built from the events it "
      "kept (raw[\"_events\"], then removed) when it has none yet."},
+    {"_row_dtypes", gp_arrays_dtypes, METH_NOARGS,
+     "_row_dtypes() -> {key: dtype}: the dtype of each array of a window dict (arrays.c)."},
     {"_write_trace", gp_trace_json_write, METH_VARARGS,
      "_write_trace(dest, window, meta) -> events: one window as a Chrome trace (trace_json.h)."},
     {"_trace_keep", gp_trace_json_keep, METH_VARARGS,

@@ -51,7 +51,8 @@ typedef struct GpOpRow {
     int64_t cuda_total_ns; /* GPU time of work launched under this op (incl. descendants) */
     int64_t cuda_self_ns;  /* GPU time of work launched while this op was innermost */
     int64_t kernels;       /* GPU activities launched while innermost */
-    int64_t cuda_mem_self_bytes;
+    int64_t cuda_mem_self_bytes;  /* device bytes allocated minus freed while innermost */
+    int64_t cuda_mem_total_bytes; /* the same under this op (each outermost call once) */
     int64_t cpu_mem_self_bytes;
 } GpOpRow;
 
@@ -66,6 +67,8 @@ typedef struct GpNodeRow {
     int64_t self_ns;
     int64_t cuda_total_ns;
     int64_t cuda_self_ns;
+    int64_t cuda_mem_self_bytes;  /* device bytes allocated minus freed while innermost */
+    int64_t cuda_mem_total_bytes; /* the same in this node and below it */
 } GpNodeRow;
 
 /* One row per GPU activity name and device. */

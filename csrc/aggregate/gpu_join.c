@@ -112,17 +112,26 @@ open_span_at(const GpTables *t, size_t lo, size_t hi, int64_t ts)
     return -1;
 }
 
-/* Add GPU time `dur` to node and all its ancestors, and to each distinct op
- * row on that path (stamp prevents double counting under recursion). */
+/* What charge_up adds up the tree. */
+typedef enum Charge { CHARGE_GPU_NS, CHARGE_DEVICE_BYTES } Charge;
+
+/* Add `v` (GPU time, or device bytes allocated minus freed) to the totals of node
+ * and all its ancestors, and of each distinct op row on that path (stamp prevents
+ * double counting under recursion). */
 static void
-charge_gpu(GpTables *t, int32_t node, int64_t dur, uint32_t *stamp, uint32_t mark)
+charge_up(GpTables *t, int32_t node, Charge what, int64_t v, uint32_t *stamp, uint32_t mark)
 {
     for (int32_t n = node; n >= 0; n = t->nodes.v[n].parent) {
         GpNodeRow *nr = &t->nodes.v[n];
-        nr->cuda_total_ns += dur;
-        if (stamp[nr->op_row] != mark) {
-            stamp[nr->op_row] = mark;
-            t->ops.v[nr->op_row].cuda_total_ns += dur;
+        GpOpRow *op = &t->ops.v[nr->op_row];
+        int first = stamp[nr->op_row] != mark;
+        stamp[nr->op_row] = mark;
+        if (what == CHARGE_GPU_NS) {
+            nr->cuda_total_ns += v;
+            op->cuda_total_ns += first ? v : 0;
+        } else {
+            nr->cuda_mem_total_bytes += v;
+            op->cuda_mem_total_bytes += first ? v : 0;
         }
     }
 }
@@ -279,9 +288,13 @@ gp_gpu_join_build(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread
         r->node = node;
 
         if (g->kind == GP_GPU_MALLOC || g->kind == GP_GPU_FREE) {
+            int64_t bytes = g->kind == GP_GPU_MALLOC ? (int64_t)g->bytes : -(int64_t)g->bytes;
             if (row != UINT32_MAX)
-                t->ops.v[row].cuda_mem_self_bytes +=
-                    g->kind == GP_GPU_MALLOC ? (int64_t)g->bytes : -(int64_t)g->bytes;
+                t->ops.v[row].cuda_mem_self_bytes += bytes;
+            if (node >= 0) {
+                t->nodes.v[node].cuda_mem_self_bytes += bytes;
+                charge_up(t, node, CHARGE_DEVICE_BYTES, bytes, stamp, (uint32_t)(i + 1));
+            }
             continue;
         }
 
@@ -325,10 +338,10 @@ gp_gpu_join_build(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_thread
             t->ops.v[row].cuda_self_ns += dur;
             t->ops.v[row].kernels++;
             t->nodes.v[node].cuda_self_ns += dur;
-            charge_gpu(t, node, dur, stamp, (uint32_t)(i + 1));
+            charge_up(t, node, CHARGE_GPU_NS, dur, stamp, (uint32_t)(i + 1));
             if (rolled >= 0) /* also in the blocked call's totals (same mark: an op
                               * on both paths counts the kernel once) */
-                charge_gpu(t, rolled, dur, stamp, (uint32_t)(i + 1));
+                charge_up(t, rolled, CHARGE_GPU_NS, dur, stamp, (uint32_t)(i + 1));
             t->attributed_gpu_ns += dur;
         } else {
             t->unattributed_gpu_ns += dur;

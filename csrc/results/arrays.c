@@ -36,6 +36,7 @@ static const Field op_fields[] = {
     F(GpOpRow, cuda_self_ns, "i8"),
     F(GpOpRow, kernels, "i8"),
     F(GpOpRow, cuda_mem_self_bytes, "i8"),
+    F(GpOpRow, cuda_mem_total_bytes, "i8"),
     F(GpOpRow, cpu_mem_self_bytes, "i8"),
     {NULL, NULL, 0},
 };
@@ -50,6 +51,8 @@ static const Field node_fields[] = {
     F(GpNodeRow, self_ns, "i8"),
     F(GpNodeRow, cuda_total_ns, "i8"),
     F(GpNodeRow, cuda_self_ns, "i8"),
+    F(GpNodeRow, cuda_mem_self_bytes, "i8"),
+    F(GpNodeRow, cuda_mem_total_bytes, "i8"),
     {NULL, NULL, 0},
 };
 
@@ -151,18 +154,20 @@ static const Field seq_fields[] = {
 };
 /* clang-format on */
 
+/* Each row type's fields, size and key in the window dict (results.c). */
 static const struct {
     const Field *fields;
     size_t itemsize;
+    const char *key;
 } row_types[GP_ROWS_COUNT] = {
-    [GP_ROWS_OPS] = {op_fields, sizeof(GpOpRow)},
-    [GP_ROWS_NODES] = {node_fields, sizeof(GpNodeRow)},
-    [GP_ROWS_KERNELS] = {kernel_fields, sizeof(GpKernelRow)},
-    [GP_ROWS_GPU] = {gpu_fields, sizeof(GpGpuEventRow)},
-    [GP_ROWS_STEPS] = {step_fields, sizeof(GpStepRow)},
-    [GP_ROWS_SPANS] = {span_fields, sizeof(GpSpanRow)},
-    [GP_ROWS_THREADS] = {thread_fields, sizeof(GpThreadRow)},
-    [GP_ROWS_SEQS] = {seq_fields, sizeof(GpSeqRow)},
+    [GP_ROWS_OPS] = {op_fields, sizeof(GpOpRow), "ops"},
+    [GP_ROWS_NODES] = {node_fields, sizeof(GpNodeRow), "nodes"},
+    [GP_ROWS_KERNELS] = {kernel_fields, sizeof(GpKernelRow), "kernels"},
+    [GP_ROWS_GPU] = {gpu_fields, sizeof(GpGpuEventRow), "gpu"},
+    [GP_ROWS_STEPS] = {step_fields, sizeof(GpStepRow), "steps"},
+    [GP_ROWS_SPANS] = {span_fields, sizeof(GpSpanRow), "spans"},
+    [GP_ROWS_THREADS] = {thread_fields, sizeof(GpThreadRow), "threads"},
+    [GP_ROWS_SEQS] = {seq_fields, sizeof(GpSeqRow), "seqs"},
 };
 
 /* Cached descriptors: written at module exec, read with the GIL. */
@@ -235,6 +240,19 @@ PyObject *
 gp_arrays_dtype(GpRowType type)
 {
     return Py_NewRef((PyObject *)descrs[type]);
+}
+
+PyObject *
+gp_arrays_dtypes(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && i < GP_ROWS_COUNT; i++) {
+        if (PyDict_SetItemString(d, row_types[i].key, (PyObject *)descrs[i]) < 0)
+            Py_CLEAR(d);
+    }
+    return d;
 }
 
 PyObject *

@@ -37,6 +37,10 @@ PyObject *gp_arrays_build(GpRowType type, const void *rows, size_t n);
  * New reference, or NULL with an exception. */
 PyObject *gp_arrays_adopt(GpRowType type, void *rows, size_t n);
 
+/* _gpuprof._row_dtypes() -> {window key: dtype}: the dtype of each array of a
+ * window dict ("ops", "nodes", ...). New reference, or NULL with an exception. */
+PyObject *gp_arrays_dtypes(PyObject *module, PyObject *unused);
+
 /* The cached dtype of `type`: new reference. */
 PyObject *gp_arrays_dtype(GpRowType type);
 

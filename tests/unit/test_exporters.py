@@ -4,12 +4,14 @@ TensorBoard handler, collapsed stacks, save/load. GPU records are synthetic
 
 import collections
 import gzip
+import io
 import json
 import os
 import re
 import socket
 import sys
 import threading
+import zipfile
 
 import gpuprof
 import numpy as np
@@ -1425,6 +1427,46 @@ def test_results_meta_reads_a_mapping_and_refuses_other_types():
     assert RecordingMeta.of(None) == RecordingMeta()
     with pytest.raises(TypeError, match=r"Results\(meta=...\).*got list"):
         RecordingMeta.of([("pid", 1)])
+
+
+def test_files_from_before_the_memory_totals_load_with_them(tmp_path):
+    """A file written before C rolled device memory up the call tree (its nodes and ops
+    without the totals) loads with the totals the aggregation gives: the same tables,
+    the same trace."""
+    res = synthetic_gpu_results()
+    assert (res.windows[0]["nodes"]["cuda_mem_total_bytes"] != 0).any()
+    new, old = tmp_path / "new.gpuprof", tmp_path / "old.gpuprof"
+    save(res, new)
+    dropped = {
+        "nodes": ("cuda_mem_self_bytes", "cuda_mem_total_bytes"),
+        "ops": ("cuda_mem_total_bytes",),
+    }
+    with zipfile.ZipFile(new) as src, zipfile.ZipFile(old, "w") as dst:
+        for entry in src.namelist():
+            data = src.read(entry)
+            key = entry.rsplit("/", 1)[-1].removesuffix(".npy")
+            if key in dropped:
+                arr = np.load(io.BytesIO(data), allow_pickle=False)
+                keep = [f for f in arr.dtype.names if f not in dropped[key]]
+                packed = np.zeros(len(arr), dtype=[(f, arr.dtype[f]) for f in keep])
+                for f in keep:
+                    packed[f] = arr[f]
+                buf = io.BytesIO()
+                np.save(buf, packed, allow_pickle=False)
+                data = buf.getvalue()
+            dst.writestr(entry, data)
+    before = load(old)
+    w = before.results.windows[0]
+    for key in dropped:
+        assert w[key].dtype == res.windows[0][key].dtype
+        assert np.array_equal(w[key], res.windows[0][key]), key
+    assert before.key_averages().table() == gpuprof.KeyAverages(res).table()
+    before.export_chrome_trace(tmp_path / "old.json")
+    export_chrome_trace(res, tmp_path / "new.json")
+    assert (
+        read_trace(tmp_path / "old.json")[0]["traceEvents"]
+        == read_trace(tmp_path / "new.json")[0]["traceEvents"]
+    )
 
 
 def test_save_keeps_every_window(tmp_path):

@@ -33,9 +33,11 @@ import zipfile
 
 import numpy as np
 
+from .. import _gpuprof
 from ..analysis.processes import ProcessData
 from ..core import _window_file
-from ..results._results import Results
+from ..core._constants import GPU_FREE, GPU_MALLOC
+from ..results._results import Results, outermost, subtree_sums
 from .chrome import (
     atomic_output,
     check_output_path,
@@ -138,6 +140,43 @@ def _split_memory(results: Results, samples, arrays: dict) -> dict:
     }
 
 
+def _widened(arr: np.ndarray, key: str, values: dict[str, np.ndarray]) -> np.ndarray:
+    """``arr`` (an array of a window read from a file) in this version's dtype of
+    ``key``, with the fields it lacks taken from ``values``; read-only."""
+    out = np.zeros(len(arr), dtype=_gpuprof._row_dtypes()[key])
+    for f in arr.dtype.names or ():
+        out[f] = arr[f]
+    for f, v in values.items():
+        out[f] = v
+    out.flags.writeable = False
+    return out
+
+
+def _with_memory_totals(raw: dict) -> None:
+    """A window from a file written before C rolled device memory up the call tree:
+    its ``nodes`` and ``ops`` get the totals computed from its memory events, as the
+    aggregation would have (csrc/aggregate/gpu_join.c, charge_up), so that readers,
+    the trace writer included, see one layout."""
+    nodes, ops, g = raw["nodes"], raw["ops"], raw["gpu"]
+    if "cuda_mem_total_bytes" in (nodes.dtype.names or ()):
+        return
+    own = np.zeros(len(nodes), dtype=np.int64)
+    if len(g) and len(nodes):
+        mem = ((g["kind"] == GPU_MALLOC) | (g["kind"] == GPU_FREE)) & (g["node"] >= 0)
+        sign = np.where(g["kind"][mem] == GPU_MALLOC, 1, -1)
+        np.add.at(own, g["node"][mem].astype(np.int64), sign * g["bytes"][mem].astype(np.int64))
+    sub = subtree_sums(nodes["parent"], own)
+    per_op = np.zeros(len(ops), dtype=np.int64)
+    if len(nodes):
+        rows = nodes["op_row"].astype(np.int64)
+        outer = outermost(nodes["parent"], rows)
+        np.add.at(per_op, rows[outer], sub[outer])
+    raw["nodes"] = _widened(
+        nodes, "nodes", {"cuda_mem_self_bytes": own, "cuda_mem_total_bytes": sub}
+    )
+    raw["ops"] = _widened(ops, "ops", {"cuda_mem_total_bytes": per_op})
+
+
 def _load_memory(meta: dict, entries: dict):
     from ..record._host_sampler import SampleSnapshot
 
@@ -209,6 +248,8 @@ def read(path) -> Results:
                     f"gpuprof.load(): {path!r}: entry {name!r} belongs to no "
                     "window listed in meta.json (damaged file?)"
                 ) from None
+    for w in windows + [w for ws in child_windows for w in ws]:
+        _with_memory_totals(w)
     results = Results(windows, cuda=doc.get("cuda"), meta=doc.get("meta"))
     if "memory" in doc:  # format 3, with profile_memory=True
         try:

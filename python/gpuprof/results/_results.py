@@ -40,8 +40,6 @@ from ..core._constants import (
     OPF_WAIT,
     SF_ENTERED,
 )
-from ..core._constants import GPU_FREE as GPU_KIND_FREE
-from ..core._constants import GPU_MALLOC as GPU_KIND_MALLOC
 from ..core._constants import GPU_SYNC as GPU_KIND_SYNC
 from ._meta import RecordingMeta
 
@@ -345,15 +343,9 @@ class _Window:
 
     def node_memory(self) -> tuple[np.ndarray, np.ndarray]:
         """Device bytes allocated minus freed per call-tree node: (while the node was
-        innermost, in the node and everything below it)."""
-        nodes = self.raw["nodes"]
-        own = np.zeros(len(nodes), dtype=np.int64)
-        g = self.raw["gpu"]
-        if len(g) and len(nodes):
-            mem = ((g["kind"] == GPU_KIND_MALLOC) | (g["kind"] == GPU_KIND_FREE)) & (g["node"] >= 0)
-            sign = np.where(g["kind"][mem] == GPU_KIND_MALLOC, 1, -1)
-            np.add.at(own, g["node"][mem].astype(np.int64), sign * g["bytes"][mem].astype(np.int64))
-        return own, subtree_sums(nodes["parent"], own)
+        innermost, in the node and everything below it), as C rolled them up."""
+        nodes = self._raw["nodes"]
+        return nodes["cuda_mem_self_bytes"], nodes["cuda_mem_total_bytes"]
 
     def call_tree(self) -> np.ndarray:
         n = self._raw["nodes"]
@@ -590,14 +582,7 @@ class Results:
         measure per op and leaves at 0)."""
 
         def cuda_total(w: _Window) -> np.ndarray:
-            _, sub = w.node_memory()
-            tree = w.raw["nodes"]
-            rows = tree["op_row"].astype(np.int64)
-            out = np.zeros(len(w.ops()), dtype=np.int64)
-            if len(tree):
-                outer = outermost(tree["parent"], rows)
-                np.add.at(out, rows[outer], sub[outer])
-            return out
+            return w._raw["ops"]["cuda_mem_total_bytes"].astype(np.int64)
 
         cuda = self._per_op(cuda_total, lambda a, b: a + b)
         return cuda, np.zeros(len(cuda), dtype=np.int64)
