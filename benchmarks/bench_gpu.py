@@ -45,7 +45,10 @@ Modes:
   gp:PARTS     gpuprof with GPUPROF_CUPTI_PARTS=PARTS ('.'-separated), for the decision table
   gpraw:PARTS  the same with CUPTI clearing its buffers itself (GPUPROF_CUPTI_RAWBUF=1)
   gpenv:NAME=VALUE  gpuprof's default with one environment variable set
+  gpuprof_aten   gpuprof's default with aten_ops=True (a row per ATen op; docs/aten.md)
+  gpuprof_shapes gpuprof's default with record_shapes=True, with_flops=True
   torch        torch.profiler, CPU + CUDA
+  torch_shapes torch.profiler with record_shapes=True, with_flops=True
 Besides the step ratio it reports the step after the profiler stopped (lingering
 cost), the time from the window's end to a printed table (first round only for
 torch.profiler, whose post-processing takes seconds), kernels per step and the
@@ -165,10 +168,15 @@ class _Session:
             raise RuntimeError("floor_start failed")
         if m == "none" or m.startswith("floor:"):
             return
-        if m == "torch":
+        if m in ("torch", "torch_shapes"):
             from torch.profiler import ProfilerActivity, profile
 
-            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            shapes = m == "torch_shapes"
+            self.prof = profile(
+                activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                record_shapes=shapes,
+                with_flops=shapes,
+            )
             self.prof.__enter__()
             return
         import gpuprof
@@ -188,6 +196,9 @@ class _Session:
             profile_memory=(m == "gpuprof_mem"),
             max_events=50_000_000,
             schedule=sched if m == "gpuprof_wait" else None,
+            aten_ops=(m == "gpuprof_aten"),
+            record_shapes=(m == "gpuprof_shapes"),
+            with_flops=(m == "gpuprof_shapes"),
         )
         self.prof.start()
 
@@ -195,7 +206,7 @@ class _Session:
         """Stop; with want_table also print the table (timed: window end to table)."""
         t0 = time.perf_counter()
         table = None
-        if self.mode == "torch":
+        if self.mode.startswith("torch"):
             self.prof.__exit__(None, None, None)
             if want_table:
                 table = self.prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10)
@@ -224,7 +235,7 @@ def measure(wl, mode, steps, want_table, floor_lib, blocks=1):
         os.environ["GPUPROF_CUPTI_PARTS"] = mode.split(":", 1)[1].replace(".", ",")
         if mode.startswith("gpraw:"):
             os.environ["GPUPROF_CUPTI_RAWBUF"] = "1"
-    if mode == "torch":  # one block: CUPTI stays attached after torch.profiler's window
+    if mode.startswith("torch"):  # one block: CUPTI stays attached after torch.profiler's window
         steps, blocks = steps * blocks, 1
     step, sync, what = _workload(wl)
     # warm-up as long as a measured phase: with 30 steps the second unprofiled phase
@@ -260,7 +271,7 @@ def measure(wl, mode, steps, want_table, floor_lib, blocks=1):
     if table is not None:
         out["window_to_table_s"] = seconds
     prof = session.prof
-    if mode == "torch" and want_table:
+    if mode.startswith("torch") and want_table:
         # CUDA-side events minus copies, memsets and the GPU-side copy of each
         # ProfilerStep#N range (a user annotation, one per step, not a kernel)
         out["kernels"] = len(
@@ -378,7 +389,14 @@ STEPS = {"mlp": 100, "gpt2": 20, "cupy": 100, "compute": 8}
 # gpuprof_nobwd: autograd_nodes=False (the backward pass one call); gpuprof_noseq: node
 # ranges without the forward join (docs/backward.md, "Cost")
 MODES = ["none", "floor", "gpuprof_cpu", "gpuprof", "gpuprof_mem", "torch"]
-EXTRA_MODES = ["gpuprof_nobwd", "gpuprof_noseq", "gpuprof_wait"]
+EXTRA_MODES = [
+    "gpuprof_nobwd",
+    "gpuprof_noseq",
+    "gpuprof_wait",
+    "gpuprof_aten",
+    "gpuprof_shapes",
+    "torch_shapes",
+]
 
 
 def summarize(results, workloads, modes):
@@ -508,7 +526,7 @@ def main():
             for mode in order:
                 steps = max(5, int(STEPS[wl] * args.steps_scale) // args.blocks)
                 # torch.profiler's table only once, on the first workload
-                want = rep == 0 and (mode != "torch" or wl == workloads[0])
+                want = rep == 0 and (not mode.startswith("torch") or wl == workloads[0])
                 r = run_child(wl, mode, steps, want, floor_lib, fork, args.blocks)
                 r["rep"] = rep
                 results.append(r)

@@ -371,7 +371,8 @@ test_binding_function(PyObject *module, PyObject *module_name)
 /* _test_nvtx_name(message): how a push of `message` is named (csrc/record/nvtx.c,
  * "PyTorch's range messages"): {"name", "flags" (GP_NVTXT_*), "seq" (-1 none),
  * "torch" (it follows PyTorch's grammar), "id" (the name id a push on the
- * default domain records, interned now)}. New reference, NULL on error. */
+ * default domain records, interned now), "sizes" (the input sizes field's
+ * list, or None)}. New reference, NULL on error. */
 static PyObject *
 test_nvtx_name(PyObject *module, PyObject *arg)
 {
@@ -388,9 +389,10 @@ test_nvtx_name(PyObject *module, PyObject *arg)
     uint32_t id = gp_nvtx_intern_default(text, (size_t)len);
     if (id == 0)
         return PyErr_NoMemory();
-    return Py_BuildValue("{ss#sIsLsOsI}", "name", t.name, (Py_ssize_t)t.len, "flags", t.flags,
+    return Py_BuildValue("{ss#sIsLsOsIsz#}", "name", t.name, (Py_ssize_t)t.len, "flags", t.flags,
                          "seq", (t.flags & GP_NVTXT_SEQ) ? (long long)t.seq : -1LL, "torch",
-                         torch ? Py_True : Py_False, "id", id);
+                         torch ? Py_True : Py_False, "id", id, "sizes", t.sizes,
+                         (Py_ssize_t)t.sizes_len);
 }
 
 PyMethodDef gp_testing_methods[] = {

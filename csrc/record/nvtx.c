@@ -441,10 +441,12 @@ bracketed(const char **p, const char *end, int truncated)
  * their order, at least one; the seq, if any, into *seq. In a message cut at
  * TEXT_MAX the fields after the first may stop anywhere. */
 static int
-torch_fields(const char *p, const char *end, int truncated, int *has_seq, uint64_t *seq)
+torch_fields(const char *p, const char *end, int truncated, int *has_seq, uint64_t *seq,
+             const char **sizes, size_t *sizes_len)
 {
     int stage = 0, fields = 0, ok = 1;
     uint64_t v;
+    *sizes = NULL;
     while (ok && p < end) {
         if (!lit(&p, end, ", ", 2)) {
             ok = 0;
@@ -456,7 +458,15 @@ torch_fields(const char *p, const char *end, int truncated, int *has_seq, uint64
             ok = equals(&p, end) && number(&p, end, &v);
             stage = 2;
         } else if (stage <= 2 && lit(&p, end, "sizes", 5)) {
-            ok = equals(&p, end) && bracketed(&p, end, truncated);
+            ok = equals(&p, end);
+            const char *list = p;
+            if (ok && bracketed(&p, end, 0)) {
+                *sizes = list;
+                *sizes_len = (size_t)(p - list);
+            } else if (ok) {
+                p = list; /* cut at TEXT_MAX: no sizes */
+                ok = bracketed(&p, end, truncated);
+            }
             stage = 3;
         } else if (stage <= 3 && lit(&p, end, "input_op_ids", 12)) {
             ok = equals(&p, end) && bracketed(&p, end, truncated);
@@ -498,13 +508,17 @@ gp_nvtx_torch_parse(const char *text, size_t len, int truncated, GpNvtxTorchName
     out->len = len;
     out->flags = 0;
     out->seq = 0;
+    out->sizes = NULL;
+    out->sizes_len = 0;
+    const char *sizes = NULL;
+    size_t sizes_len = 0;
     /* NAME ends at the first comma that starts the fields (a C++ node's name
      * may hold commas: CppNode<F<A, B>>) */
     for (;; c++) {
         if ((c = memchr(c, ',', (size_t)(end - c))) == NULL)
             return 0;
         has_seq = 0;
-        if (c > text && torch_fields(c, end, truncated, &has_seq, &seq))
+        if (c > text && torch_fields(c, end, truncated, &has_seq, &seq, &sizes, &sizes_len))
             break;
     }
     const char *name = text;
@@ -522,11 +536,20 @@ gp_nvtx_torch_parse(const char *text, size_t len, int truncated, GpNvtxTorchName
     out->len = n;
     out->flags = flags;
     out->seq = has_seq ? seq : 0;
+    out->sizes = sizes;
+    out->sizes_len = sizes ? sizes_len : 0;
     return 1;
 }
 
+/* NAME, the separator and the sizes of a message with input sizes. */
+static _Thread_local char tls_shaped[TEXT_MAX];
+
 /* The message's name as tables show it: PyTorch's NAME (m->text and m->len
- * then point into the text), or the whole text. *arg and *kind get the
+ * then point into the text), or the whole text. An op's input sizes
+ * (record_shapes) stay in the name after GP_NVTX_SHAPES_SEP: an op called
+ * with other shapes is another name, so its calls are their own rows, and a
+ * training loop's shapes are a few per op (a name table that fills up names
+ * the rest "<nvtx: too many ...>", counted in cuda_status()). *arg and *kind get the
  * GP_EV_NVTX_TORCH event to write right after the range's own (*kind 0: none). */
 static void
 torch_name(Message *m, uint32_t *arg, uint32_t *kind)
@@ -539,6 +562,16 @@ torch_name(Message *m, uint32_t *arg, uint32_t *kind)
      * to the same name. */
     m->text = t.name;
     m->len = t.len;
+    /* (not an autograd node's: the engine's wrapper and the node's own range
+     * must keep one name to merge) */
+    if (t.sizes != NULL && t.sizes_len > 2 && !(t.flags & GP_NVTXT_AUTOGRAD) &&
+        t.len + 1 + t.sizes_len < TEXT_MAX) {
+        memcpy(tls_shaped, t.name, t.len);
+        tls_shaped[t.len] = GP_NVTX_SHAPES_SEP;
+        memcpy(tls_shaped + t.len + 1, t.sizes, t.sizes_len);
+        m->text = tls_shaped;
+        m->len = t.len + 1 + t.sizes_len;
+    }
     if (t.flags != 0) {
         *arg = (uint32_t)(t.seq & 0x7fffffffu);
         *kind = GP_EV_MAKE(GP_EV_NVTX_TORCH, t.flags);

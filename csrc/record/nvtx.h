@@ -24,7 +24,15 @@ typedef struct GpNvtxTorchName {
     size_t len;
     uint32_t flags;
     uint64_t seq; /* valid with GP_NVTXT_SEQ */
+    /* The "sizes = [...]" field's list (record_shapes), a slice of the text;
+     * NULL when the message has none or it was cut. */
+    const char *sizes;
+    size_t sizes_len;
 } GpNvtxTorchName;
+
+/* Between an op's NAME and its input sizes in the name of a range that
+ * carried them (csrc/record/nvtx.c, torch_name): results.c splits there. */
+#define GP_NVTX_SHAPES_SEP '\x1f'
 
 /* Parse text[0..len) (`truncated`: it was cut at gpuprof's 1023-byte limit,
  * so its last field may be incomplete). 1 and *out filled when it follows

@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "hook.h"
 #include "intern.h"
+#include "nvtx.h"
 #include "schedule.h"
 #include "window.h"
 
@@ -30,11 +31,36 @@ dict_steal(PyObject *d, const char *key, PyObject *value)
     return rc;
 }
 
+/* op_shapes[i] = the input sizes of op row i (its NVTX name after
+ * GP_NVTX_SHAPES_SEP); the list, of "" for the other rows, is made at the
+ * first. 0, or -1 with an exception. */
+static int
+shapes_at(PyObject **shapes, size_t n, size_t i, const char *text)
+{
+    if (*shapes == NULL) {
+        PyObject *empty = PyUnicode_FromString("");
+        *shapes = empty ? PyList_New((Py_ssize_t)n) : NULL;
+        if (*shapes == NULL) {
+            Py_XDECREF(empty);
+            return -1;
+        }
+        for (size_t j = 0; j < n; j++) {
+            Py_INCREF(empty);
+            PyList_SET_ITEM(*shapes, (Py_ssize_t)j, empty); /* steals */
+        }
+        Py_DECREF(empty);
+    }
+    PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    if (s == NULL)
+        return -1;
+    return PyList_SetItem(*shapes, (Py_ssize_t)i, s); /* steals */
+}
+
 PyObject *
 gp_profiler_result_dict(GpTables *t)
 {
     PyObject *d = PyDict_New();
-    PyObject *names = NULL, *files = NULL, *lines = NULL, *knames = NULL;
+    PyObject *names = NULL, *files = NULL, *lines = NULL, *knames = NULL, *shapes = NULL;
     if (d == NULL)
         return NULL;
     size_t n = t->ops.n;
@@ -65,6 +91,12 @@ gp_profiler_result_dict(GpTables *t)
             }
             if (r->flags & GP_OPF_AUTOGRAD)
                 snprintf(where, sizeof where, "autograd");
+            char *sep = strchr(text, GP_NVTX_SHAPES_SEP); /* an ATen op's input sizes */
+            if (sep != NULL) {
+                *sep = '\0';
+                if (shapes_at(&shapes, n, i, sep + 1) < 0)
+                    goto fail;
+            }
             name = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
             file = PyUnicode_DecodeUTF8(where, (Py_ssize_t)strlen(where), "replace");
             if (!name || !file) {
@@ -107,6 +139,11 @@ gp_profiler_result_dict(GpTables *t)
     if (dict_steal(d, "kernel_names", knames) < 0)
         goto fail_after_names;
     knames = NULL;
+    if (shapes != NULL) { /* only where an op carried its input sizes */
+        if (dict_steal(d, "op_shapes", shapes) < 0)
+            goto fail_after_names;
+        shapes = NULL;
+    }
     if (dict_steal(d, "ops", gp_arrays_build(GP_ROWS_OPS, t->ops.v, t->ops.n)) < 0 ||
         dict_steal(d, "nodes", gp_arrays_build(GP_ROWS_NODES, t->nodes.v, t->nodes.n)) < 0 ||
         dict_steal(d, "kernels", gp_arrays_build(GP_ROWS_KERNELS, t->kernels.v, t->kernels.n)) <
@@ -135,6 +172,7 @@ fail_after_names:
     Py_XDECREF(files);
     Py_XDECREF(lines);
     Py_XDECREF(knames);
+    Py_XDECREF(shapes);
     Py_DECREF(d);
     return NULL;
 }

@@ -1,4 +1,4 @@
-"""gpuprof.analysis._flops: NVTX messages parsed, FLOP formulas, and counts placed on op trees.
+"""gpuprof.results._flops: NVTX messages parsed, FLOP formulas, and counts placed on op trees.
 
 The counts are checked against torch.utils.flop_counter on the same run: a
 TorchDispatchMode writes, for every dispatched op, the message
@@ -13,8 +13,8 @@ import itertools
 import math
 
 import pytest
-from gpuprof.analysis import _flops
-from gpuprof.analysis._flops import (
+from gpuprof.results import _flops
+from gpuprof.results._flops import (
     OpRecord,
     assign_flops,
     flops,

@@ -249,7 +249,7 @@ def test_group_by_input_shape_groups_by_name_with_the_reason():
     recipe's on_trace_ready asking for them must not end the job."""
     with gpuprof.profile(activities=CPU) as prof:
         leaf(1)
-    with pytest.warns(UserWarning, match="does not record input shapes"):
+    with pytest.warns(UserWarning, match="no input shapes were recorded"):
         by_shape = prof.key_averages(group_by_input_shape=True)
     by_name = prof.key_averages()
     assert [(r.key, r.count) for r in by_shape] == [(r.key, r.count) for r in by_name]

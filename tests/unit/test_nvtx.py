@@ -1190,3 +1190,72 @@ def test_diagnosis_names_the_forward_line_of_a_heavy_backward(tmp_path):
     assert f.evidence["backward_ns"] == 75 and f.evidence["op_backward_ns"] == 50
     assert f.title.startswith("The backward pass is 100% of GPU time; 67% of it is the backward")
     assert "of linear (tests/unit/test_nvtx.py:" in f.title and "test_nvtx.py" in f.location
+
+
+# -- ATen op ranges with input sizes (record_shapes=True; docs/aten.md) -------------------
+
+
+def _linear(batch, op_id):
+    """aten::linear and the aten::addmm inside it, as emit_nvtx(record_shapes=True)
+    writes them for a Linear(256, 512) on a batch of ``batch``."""
+    return [
+        f"+aten::linear, seq = 5, op_id = {op_id}, sizes = [[{batch}, 256], [512, 256], [512]]",
+        f"+aten::addmm, op_id = {op_id + 1}, sizes = [[512], [{batch}, 256], [256, 512], [], []]"
+        f", input_op_ids = [(0,-1), (0,-1), ({op_id + 2},0), (0,-1), (0,-1)]",
+        "~200",
+        "-",
+        "-",
+    ]
+
+
+def test_aten_ops_are_a_row_per_op_and_a_row_per_shape_when_grouped(nv):
+    # given three calls of a Linear on a batch of 64 and one on 32, in PyTorch's format
+    with gpuprof.profile(activities=CPU) as prof:
+        for i, batch in enumerate((64, 64, 32, 64)):
+            _script(nv, _linear(batch, 10 * i + 1))
+    ops = prof.ops()
+    # then ops() has a row per op and shapes, the name alone in "name"
+    addmm = ops[ops["name"] == "aten::addmm"]
+    assert sorted(addmm["calls"].tolist()) == [1, 3]
+    assert set(addmm["input_shapes"]) == {
+        "[[512], [64, 256], [256, 512], [], []]",
+        "[[512], [32, 256], [256, 512], [], []]",
+    }
+    assert not any("\x1f" in str(n) or "sizes" in str(n) for n in ops["name"])
+    # the FLOPs sit on the addmm (2*M*K*N a call), none on the linear that calls it
+    per_call = {64: 2 * 64 * 256 * 512, 32: 2 * 32 * 256 * 512}
+    by_shape = dict(zip(addmm["input_shapes"], addmm["flops"].tolist()))
+    assert by_shape["[[512], [64, 256], [256, 512], [], []]"] == 3 * per_call[64]
+    assert by_shape["[[512], [32, 256], [256, 512], [], []]"] == per_call[32]
+    assert (ops[ops["name"] == "aten::linear"]["flops"] == 0).all()
+    # key_averages() has one row per op, as torch.profiler without group_by_input_shape
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["aten::addmm"].count == 4 and rows["aten::linear"].count == 4
+    assert rows["aten::addmm"].flops == 3 * per_call[64] + per_call[32]
+    assert rows["aten::addmm"].input_shapes == []  # two shapes: none to show
+    # grouped by input shape: a row per shape, with torch's input_shapes lists
+    grouped = [r for r in prof.key_averages(group_by_input_shape=True) if r.key == "aten::addmm"]
+    assert sorted((r.count, r.input_shapes[1]) for r in grouped) == [(1, [32, 256]), (3, [64, 256])]
+    assert all(r.input_shapes[0] == [512] and r.input_shapes[3] == [] for r in grouped)
+    # and the tables: Input Shapes only when grouped by them; FLOPs in torch's unit form
+    plain = prof.key_averages().table()
+    shaped = prof.key_averages(group_by_input_shape=True).table(max_shapes_column_width=40)
+    assert "Input Shapes" not in plain and "Input Shapes" in shaped
+    assert "[[512], [64, 256], [256, 512], [], []]" in shaped
+    assert "Total MFLOPs" in plain
+    (line,) = [ln for ln in plain.splitlines() if ln.startswith("aten::addmm")]
+    assert f"{(3 * per_call[64] + per_call[32]) / 1e6:.3f}" in line
+
+
+def test_a_saved_profile_keeps_the_input_shapes(nv, tmp_path):
+    with gpuprof.profile(activities=CPU) as prof:
+        _script(nv, _linear(64, 1) + _linear(32, 5))
+    path = prof.save(str(tmp_path / "p.gpuprof"))
+    loaded = gpuprof.load(path)
+    assert loaded.key_averages(group_by_input_shape=True).table() == (
+        prof.key_averages(group_by_input_shape=True).table()
+    )
+    a, b = prof.ops(), loaded.ops()
+    assert list(a["input_shapes"]) == list(b["input_shapes"]) and list(a["flops"]) == list(
+        b["flops"]
+    )

@@ -1,11 +1,11 @@
-"""gpuprof.analysis._peaks: the dense-peak table, the precision an op ran in, and the TFLOPS and
+"""gpuprof.results._peaks: the dense-peak table, the precision an op ran in, and the TFLOPS and
 MFU arithmetic, on synthetic op rows. An op above its peak is a counting error: the
 checks here fail on it."""
 
 import pytest
-from gpuprof.analysis import _peaks
-from gpuprof.analysis._flops import flops
-from gpuprof.analysis._peaks import (
+from gpuprof.results import _peaks
+from gpuprof.results._flops import flops
+from gpuprof.results._peaks import (
     PEAKS,
     PRECISIONS,
     CountingError,

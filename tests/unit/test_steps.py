@@ -165,12 +165,10 @@ def test_acc_events_keeps_the_cut_short_window_too():
 @pytest.mark.parametrize(
     "arg, value",
     [
-        ("with_flops", True),
         ("experimental_config", object()),
         ("execution_trace_observer", object()),
         ("post_processing_timeout_s", 5.0),
         ("custom_trace_id_callback", lambda: "id"),
-        ("record_shapes", True),
     ],
 )
 def test_arguments_gpuprof_cannot_honour_warn_once_naming_them(arg, value):

@@ -71,7 +71,7 @@ def test_torch_recipe_callback_runs_inside_prof_step(tmp_path):
         stacks = p.export_stacks(str(tmp_path / f"stacks_{p.step_num}.txt"), "self_cpu_time_total")
         seen.append((p.step_num, table, trace, stacks))
 
-    with pytest.warns(UserWarning, match="does not record input shapes"):
+    with pytest.warns(UserWarning, match="no input shapes were recorded"):
         with gpuprof.profile(
             schedule=gpuprof.schedule(wait=1, warmup=1, active=2, repeat=2),
             on_trace_ready=trace_handler,

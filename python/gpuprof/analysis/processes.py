@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core._paths import source_location
 from ..results._meta import RecordingMeta
-from ..results._results import Results, merge_rows
+from ..results._results import OP_KEY, Results, merge_rows
 from ..results.tables import KeyAverages
 
 __all__ = ["PROCESSES_DTYPE", "ProcessData", "worker_hotspot", "processes_array", "select"]
@@ -46,8 +46,6 @@ PROCESSES_DTYPE = np.dtype(
         ("cpu_self_ns", "i8"),
     ]
 )
-
-_OPS_KEY = ("name", "file", "line", "kind")
 
 # A C call whose nearest Python caller is in one of these files is a worker
 # waiting for work or handing results back, not doing it.
@@ -143,7 +141,7 @@ def _merge(parts: list[np.ndarray]) -> np.ndarray:
         return _empty_ops()
     if len(parts) == 1:
         return parts[0]
-    return merge_rows(parts, _OPS_KEY, mins=("cpu_min_ns",), maxs=("cpu_max_ns",))
+    return merge_rows(parts, OP_KEY, mins=("cpu_min_ns",), maxs=("cpu_max_ns",))
 
 
 def _window_events(windows: list[dict]) -> tuple[int, int, int]:

@@ -61,9 +61,11 @@ class ResultAccessors:
         them, iterating gives one row object with torch.profiler's attribute names.
 
         Args:
-            group_by_input_shape: gpuprof records no input shapes (docs/api.md
-                says why), so every shape is empty and True groups by name alone,
-                as torch.profiler does without ``record_shapes``; a warning says so.
+            group_by_input_shape: one row per ATen op and input shapes, with an
+                Input Shapes column, as torch.profiler groups them. Shapes are
+                recorded with ``record_shapes=True`` on a CUDA build of PyTorch
+                (docs/aten.md); without them True groups by name alone, as torch
+                does without ``record_shapes``, and a warning says so.
             group_by_stack_n: group each op by its N nearest Python callers.
             pid: with ``subprocesses=True``, whose ops (see :meth:`ops`).
             include_context: also show the frames that were already running when
@@ -85,13 +87,14 @@ class ResultAccessors:
             raise TypeError(
                 f"key_averages(): group_by_input_shape must be a bool, got {group_by_input_shape!r}"
             )
-        if group_by_input_shape:
+        if group_by_input_shape and not (self.results.ops()["input_shapes"] != "").any():
             # torch.profiler code (a recipe's on_trace_ready) asks for it: refusing
             # would end the job at the first window, so the rows are what torch
             # gives without record_shapes, and the warning says why
             warnings.warn(
-                "key_averages(group_by_input_shape=True): gpuprof does not record "
-                "input shapes (docs/api.md says why), so rows are grouped by name "
+                "key_averages(group_by_input_shape=True): no input shapes were "
+                "recorded (they come with record_shapes=True, from PyTorch's NVTX "
+                "ranges on a CUDA build: docs/aten.md), so rows are grouped by name "
                 "alone; group_by_stack_n=N splits an op by its callers",
                 UserWarning,
                 stacklevel=2,
@@ -121,6 +124,7 @@ class ResultAccessors:
             include_context=include_context,
             idle=idle,
             group_by_thread=group_by_thread,
+            group_by_input_shape=group_by_input_shape,
         )
 
     def ops(self, pid: int | str | None = None) -> np.ndarray:

@@ -129,10 +129,6 @@ def _check_torch_compat_args(**args: Any) -> None:
             f"{args['custom_trace_id_callback']!r}"
         )
     unsupported = {
-        "record_shapes": "gpuprof does not record input shapes (docs/api.md says why); "
-        "tables have no Input Shapes column",
-        "with_flops": "gpuprof does not estimate FLOPs (it does not see input shapes); "
-        "deep_dive() measures FLOP/s of the hottest kernels on a GPU",
         "experimental_config": "it configures PyTorch's Kineto profiler, which gpuprof does "
         "not use; gpuprof honours its enable_cuda_sync_events (as "
         "cuda_sync_events=True) and ignores the rest",
@@ -218,8 +214,15 @@ class profile(ResultAccessors):
         profile_memory: record device memory allocations and frees.
         with_stack: keep call stacks for grouping by stack and flame graphs (the
             call tree is always kept; accepted for torch.profiler compatibility).
-        record_shapes: accepted for torch.profiler compatibility; gpuprof does not
-            record input shapes (a warning says so once; docs/api.md says why).
+        record_shapes: with CUDA capture and a CUDA build of PyTorch, a row per ATen
+            op (``aten::addmm``, under the Python call that ran it) and its input
+            shapes, from PyTorch's NVTX range per op: ``key_averages(
+            group_by_input_shape=True)`` and ``KeyAverage.input_shapes``, as in
+            torch.profiler (docs/aten.md; it costs what every op's range costs).
+        aten_ops: the ATen op rows of ``record_shapes`` without their shapes.
+        with_flops: FLOPs of the matmul, convolution and attention ops, counted from
+            their input shapes (turns ``record_shapes`` on): ``KeyAverage.flops``,
+            the table's FLOPs and TFLOPS columns (docs/flops.md).
         acc_events: accumulate the results of every window instead of keeping the last.
         max_events: CPU event budget of one window (16 bytes each); past it events
             are dropped and counted. The memory stays with the process for the next
@@ -294,6 +297,7 @@ class profile(ResultAccessors):
         cuda_sync_events: bool = False,
         autograd_nodes: bool = True,
         modules: bool = True,
+        aten_ops: bool = False,
     ) -> None:
         _check_torch_compat_args(
             with_flops=with_flops,
@@ -325,6 +329,7 @@ class profile(ResultAccessors):
             cuda_sync_events=cuda_sync_events,
             autograd_nodes=autograd_nodes,
             modules=modules,
+            aten_ops=aten_ops,
         )
         self.activities = acts
         self.schedule = schedule
@@ -332,6 +337,7 @@ class profile(ResultAccessors):
         self.profile_memory = profile_memory
         self.with_stack = with_stack
         self.record_shapes = record_shapes
+        self.aten_ops = aten_ops
         self.with_modules = with_modules
         self.with_flops = with_flops
         self.acc_events = acc_events
@@ -388,7 +394,16 @@ class profile(ResultAccessors):
         if profile_memory:
             self._parts.append(_parts.MemorySampler(self.memory_sample_interval_s))
         # PyTorch's NVTX range per autograd node while recording (docs/backward.md)
-        self._parts.append(_autograd.AutogradNodes(autograd_nodes, cuda, schedule is not None))
+        # and, asked for, per ATen op with its input sizes (docs/aten.md)
+        self._parts.append(
+            _autograd.AutogradNodes(
+                autograd_nodes,
+                cuda,
+                schedule is not None,
+                aten=aten_ops,
+                shapes=record_shapes or with_flops,
+            )
+        )
         self._parts.append(_modules.ModuleInstances(modules))
         self._step_parts = [p for p in self._parts if p.steps]
         # prof.step() is the C method itself unless a part follows the steps: no

@@ -69,14 +69,20 @@ def seq_peek_address(torch) -> int:
     return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
 
 
-def _config(torch):
-    """(enable, disable) callables for the node ranges of this PyTorch; raises
-    AttributeError or ImportError when its private API moved."""
+def _config(torch, nodes: bool = True, aten: bool = False, shapes: bool = False):
+    """(enable, disable, enabled) callables for the ranges of this PyTorch: one per
+    autograd node (``nodes``), one per ATen op (``aten``; the RecordFunction scope
+    FUNCTION, which covers every op the dispatcher runs), with their input sizes
+    (``shapes``); raises AttributeError or ImportError when its private API moved."""
     prof = torch._C._profiler
     config = prof.ProfilerConfig(
-        prof.ProfilerState.NVTX, False, False, False, False, False, prof._ExperimentalConfig()
+        prof.ProfilerState.NVTX, shapes, False, False, False, False, prof._ExperimentalConfig()
     )
-    scopes = {prof.RecordScope.BACKWARD_FUNCTION}
+    scopes = set()
+    if nodes:
+        scopes.add(prof.RecordScope.BACKWARD_FUNCTION)
+    if aten:
+        scopes.add(prof.RecordScope.FUNCTION)
     autograd = torch.autograd
     enable, disable = autograd._enable_profiler, autograd._disable_profiler
 
@@ -96,7 +102,13 @@ class AutogradNodes(Part):
     the profile's results carry it as ``results.cuda["autograd_nodes"]``.
     """
 
-    def __init__(self, wanted: bool, cuda: bool, scheduled: bool):
+    def __init__(
+        self, wanted: bool, cuda: bool, scheduled: bool, aten: bool = False, shapes: bool = False
+    ):
+        self.nodes = wanted
+        self.aten = aten or shapes  # ATen op ranges (docs/aten.md), with input sizes
+        self.shapes = shapes
+        wanted = wanted or self.aten
         self.wanted = wanted
         self.cuda = cuda
         # with a schedule, follow the windows step by step
@@ -114,12 +126,19 @@ class AutogradNodes(Part):
         only part of the time; "" when all is well) and ``forward`` (the nodes were
         joined to the forward calls that made them: PyTorch's sequence counter was
         read)."""
-        if not self.wanted:
+        if not self.nodes:
             return {"on": False, "reason": "autograd_nodes=False", "forward": False}
         if not self.cuda:
             return {"on": False, "reason": "CUDA capture is off", "forward": False}
         forward = self._was_on and bool(self._peek)
         return {"on": self._was_on, "reason": self._reason, "forward": forward}
+
+    def aten_status(self) -> dict:
+        """``wanted`` ("names" for ``aten_ops=True``, "shapes" for ``record_shapes``),
+        ``on`` (ATen op ranges were on while recording) and ``reason`` (why not)."""
+        wanted = "shapes" if self.shapes else "names"
+        reason = "CUDA capture is off" if not self.cuda else self._reason
+        return {"wanted": wanted, "on": self.cuda and self._was_on, "reason": reason}
 
     # -- switching ----------------------------------------------------------
     def _on(self) -> None:
@@ -179,11 +198,11 @@ class AutogradNodes(Part):
             return
         torch = sys.modules["torch"]
         try:
-            self._fns = _config(torch)
+            self._fns = _config(torch, self.nodes, self.aten, self.shapes)
         except (AttributeError, ImportError, TypeError) as e:
             self._reason = f"this PyTorch has no NVTX callback for autograd nodes ({e!r})"
             return
-        self._peek = seq_peek_address(torch)
+        self._peek = seq_peek_address(torch) if self.nodes else 0
         _gpuprof._set_seq_peek(self._peek)
 
     def started(self, state: RecordingState) -> None:
@@ -203,3 +222,5 @@ class AutogradNodes(Part):
 
     def contribute(self, results) -> None:
         results.cuda = {**results.cuda, "autograd_nodes": self.status()}
+        if self.aten:  # docs/aten.md
+            results.cuda = {**results.cuda, "aten_ops": self.aten_status()}

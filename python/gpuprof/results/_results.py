@@ -72,8 +72,17 @@ OPS_DTYPE = np.dtype(
         # a C function that blocks its thread (time.sleep, a lock's acquire, a poll):
         # its time is waiting, which the tables leave out unless key_averages(idle=True)
         ("idle", "?"),
+        # an ATen op's input sizes as PyTorch wrote them (record_shapes=True), "" for
+        # every other row: one row per op and shapes (docs/aten.md)
+        ("input_shapes", object),
+        # floating-point operations of its calls, counted where the op ran them
+        # (record_shapes=True and with_flops=True; 0 elsewhere; docs/flops.md)
+        ("flops", "i8"),
     ]
 )
+
+# What makes two windows' op rows one op.
+OP_KEY = ("name", "file", "line", "kind", "input_shapes")
 
 KERNELS_DTYPE = np.dtype(
     [
@@ -143,6 +152,9 @@ CALL_TREE_DTYPE = np.dtype(
         # and in its subtree (docs/backward.md)
         ("bwd_cuda_self_ns", "i8"),
         ("bwd_cuda_total_ns", "i8"),
+        # floating-point operations of its calls (ATen ops with record_shapes=True and
+        # with_flops=True; 0 elsewhere; docs/flops.md)
+        ("flops", "i8"),
     ]
 )
 
@@ -228,6 +240,7 @@ class _Window:
         self._kernels: np.ndarray | None = None
         self._op_names: np.ndarray | None = None  # _op_display_names()
         self._backward: Any = None  # _backward.join(), when it applies
+        self._flops: tuple[np.ndarray | None] | None = None  # (node_flops(),) once counted
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -241,6 +254,7 @@ class _Window:
             out["name"] = np.array(self._raw["op_names"] + [None], dtype=object)[:-1]
             out["file"] = np.array(self._raw["op_files"] + [None], dtype=object)[:-1]
             out["line"] = self._raw["op_lines"]
+            out["input_shapes"] = self._raw.get("op_shapes") or ""  # (C adds it with shapes)
             out["kind"] = [OP_KINDS.get(int(k), "none") for k in r["kind"]]
             pass_through(out, r, skip=("kind",))
             out["idle"] = (r["kind"] == OP_CFUNC) & ((r["flags"] & OPF_WAIT) != 0)
@@ -254,6 +268,9 @@ class _Window:
                 np.add.at(out["bwd_cuda_total_ns"], rows[outer], sub[outer])
                 both = subtree_sums(tree["parent"], tree["cuda_self_ns"] + bwd_self)
                 np.add.at(out["fwd_bwd_cuda_ns"], rows[outer], both[outer])
+            flops = self.node_flops()
+            if flops is not None:
+                np.add.at(out["flops"], self._raw["nodes"]["op_row"].astype(np.int64), flops)
             self._ops = out
         return self._ops
 
@@ -283,6 +300,15 @@ class _Window:
 
             self._backward = join(self.raw)
         return self._backward
+
+    def node_flops(self) -> np.ndarray | None:
+        """Per call-tree node: the FLOPs of its calls (:mod:`._aten`), or None for a
+        window whose ops carry no input sizes."""
+        if self._flops is None:
+            from ._aten import node_flops
+
+            self._flops = (node_flops(self._raw),)
+        return self._flops[0]
 
     def modules(self) -> np.ndarray:
         """The modules table (:mod:`._module_rows`): one row per ``torch.nn.Module``
@@ -356,6 +382,9 @@ class _Window:
         if bwd is not None:
             out["bwd_cuda_self_ns"] = bwd
             out["bwd_cuda_total_ns"] = subtree_sums(n["parent"], bwd)
+        flops = self.node_flops()
+        if flops is not None:
+            out["flops"] = flops
         return out
 
     def _op_display_names(self) -> np.ndarray:
@@ -493,7 +522,7 @@ class Results:
             return self._windows[0].ops()
         return merge_rows(
             [w.ops() for w in self._windows],
-            ("name", "file", "line", "kind"),
+            OP_KEY,
             mins=("cpu_min_ns",),
             maxs=("cpu_max_ns",),
         )
@@ -528,9 +557,7 @@ class Results:
         if len(self._windows) == 1:
             return per_window(self._windows[0])
         ops = self.ops()
-        index = {
-            k: i for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"], ops["kind"]))
-        }
+        index = {k: i for i, k in enumerate(zip(*(ops[f] for f in OP_KEY)))}
         out: np.ndarray | None = None
         seen = np.zeros(len(ops), dtype=bool)
         for w in self._windows:
@@ -538,7 +565,7 @@ class Results:
             vals = per_window(w)
             if out is None:
                 out = np.zeros(len(ops), dtype=vals.dtype)
-            for k, v in zip(zip(wops["name"], wops["file"], wops["line"], wops["kind"]), vals):
+            for k, v in zip(zip(*(wops[f] for f in OP_KEY)), vals):
                 i = index.get(k)
                 if i is None:  # a row the caller's ops() left out
                     continue

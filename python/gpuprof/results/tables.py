@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..core._format import TIME_UNITS, format_bytes, format_time
+from ._flops import parse_sizes
 from ._results import Results, display_name, outermost, subtree_sums
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
@@ -91,13 +92,16 @@ class KeyAverage:
         self.backward_device_time_total = float(row["bwd_cuda_total_ns"]) * us
         self.self_backward_device_time_total = float(row["bwd_cuda_self_ns"]) * us
         self.forward_backward_device_time_total = float(row["fwd_bwd_cuda_ns"]) * us
-        self.input_shapes: list[Any] = []  # not recorded (docs/api.md)
+        # record_shapes=True: an ATen op's input sizes, one list per input ([] for
+        # a non-tensor); empty for other rows and for a row of several shapes
+        text = row["input_shapes"]
+        self.input_shapes: list[Any] = parse_sizes(text) if text else []
         self.stack = list(stack)
         self.is_user_annotation = kind == "user"
         self.is_context = bool(row["context"])
         self.is_idle = bool(row["idle"])
         self.thread = thread  # the thread's name, grouped by thread; else None
-        self.flops = 0
+        self.flops = int(row["flops"])
         self.node_id = -1
         self.is_legacy = False
         self.overload_name = ""
@@ -155,6 +159,7 @@ class KeyAverages:
         include_context: bool = False,
         idle: bool = False,
         group_by_thread: bool = False,
+        group_by_input_shape: bool = False,
     ):
         if (
             isinstance(group_by_stack_n, bool)
@@ -168,6 +173,7 @@ class KeyAverages:
             ("include_context", include_context),
             ("idle", idle),
             ("group_by_thread", group_by_thread),
+            ("group_by_input_shape", group_by_input_shape),
         ):
             if not isinstance(value, bool):
                 raise TypeError(f"key_averages(): {name} must be a bool, got {value!r}")
@@ -179,9 +185,15 @@ class KeyAverages:
         self.group_by_thread = group_by_thread
         ops = results.ops()
         self.cuda = bool(results.cuda.get("active")) or bool((ops["cuda_total_ns"] != 0).any())
+        # ops() has a row per ATen op and input shapes: one per op unless grouped by them
+        self.shapes = bool((ops["input_shapes"] != "").any())
+        self.group_by_input_shape = group_by_input_shape and self.shapes
+        merge_shapes = self.shapes and not group_by_input_shape
         stacks: list[list[str]] | None
-        if group_by_stack_n or group_by_thread:
-            rows, stacks = self._by_stack(group_by_stack_n, group_by_thread, idle)
+        if group_by_stack_n or group_by_thread or merge_shapes:
+            rows, stacks = self._by_stack(
+                group_by_stack_n, group_by_thread, idle, by_shape=not merge_shapes
+            )
             if not group_by_stack_n:
                 stacks = None
         else:
@@ -227,15 +239,25 @@ class KeyAverages:
         self.cpu_memory = show_memory and bool((rows["cpu_mem_self_bytes"] != 0).any())
 
     def _by_stack(
-        self, n: int, by_thread: bool = False, idle: bool = True
+        self, n: int, by_thread: bool = False, idle: bool = True, by_shape: bool = True
     ) -> tuple[np.ndarray, list[list[str]]]:
         """Group call-tree nodes by (op, nearest n Python callers), and by thread with
-        ``by_thread``. A group's total time and memory count each outermost node once
+        ``by_thread``; without ``by_shape`` an op's rows of several input shapes are
+        one. A group's total time and memory count each outermost node once
         (recursion is not counted again inside itself); without ``idle`` its total
         leaves out the waits below it."""
         res = self._results
         tree = res.call_tree()
         ops = res.ops()
+        same_op: dict[tuple[Any, ...], int] = {}
+        canon = np.array(
+            [
+                i if by_shape else same_op.setdefault(k, i)
+                for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"], ops["kind"]))
+            ],
+            dtype=np.int64,
+        )
+        shapes_of: dict[int, set[str]] = {}
         context = res.context_rows()
         parent = tree["parent"]
         op_of = tree["op"]
@@ -248,7 +270,9 @@ class KeyAverages:
                 if is_py[op_of[p]]:
                     stack.append(int(op_of[p]))
                 p = parent[p]
-            keys.append((int(op_of[i]), tuple(stack), int(tree["thread"][i]) if by_thread else -1))
+            op = int(canon[op_of[i]])
+            keys.append((op, tuple(stack), int(tree["thread"][i]) if by_thread else -1))
+            shapes_of.setdefault(op, set()).add(ops["input_shapes"][op_of[i]])
         outer = outermost(parent, keys)
         waits = np.where(ops["idle"][op_of], tree["self_ns"], 0) if not idle else None
         wait_sub = (
@@ -270,10 +294,12 @@ class KeyAverages:
                     "cuda_self_ns": 0,
                     "cuda_mem_self_bytes": 0,
                     "cuda_mem_total_bytes": 0,
+                    "flops": 0,
                     "top_level": False,
                 },
             )
             g["calls"] += int(tree["calls"][i])
+            g["flops"] += int(tree["flops"][i])
             g["cpu_self_ns"] += int(tree["self_ns"][i])
             g["cuda_self_ns"] += int(tree["cuda_self_ns"][i])
             g["cuda_mem_self_bytes"] += int(mem_self[i])
@@ -290,6 +316,8 @@ class KeyAverages:
             for f, v in g.items():
                 rows[f][j] = v
             rows["thread"][j] = thread
+            shapes = shapes_of.get(op, {""})
+            rows["input_shapes"][j] = next(iter(shapes)) if len(shapes) == 1 else ""
             rows["context"][j] = context[op]
             rows["top_level"][j] = g["top_level"] and not context[op]
             stacks.append(
@@ -356,6 +384,7 @@ class KeyAverages:
             "cpu_mem_self_bytes",
             "cuda_mem_total_bytes",
             "cpu_mem_total_bytes",
+            "flops",
         ):
             total[f][0] = r[f].sum()
         return KeyAverage(total[0], "Total", [], "total")
@@ -452,7 +481,14 @@ class KeyAverages:
             order = order[:row_limit]
         note = self._sort_field(sort_by)[2]
         return _render(
-            self, order, max_name_column_width, max_src_column_width, header, time_unit, note
+            self,
+            order,
+            max_name_column_width,
+            max_src_column_width,
+            header,
+            time_unit,
+            note,
+            max_shapes_column_width,
         )
 
     def __str__(self) -> str:
@@ -562,6 +598,34 @@ def op_columns(ka: KeyAverages, unit: str | None = None) -> list[Column]:
     cols += [("# of Calls", r["calls"], lambda v: str(int(v)))]
     if ka.cuda:
         cols += [("# Kernels", r["kernels"], lambda v: str(int(v)))]
+    if r["flops"].any():  # with_flops=True (docs/flops.md)
+        cols += _flops_columns(r, ka.cuda)
+    return cols
+
+
+_FLOP_UNITS = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"), (1.0, ""))
+
+
+def _flops_columns(r: np.ndarray, cuda: bool) -> list[Column]:
+    """torch.profiler's FLOPs column, in the unit its largest figure needs, and with
+    CUDA the rate each row's kernels reached: its FLOPs over its CUDA total."""
+    top = float(r["flops"].max())
+    scale, prefix = next((u for u in _FLOP_UNITS if top >= u[0]), _FLOP_UNITS[-1])
+    cols: list[Column] = [
+        (
+            f"Total {prefix}FLOPs",
+            r["flops"] / scale,
+            lambda v: f"{v:.3f}" if v else "--",
+        )
+    ]
+    if cuda:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(
+                (r["flops"] > 0) & (r["cuda_total_ns"] > 0),
+                r["flops"] / np.maximum(r["cuda_total_ns"], 1) / 1e3,
+                0.0,
+            )
+        cols += [("TFLOPS", rate, lambda v: f"{v:.1f}" if v else "--")]
     return cols
 
 
@@ -572,6 +636,7 @@ def _cells(
     src_w: int,
     unit: str | None,
     note: str | None,
+    shapes_w: int = 80,
 ) -> tuple[list[tuple[str, str | None]], list[tuple[list[str], list[str]]], list[str]]:
     """Columns (title, alignment), rows (cells, further stack frames) and footer lines."""
     total_self_cpu = float(ka.total_self_cpu_ns)
@@ -581,6 +646,8 @@ def _cells(
     if ka.group_by_thread:
         cols += [("Thread", None)]
     cols += [(title, "r") for title, _, _ in numeric]
+    if ka.group_by_input_shape:
+        cols += [("Input Shapes", None)]
     if ka.stacks is not None:
         cols += [("Source Location", None)]
     lines_cells = []
@@ -589,6 +656,8 @@ def _cells(
         if ka.group_by_thread:
             cells += [_cut(ka.thread_names[ka.rows["thread"][i]], name_w)]
         cells += [fmt(values[i]) for _, values, fmt in numeric]
+        if ka.group_by_input_shape:
+            cells += [_cut(ka.rows["input_shapes"][i], shapes_w)]
         if ka.stacks is not None:
             stack = ka.stacks[i]
             cells += [_cut(stack[0] if stack else "", src_w)]
@@ -619,8 +688,9 @@ def _render(
     header: str | None,
     unit: str | None = None,
     note: str | None = None,
+    shapes_w: int = 80,
 ) -> str:
-    cols, lines_cells, footer = _cells(ka, order, name_w, src_w, unit, note)
+    cols, lines_cells, footer = _cells(ka, order, name_w, src_w, unit, note, shapes_w)
     widths = [len(c[0]) for c in cols]
     for cells, more in lines_cells:
         for j, c in enumerate(cells):
@@ -682,6 +752,13 @@ def _footer(res: Results) -> list[str]:
                 "Autograd nodes: on (backward kernels charged to their node)"
                 if nodes["on"] and not nodes["reason"]
                 else f"Autograd nodes: {'on, ' if nodes['on'] else 'off '}({nodes['reason']})"
+            )
+        aten = res.cuda.get("aten_ops")  # docs/aten.md
+        if aten is not None:
+            lines.append(
+                "ATen ops: on" + (", with input shapes" if aten["wanted"] == "shapes" else "")
+                if aten["on"]
+                else f"ATen ops: off ({aten['reason'] or 'no window recorded'})"
             )
         joined = res.backward_summary()
         if joined["node_ns"]:

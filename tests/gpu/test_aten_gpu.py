@@ -1,0 +1,113 @@
+"""ATen op rows, input shapes and FLOPs on a real GPU (``record_shapes=True``,
+``with_flops=True``; docs/aten.md, docs/flops.md): PyTorch's NVTX range per ATen op,
+its input sizes kept, the counts checked against torch.utils.flop_counter.
+
+Marked `gpu`: skipped where GPU capture is unusable or PyTorch sees no CUDA device.
+gpuprof is imported before torch: NVTX attaches to gpuprof at torch's first NVTX call.
+"""
+
+import gpuprof  # noqa: I001  (first: see the module docstring)
+
+import os
+
+import numpy as np
+import pytest
+from gpu_helpers import autograd_torch
+
+from gpuprof.results._peaks import peak_tflops
+
+pytestmark = pytest.mark.gpu
+CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+STEPS = 3
+
+
+def _mlp(torch, dtype):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).cuda().to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(512, 1024, device="cuda", dtype=dtype)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).float().square().mean()
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    return step
+
+
+def _flop_counter(torch, step):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    torch.cuda.synchronize()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_aten_rows_shapes_and_flops_match_flop_counter(dtype):
+    torch = autograd_torch()
+    step = _mlp(torch, getattr(torch, dtype))
+    expected = _flop_counter(torch, step)
+    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
+        for _ in range(STEPS):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    assert prof.results.cuda["aten_ops"] == {"wanted": "shapes", "on": True, "reason": ""}
+    ops = prof.ops()
+    names = set(ops["name"])
+    # ATen rows as torch names them, forward and backward, with their shapes
+    assert {"aten::linear", "aten::addmm", "aten::mm"} <= names, sorted(names)[:40]
+    addmm = ops[ops["name"] == "aten::addmm"]
+    assert (addmm["input_shapes"] != "").all() and "[512, 1024]" in addmm["input_shapes"][0]
+    # nested under the Python call that ran them
+    tree = prof.call_tree()
+    op_names = ops["name"]
+    linear_nodes = [i for i in range(len(tree)) if op_names[tree["op"][i]] == "aten::linear"]
+    parents = {op_names[tree["op"][tree["parent"][i]]] for i in linear_nodes}
+    assert parents == {"torch._C._nn.linear"}, parents
+    # FLOPs: the same count as FlopCounterMode's, forward and backward, within 1%
+    total = int(ops["flops"].sum())
+    assert abs(total - STEPS * expected) <= 0.01 * STEPS * expected, (total, expected)
+    # and no op runs above the dense peak of its precision
+    ka = prof.key_averages()
+    peak = peak_tflops(torch.cuda.get_device_name(), "bf16" if dtype == "bfloat16" else "tf32")
+    for r in ka:
+        if r.flops and r.device_time_total:
+            tflops = r.flops / (r.device_time_total * 1e-6) / 1e12
+            assert peak is None or tflops <= peak * 1.05, (r.key, tflops, peak)
+    # kernel time stays fully attributed; the table shows shapes and FLOPs
+    assert prof.results.attributed_gpu_fraction == 1.0
+    grouped = prof.key_averages(group_by_input_shape=True)
+    text = grouped.table(sort_by="self_cuda_time_total", row_limit=12)
+    assert "Input Shapes" in text and "FLOPs" in text and "TFLOPS" in text
+    assert any(r.key == "aten::mm" and r.input_shapes for r in grouped)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"aten_table_{dtype}.txt"), "w") as f:
+            f.write(f"{text}\n\nFlopCounterMode per step: {expected}\n")
+
+
+def test_aten_ops_without_shapes_are_one_row_per_op():
+    torch = autograd_torch()
+    step = _mlp(torch, torch.float32)
+    with gpuprof.profile(activities=CUDA, aten_ops=True) as prof:
+        for _ in range(STEPS):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    ops = prof.ops()
+    addmm = ops[ops["name"] == "aten::addmm"]
+    assert len(addmm) == 1 and addmm["calls"][0] == 4 * STEPS
+    assert (ops["input_shapes"] == "").all() and not ops["flops"].any()
+    assert prof.results.cuda["aten_ops"]["on"]
+    kernels = np.int64(prof.kernels()["calls"].sum())
+    assert kernels > 0 and prof.results.attributed_gpu_fraction == 1.0
