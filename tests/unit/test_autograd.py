@@ -233,3 +233,19 @@ def test_torch_imported_after_start_gets_the_ranges_at_the_next_window(monkeypat
             seen.append(state["on"])
     assert seen == [True, True, False, False]
     assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": "", "forward": False}
+
+
+def test_record_shapes_without_a_cuda_build_says_why():
+    """On the CPU wheel (or without CUDA capture) there are no ATen op ranges: the
+    profile says so once, naming the argument, instead of recording nothing silently."""
+    with pytest.warns(UserWarning, match=r"record_shapes=True\): no ATen op rows"):
+        with gpuprof.profile(activities=CPU, record_shapes=True) as prof:
+            sum(range(10))
+    assert prof.results.cuda["aten_ops"] == {
+        "wanted": "shapes",
+        "on": False,
+        "reason": "CUDA capture is off",
+    }
+    with pytest.warns(UserWarning, match=r"aten_ops=True\)"):
+        with gpuprof.profile(activities=CPU, aten_ops=True):
+            pass

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 
 from .. import _gpuprof
 from . import _nvtx
@@ -191,6 +192,15 @@ class AutogradNodes(Part):
         self._fns = None
         if self.wanted and self.cuda:
             self._resolve()
+        if self.aten and (not self.cuda or self._reason not in ("", _NO_TORCH)):
+            asked = "record_shapes" if self.shapes else "aten_ops"
+            why = "CUDA capture is off" if not self.cuda else self._reason
+            warnings.warn(
+                f"gpuprof.profile({asked}=True): no ATen op rows or input shapes: {why} "
+                "(they come from PyTorch's NVTX ranges on a CUDA build; docs/aten.md)",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def _resolve(self) -> None:
         self._reason = torch_reason()
