@@ -324,6 +324,12 @@ def _ranks_sampled(stdout: str) -> dict[int, set[int]]:
     return out
 
 
+@pytest.mark.xfail(
+    reason="open bug (issue 36): the same first-sample delay as "
+    "test_lines_of_a_plain_python_loop; on a loaded 2-core machine a rank's first "
+    "sample may not start within 2 s",
+    strict=False,
+)
 def test_the_ranks_of_a_job_are_sampled_at_the_same_step(env, tmp_path):
     """torchrun, two CPU ranks (gloo): `top --all-ranks` with one rank's pid shows both
     and samples one step number on both; `top --trigger-dir` does the same."""
