@@ -194,7 +194,7 @@ class AutogradNodes(Part):
             self._resolve()
         if self.aten and (not self.cuda or self._reason not in ("", _NO_TORCH)):
             asked = "record_shapes" if self.shapes else "aten_ops"
-            why = "CUDA capture is off" if not self.cuda else self._reason
+            why = self.aten_status()["reason"]
             warnings.warn(
                 f"gpuprof.profile({asked}=True): no ATen op rows or input shapes: {why} "
                 "(they come from PyTorch's NVTX ranges on a CUDA build; docs/aten.md)",

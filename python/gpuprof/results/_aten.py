@@ -10,25 +10,13 @@ so that ``aten::linear`` > ``aten::addmm`` is counted once, at ``aten::addmm``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ._flops import assign_flops, parse_sizes
+from ._flops import OpRecord, assign_flops, parse_sizes
 
 __all__ = ["node_flops"]
-
-
-@dataclass
-class _Node:
-    """One call-tree node as ``assign_flops`` reads a record."""
-
-    name: str
-    shapes: list = field(default_factory=list)
-    children: list[_Node] = field(default_factory=list)
-    flops: int | None = None
-    flops_note: str | None = None
 
 
 def node_flops(raw: dict[str, Any]) -> np.ndarray | None:
@@ -53,8 +41,8 @@ def node_flops(raw: dict[str, Any]) -> np.ndarray | None:
                 except ValueError:  # a message PyTorch wrote otherwise: no count
                     parsed[op] = []
             shapes = parsed[op]
-        nodes.append(_Node(str(names[op]), shapes))
-    roots: list[_Node] = []
+        nodes.append(OpRecord(str(names[op]), shapes))
+    roots: list[OpRecord] = []
     for i, p in enumerate(parents):
         (nodes[p].children if p >= 0 else roots).append(nodes[i])
     try:

@@ -76,13 +76,15 @@ OPS_DTYPE = np.dtype(
         # every other row: one row per op and shapes (docs/aten.md)
         ("input_shapes", object),
         # floating-point operations of its calls, counted where the op ran them
-        # (record_shapes=True and with_flops=True; 0 elsewhere; docs/flops.md)
+        # (from the input shapes: record_shapes=True or with_flops=True; 0 elsewhere;
+        # docs/flops.md)
         ("flops", "i8"),
     ]
 )
 
-# What makes two windows' op rows one op.
-OP_KEY = ("name", "file", "line", "kind", "input_shapes")
+# What names an op; with its input shapes, what makes two windows' op rows one row.
+OP_NAME_KEY = ("name", "file", "line", "kind")
+OP_KEY = OP_NAME_KEY + ("input_shapes",)
 
 KERNELS_DTYPE = np.dtype(
     [
@@ -152,8 +154,8 @@ CALL_TREE_DTYPE = np.dtype(
         # and in its subtree (docs/backward.md)
         ("bwd_cuda_self_ns", "i8"),
         ("bwd_cuda_total_ns", "i8"),
-        # floating-point operations of its calls (ATen ops with record_shapes=True and
-        # with_flops=True; 0 elsewhere; docs/flops.md)
+        # floating-point operations of its calls (ATen ops, from their input shapes:
+        # record_shapes=True or with_flops=True; 0 elsewhere; docs/flops.md)
         ("flops", "i8"),
     ]
 )

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core._format import TIME_UNITS, format_bytes, format_time
 from ._flops import parse_sizes
-from ._results import Results, display_name, outermost, subtree_sums
+from ._results import OP_NAME_KEY, Results, display_name, outermost, subtree_sums
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
 
@@ -253,7 +253,7 @@ class KeyAverages:
         canon = np.array(
             [
                 i if by_shape else same_op.setdefault(k, i)
-                for i, k in enumerate(zip(ops["name"], ops["file"], ops["line"], ops["kind"]))
+                for i, k in enumerate(zip(*(ops[f] for f in OP_NAME_KEY)))
             ],
             dtype=np.int64,
         )
