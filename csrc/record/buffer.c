@@ -458,6 +458,7 @@ clear_thread_locked(GpThreadBuf *tb)
     tb->cur = tb->end = NULL;
     tb->step_begin = NULL; /* its chunk has gone with the window */
     tb->step_min = 0;
+    tb->snap_cur = NULL;
     tb->seq_last = GP_SEQ_UNSET; /* the next window reads it afresh */
     tb->dropped = 0;
     tb->drop_ts = 0;

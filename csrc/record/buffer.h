@@ -138,6 +138,13 @@ typedef struct GpThreadBuf {
     GpEvent *step_begin;
     uint32_t step_depth;
     uint32_t step_min;
+    /* The write cursor right after this window's start snapshot of another thread's
+     * stack, and the snapshot's time (owner thread, GIL; hook.c): while nothing was
+     * written since, the thread's first C return closes a C call that was in flight at
+     * the snapshot (a wait in lock.acquire, a sleep), and opens it at snap_ts. NULL:
+     * none pending. */
+    GpEvent *snap_cur;
+    uint64_t snap_ts;
     /* PyTorch's autograd sequence counter at this thread's last event (owner
      * thread, GIL; hook.c), GP_SEQ_UNSET before the window's first reading. */
     uint64_t seq_last;

@@ -220,6 +220,33 @@ seq_check(GpThreadBuf *tb, uint64_t ts)
                    GP_EV_MAKE(GP_EV_SEQ, moved > 0xffffffu ? 0xffffffu : (uint32_t)moved));
 }
 
+/* ---- C calls in flight at a window's start ----------------------------------
+ * The start snapshot (gp_hook_snapshot) sees another thread's Python frames, not
+ * the C call its innermost frame may be in: a feeder thread waiting in
+ * lock.acquire, a worker in time.sleep. If that thread's first event is a C
+ * return, the call was in flight all along: it is opened at the snapshot's time
+ * so that its wait is the call's (an idle wait) and not the frame's own time. */
+
+GP_INLINE void
+snapshot_c_call(GpThreadBuf *tb, PyObject *callable, PyObject *self_arg, uint32_t site)
+{
+    int first = tb->snap_cur == tb->cur; /* nothing written since the snapshot */
+    tb->snap_cur = NULL;
+    uint32_t d = tb->py_depth;
+    if (!first || d == 0 || d > GP_SHADOW_DEPTH || (tb->py_frames[d - 1] & SHADOW_IN_C))
+        return;
+    const PyMethodDef *ml;
+    PyObject *owner;
+    if (!cfunc_key(callable, self_arg, &ml, &owner))
+        return;
+    uint32_t op = gp_intern_cfunc(ml, owner);
+    if (GP_UNLIKELY(op == 0)) {
+        intern_failures++;
+        return;
+    }
+    gp_buffer_push(tb, tb->snap_ts, op, GP_EV_MAKE(GP_EV_CCALL, site));
+}
+
 /* ---- module instances ----------------------------------------------------
  * Which torch.nn.Module instance each call of Module.__call__ ran on, so that
  * the twelve blocks of a model are twelve rows (python/gpuprof/_modules.py
@@ -302,6 +329,9 @@ profile_callback(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     if (GP_UNLIKELY(tb == NULL))
         return 0;
     uint64_t ts = gp_clock_raw();
+    if (GP_UNLIKELY(tb->snap_cur != NULL) &&
+        (what == PyTrace_C_RETURN || what == PyTrace_C_EXCEPTION))
+        snapshot_c_call(tb, arg, NULL, frame_site(frame));
     seq_check(tb, ts);
     switch (what) {
     case PyTrace_CALL: {
@@ -565,6 +595,10 @@ gp_hook_snapshot(uint64_t ts)
             shadow_push(tb, gp_intern.flags[frames[n].op]);
             gp_buffer_push(tb, ts, frames[n].op, GP_EV_MAKE(GP_EV_FRAME, frames[n].site));
         }
+        /* another thread may be inside a C call (snapshot_c_call); this one is in
+         * the call that took the snapshot */
+        tb->snap_cur = t != self ? tb->cur : NULL;
+        tb->snap_ts = ts;
     }
     free(frames);
     return 0;
@@ -768,6 +802,14 @@ gp_hook_mon_c_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     GpThreadBuf *tb = gp_buffer_thread();
     if (GP_LIKELY(tb != NULL)) {
         uint64_t ts = gp_clock_raw();
+        if (GP_UNLIKELY(tb->snap_cur != NULL)) {
+            long offset = PyLong_AsLong(args[1]);
+            if (offset == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                offset = -1;
+            }
+            snapshot_c_call(tb, args[2], nargs > 3 ? args[3] : NULL, site_payload(offset));
+        }
         seq_check(tb, ts);
         shadow_c_call(tb, 0);
         gp_buffer_push(tb, ts, 0, GP_EV_CRETURN);

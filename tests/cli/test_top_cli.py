@@ -185,7 +185,12 @@ def test_ctrl_c_cancels_the_sample_and_leaves_the_program_armed(armed, env, tmp_
     )
     try:
         lines = []
-        while not any(" under the hook" in ln for ln in lines):  # a sample has come back
+        # a sample has come back, and a later one was asked for at most 0.2 s ago: it
+        # waits for a step boundary and then records a 0.4 s step, so it is still in
+        # flight when the signal lands (a sample that ends first is not dropped)
+        while not any(" under the hook" in ln for ln in lines) or not re.search(
+            r"sampling one step from .* \(asked 0\.[012] s ago\)", lines[-1]
+        ):
             lines.append(top.stdout.readline())
             assert re.match(rf"\d\d:\d\d:\d\d pid {prog.pid}: ", lines[-1]), lines
         top.send_signal(signal.SIGINT)

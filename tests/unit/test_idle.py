@@ -261,6 +261,40 @@ def test_a_blocked_thread_is_idle_in_its_wait_call(waiter, expected):
     assert "Idle: " in text
 
 
+def test_a_wait_in_flight_when_recording_begins_stays_a_wait():
+    """A thread already blocked in lock.acquire when the window opens (a DataLoader's
+    feeder thread, run's first step): the window's start sees its Python frames only,
+    and the wait's rest is the C call's, idle, not Condition.wait's own time."""
+    done = threading.Event()
+    _AT_THE_WAIT.clear()
+    t = threading.Thread(target=_event_wait, args=(done,), name="waiter")
+    # the thread blocks in the warm-up step, and is released in the recorded one
+    warm_then_one = gpuprof.schedule(wait=0, warmup=1, active=1)
+    try:
+        with gpuprof.profile(schedule=warm_then_one) as prof:
+            t.start()
+            _until_blocked_in(t, _event_wait)
+            prof.step()
+            began = time.perf_counter_ns()
+            crunch(10)
+            released = time.perf_counter_ns()
+            done.set()
+            t.join()
+            prof.step()
+    finally:
+        done.set()
+        t.join()
+    ka = prof.key_averages(group_by_thread=True, idle=True, include_context=True)
+    rows = {e.key: e for e in ka if e.thread == "waiter"}
+    acquire = rows["_thread.lock.acquire"]
+    # the wait, and Condition.wait's lock taken back after it
+    assert acquire.is_idle and acquire.count == 2
+    # it waited from the window's start (before `began`) until `released`, at least
+    assert acquire.cpu_time_total * 1000 >= released - began
+    wait = next(e for k, e in rows.items() if k.startswith("Condition.wait"))
+    assert wait.self_cpu_time_total < acquire.cpu_time_total / 10, ka.table(row_limit=-1)
+
+
 # ---- a DataLoader with workers on PyTorch's CPU ------------------------------------------
 
 
