@@ -873,6 +873,84 @@ def _backward_heavy(v: _View):
     ]
 
 
+def _op_context(v: _View, row: int) -> str:
+    """ "aten::mm in AddmmBackward0": the op and the caller of its heaviest call-tree
+    node (an autograd node, a module's forward, the Python call that ran it)."""
+    tree = v.res.window(v.window_index).call_tree()
+    nodes = np.nonzero(tree["op"] == row)[0]
+    name = str(v.ops["name"][row])
+    if not len(nodes):
+        return name
+    node = int(nodes[np.argmax(tree["cuda_total_ns"][nodes])])
+    parent = int(tree["parent"][node])
+    if parent < 0:
+        return name
+    caller = str(tree["name"][parent])
+    return name if caller.startswith("ProfilerStep") else f"{name} in {caller}"
+
+
+def _mfu(v: _View):
+    """The steps' MFU (FLOPs over wall time, PaLM's definition) and the ops that lose
+    the most GPU time against their precision's dense peak (record_shapes=True)."""
+    from ..results._mfu import OpPeaks, steps_mfu
+    from ..results._results import OP_KEY
+
+    ops = v.ops
+    if not len(v.gpu) or not (ops["flops"] > 0).any():
+        return []
+    peaks = OpPeaks(v.res)
+    whole = steps_mfu(ops, peaks, v.step_ns)
+    if whole.mfu is None:
+        return []
+    lost = []  # (ns lost against the peak, row, MFU)
+    for i in np.nonzero((ops["flops"] > 0) & (ops["cuda_total_ns"] > 0))[0].tolist():
+        peak = peaks.peak(tuple(ops[f][i] for f in OP_KEY))
+        if peak != peak:
+            continue
+        at_peak = float(ops["flops"][i]) / (peak * 1e3)
+        ns = float(ops["cuda_total_ns"][i])
+        lost.append((ns - at_peak, i, at_peak / ns))
+    lost.sort(reverse=True)
+    worst = [x for x in lost if x[0] > 0][:3]
+    span = "steps run" if len(v.steps) else "recording runs"
+    title = (
+        f"The {span} at {100 * whole.mfu:.1f}% MFU ({whole.tflops:.1f} TFLOPS over wall time "
+        f"against the {whole.precision.upper()} peak of {whole.peak_tflops:g} on {whole.device})"
+    )
+    if worst:
+        title += "; " + ", ".join(
+            f"{_op_context(v, i)} at {100 * share:.0f}%" for _, i, share in worst
+        )
+    lost_ns = sum(x[0] for x in worst)
+    return [
+        Finding(
+            "mfu",
+            min(lost_ns / max(v.step_ns, 1), 1.0),
+            title,
+            {
+                "flops": whole.flops,
+                "wall_ns": whole.wall_ns,
+                "tflops": whole.tflops,
+                "mfu": whole.mfu,
+                "precision": whole.precision,
+                "peak_tflops": whole.peak_tflops,
+                "device": whole.device,
+                "lost_ns": int(lost_ns),
+                "ops": [
+                    {"op": _op_context(v, i), "mfu": share, "lost_ns": int(ns)}
+                    for ns, i, share in worst
+                ],
+            },
+            "",
+            "Keep the GPU fed first (the other findings); then give the matrix ops more work "
+            "per kernel (larger batch or fused projections), run them in BF16 or FP8 "
+            "(torch.autocast, torch.set_float32_matmul_precision('high')), use "
+            "F.scaled_dot_product_attention for attention, and try torch.compile to fuse "
+            "the element-wise ops between them.",
+        )
+    ]
+
+
 CHECKS = (
     _data_stall,
     _sync_points,
@@ -883,6 +961,7 @@ CHECKS = (
     _memory_churn,
     _cpu_hot_path,
     _backward_heavy,
+    _mfu,
 )
 
 

@@ -22,7 +22,8 @@ class Finding:
         kind: "data_stall", "sync_point", "launch_bound", "gpu_idle", "no_mixed_precision",
             "communication_wait", "memory_churn", "cpu_hot_path" (a program without GPU
             activity), "backward_heavy" (the forward line whose backward costs most,
-            docs/backward.md), or on merged ranks "straggler".
+            docs/backward.md), "mfu" (the steps' MFU and the ops furthest below their
+            peak, with record_shapes=True; docs/aten.md), or on merged ranks "straggler".
         severity: share (0..1) of ``share_of`` the problem costs, estimated.
         title: one line saying what is wrong.
         evidence: the figures behind it (names match array fields where they come from one).

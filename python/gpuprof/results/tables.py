@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core._format import TIME_UNITS, format_bytes, format_time
 from ._flops import parse_sizes
-from ._results import OP_NAME_KEY, Results, display_name, outermost, subtree_sums
+from ._results import OP_KEY, OP_NAME_KEY, Results, display_name, outermost, subtree_sums
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
 
@@ -57,6 +57,10 @@ _EXTRA_FIELDS = [
     ("context", "?"),
     ("top_level", "?"),
     ("thread", "i4"),  # row of results.threads() (group_by_thread), else -1
+    # the precision the row's kernels ran in and its dense peak on their device
+    # (results/_mfu.py; "" and NaN when unknown or without FLOPs)
+    ("precision", "U4"),
+    ("peak_tflops", "f8"),
 ]
 
 
@@ -102,6 +106,16 @@ class KeyAverage:
         self.is_idle = bool(row["idle"])
         self.thread = thread  # the thread's name, grouped by thread; else None
         self.flops = int(row["flops"])
+        # achieved TFLOPS over the CUDA total, and MFU against the dense peak of the
+        # precision the kernels ran in (None: no FLOPs, no kernel time, unknown peak)
+        self.precision: str | None = str(row["precision"]) or None
+        peak = float(row["peak_tflops"])
+        self.peak_tflops: float | None = peak if peak > 0 else None
+        cuda_ns = float(row["cuda_total_ns"])
+        self.tflops: float | None = self.flops / cuda_ns / 1e3 if self.flops and cuda_ns else None
+        self.mfu: float | None = (
+            self.tflops / self.peak_tflops if self.tflops and self.peak_tflops else None
+        )
         self.node_id = -1
         self.is_legacy = False
         self.overload_name = ""
@@ -224,6 +238,9 @@ class KeyAverages:
         if not idle:
             keep &= ~waits
         self.rows = rows[keep]
+        self.rows["peak_tflops"] = np.nan
+        if self.cuda and self.rows["flops"].any():
+            self._fill_peaks()
         self.stacks = None if stacks is None else [s for s, k in zip(stacks, keep) if k]
         self.display = [
             display_name(n, f, ln, k)
@@ -237,6 +254,17 @@ class KeyAverages:
             bool(results.cuda.get("active")) or bool((rows["cuda_mem_self_bytes"] != 0).any())
         )
         self.cpu_memory = show_memory and bool((rows["cpu_mem_self_bytes"] != 0).any())
+
+    def _fill_peaks(self) -> None:
+        """Each row's precision and dense peak, from the kernels of its op."""
+        from ._mfu import OpPeaks
+
+        peaks = OpPeaks(self._results)
+        r = self.rows
+        for i in np.nonzero(r["flops"] > 0)[0].tolist():
+            key = tuple(r[f][i] for f in OP_KEY)
+            r["precision"][i] = peaks.precision(key)[0] or ""
+            r["peak_tflops"][i] = peaks.peak(key)
 
     def _by_stack(
         self, n: int, by_thread: bool = False, idle: bool = True, by_shape: bool = True
@@ -626,7 +654,16 @@ def _flops_columns(r: np.ndarray, cuda: bool) -> list[Column]:
                 0.0,
             )
         cols += [("TFLOPS", rate, lambda v: f"{v:.1f}" if v else "--")]
+        if np.isfinite(r["peak_tflops"]).any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(np.isfinite(r["peak_tflops"]), rate / r["peak_tflops"], 0.0)
+            cols += [("MFU", share, _mfu_cell)]
     return cols
+
+
+def _mfu_cell(v: float) -> str:
+    # above 100% is a counting error (docs/flops.md): shown, and marked
+    return f"{100 * v:.1f}%" + ("!" if v > 1 else "") if v else "--"
 
 
 def _cells(
