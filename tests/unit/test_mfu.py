@@ -170,3 +170,40 @@ def test_a_saved_profile_gives_the_same_mfu_without_a_gpu(tmp_path):
     loaded = saved.read(saved.save(res, str(tmp_path / "p.gpuprof")))
     assert _mm_row(loaded).mfu == pytest.approx(0.5, rel=1e-3)
     assert _key_averages(loaded).table() == _key_averages(res).table()
+
+
+def test_each_step_has_the_flops_of_the_calls_that_began_in_it():
+    # step 0 runs one aten::mm, step 1 two of them
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0)]
+    events, gpu = [], []
+    for step, (begin, mms) in enumerate(((0, 1), (1000, 2))):
+        events += [(begin, C["EV_STEP_BEGIN"], step), (begin + 10, C["EV_CALL"], 2)]
+        for k in range(mms):
+            corr, t = len(gpu) + 1, begin + 100 + 50 * k
+            mm = _mm(corr)
+            events += [
+                (t, C["EV_NVTX_PUSH"], mm["id"], 0),
+                (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
+                (t + 8, C["EV_API_EXIT"], corr),
+                (t + 20, C["EV_NVTX_POP"], 0, 0),
+            ]
+            gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=t + 30,
+                            end_ns=t + 40, name_id=0))  # fmt: skip
+        events += [(begin + 900, C["EV_RETURN"], 0), (begin + 1000, C["EV_STEP_END"], 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 101, events)], gpu, 0, 2010, [BF16_GEMM], 1)
+    res = Results(
+        [raw],
+        cuda={"active": True, "mode": "callbacks", "error": None},
+        meta={"device_properties": H100},
+    )
+    steps = res.steps()
+    assert steps["step"].tolist() == [0, 1]
+    assert steps["flops"].tolist() == [MM_FLOPS, 2 * MM_FLOPS]
+    assert steps["kernels"].tolist() == [1, 2]  # C's fields pass through
+    # each step's MFU: its FLOPs over its wall time at the BF16 peak
+    wall = steps["end_ns"] - steps["start_ns"]
+    expected = [MM_FLOPS / wall[0] / 1e3 / 989, 2 * MM_FLOPS / wall[1] / 1e3 / 989]
+    assert steps["mfu"] == pytest.approx(expected)
+    # no device name: no MFU, and no guess
+    raw_again = _gpuprof._test_aggregate(ops, [(1, 101, events)], gpu, 0, 2010, [BF16_GEMM], 1)
+    assert np.isnan(Results([raw_again], cuda={"active": True}).steps()["mfu"]).all()

@@ -892,8 +892,8 @@ def _op_context(v: _View, row: int) -> str:
 def _mfu(v: _View):
     """The steps' MFU (FLOPs over wall time, PaLM's definition) and the ops that lose
     the most GPU time against their precision's dense peak (record_shapes=True)."""
+    from ..results._keys import OP_KEY
     from ..results._mfu import OpPeaks, steps_mfu
-    from ..results._results import OP_KEY
 
     ops = v.ops
     if not len(v.gpu) or not (ops["flops"] > 0).any():

@@ -25,8 +25,9 @@ import sys
 import numpy as np
 
 from ..core._paths import source_location
+from ..results._keys import OP_KEY
 from ..results._meta import RecordingMeta
-from ..results._results import OP_KEY, Results, merge_rows
+from ..results._results import Results, merge_rows
 from ..results.tables import KeyAverages
 
 __all__ = ["PROCESSES_DTYPE", "ProcessData", "worker_hotspot", "processes_array", "select"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._keys import OP_KEY, OP_NAME_KEY
 from ._peaks import PRECISIONS, op_precision, peak_tflops
 
 __all__ = ["OpPeaks", "StepsMfu", "steps_mfu"]
@@ -37,8 +38,6 @@ class OpPeaks:
     its kernels ran in and the dense peak of that precision on their device."""
 
     def __init__(self, results) -> None:
-        from ._results import OP_KEY, OP_NAME_KEY
-
         self._by_key: dict[tuple[Any, ...], tuple[str | None, str | None]] = {}
         self._by_name: dict[tuple[Any, ...], list[tuple[str | None, str | None]]] = {}
         count = getattr(results, "window_count", 1)
@@ -96,8 +95,6 @@ class StepsMfu:
 def steps_mfu(ops: np.ndarray, peaks: OpPeaks, wall_ns: int) -> StepsMfu:
     """MFU of the steps (or the window) that lasted ``wall_ns``, from the op rows'
     FLOPs (each FLOP sits on one row: the innermost ATen op that did it)."""
-    from ._results import OP_KEY
-
     flops = int(ops["flops"].sum())
     rate = flops / wall_ns / 1e3 if wall_ns > 0 else 0.0
     by_precision: dict[str, int] = {}

@@ -41,6 +41,7 @@ from ..core._constants import (
     SF_ENTERED,
 )
 from ..core._constants import GPU_SYNC as GPU_KIND_SYNC
+from ._keys import OP_KEY
 from ._meta import RecordingMeta
 
 __all__ = ["Results", "OP_KINDS", "KERNEL_CATEGORIES", "GPU_KINDS", "complete_window"]
@@ -81,10 +82,6 @@ OPS_DTYPE = np.dtype(
         ("flops", "i8"),
     ]
 )
-
-# What names an op; with its input shapes, what makes two windows' op rows one row.
-OP_NAME_KEY = ("name", "file", "line", "kind")
-OP_KEY = OP_NAME_KEY + ("input_shapes",)
 
 KERNELS_DTYPE = np.dtype(
     [
@@ -137,6 +134,15 @@ GPU_EVENTS_DTYPE = np.dtype(
         ("fwd_op_name", object),
     ]
 )
+
+# What Python adds to C's step rows (csrc/results/arrays.c declares the rest)
+STEP_FIELDS_ADDED = [
+    # FLOPs of the ATen calls that began in the step (record_shapes=True; docs/flops.md)
+    ("flops", "i8"),
+    # those FLOPs over the step's wall time, against the dense peak of the precision
+    # that carries most of the window's FLOPs (0..1; NaN: no FLOPs or no known peak)
+    ("mfu", "f8"),
+]
 
 CALL_TREE_DTYPE = np.dtype(
     [
@@ -311,6 +317,34 @@ class _Window:
 
             self._flops = (node_flops(self._raw),)
         return self._flops[0]
+
+    def steps(self) -> np.ndarray:
+        """The window's step rows (C's), with the FLOPs of the calls that began in
+        each step, from their input sizes (0 without them; docs/flops.md)."""
+        raw = self._raw["steps"]
+        out = np.zeros(len(raw), dtype=np.dtype(raw.dtype.descr + STEP_FIELDS_ADDED))
+        pass_through(out, raw)
+        out["mfu"] = np.nan
+        flops = self.node_flops()
+        if flops is None or not len(raw) or not flops.any():
+            return out
+        spans = self.raw["spans"]
+        nodes = self._raw["nodes"]
+        counted = (spans["node"] >= 0) & (spans["node"] < len(nodes))
+        node = spans["node"][counted].astype(np.int64)
+        calls = np.maximum(nodes["calls"][node], 1)
+        per_call = flops[node] // calls  # a node's calls share one op and one shape
+        start = spans["start_ns"][counted]
+        for j in range(len(raw)):
+            inside = (start >= raw["start_ns"][j]) & (start < raw["end_ns"][j])
+            out["flops"][j] = int(per_call[inside].sum())
+        from ._mfu import OpPeaks, steps_mfu
+
+        wall = np.maximum(out["end_ns"] - out["start_ns"], 1)
+        peak = steps_mfu(self.ops(), OpPeaks(self), int(wall.sum())).peak_tflops
+        if peak:
+            out["mfu"] = out["flops"] / wall / 1e3 / peak
+        return out
 
     def modules(self) -> np.ndarray:
         """The modules table (:mod:`._module_rows`): one row per ``torch.nn.Module``
@@ -707,7 +741,7 @@ class Results:
         return out
 
     def steps(self) -> np.ndarray:
-        return np.concatenate([w._raw["steps"] for w in self._windows])
+        return np.concatenate([w.steps() for w in self._windows])
 
     def call_tree(self) -> np.ndarray:
         if len(self._windows) == 1:

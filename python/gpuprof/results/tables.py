@@ -19,7 +19,8 @@ import numpy as np
 
 from ..core._format import TIME_UNITS, format_bytes, format_time
 from ._flops import parse_sizes
-from ._results import OP_KEY, OP_NAME_KEY, Results, display_name, outermost, subtree_sums
+from ._keys import OP_KEY, OP_NAME_KEY
+from ._results import Results, display_name, outermost, subtree_sums
 
 __all__ = ["KeyAverage", "KeyAverages", "SORT_KEYS", "TIME_UNITS", "format_time", "format_bytes"]
 
