@@ -207,3 +207,34 @@ def test_each_step_has_the_flops_of_the_calls_that_began_in_it():
     # no device name: no MFU, and no guess
     raw_again = _gpuprof._test_aggregate(ops, [(1, 101, events)], gpu, 0, 2010, [BF16_GEMM], 1)
     assert np.isnan(Results([raw_again], cuda={"active": True}).steps()["mfu"]).all()
+
+
+def test_a_module_has_the_flops_of_its_calls_and_its_mfu():
+    ns = round(MM_FLOPS / 247.25e3)  # each at 25% of the BF16 peak
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0)]
+    events = [(0, C["EV_STEP_BEGIN"], 0), (10, C["EV_CALL"], 2), (10, C["EV_MODULE"], 0)]
+    gpu = []
+    for corr in (1, 2):
+        mm, t = _mm(corr), 100 * corr
+        events += [
+            (t, C["EV_NVTX_PUSH"], mm["id"], 0),
+            (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
+            (t + 8, C["EV_API_EXIT"], corr),
+            (t + 20, C["EV_NVTX_POP"], 0, 0),
+        ]
+        gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=1000 + corr * ns,
+                        end_ns=1000 + (corr + 1) * ns, name_id=0))  # fmt: skip
+    events += [(900, C["EV_RETURN"], 0), (1000, C["EV_STEP_END"], 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 101, events)], gpu, 0, 10**7, [BF16_GEMM], 1)
+    raw["module_names"], raw["module_classes"] = ["proj"], ["Linear"]
+    res = Results([raw], cuda={"active": True}, meta={"device_properties": H100})
+    (m,) = res.window().modules()
+    assert m["name"] == "proj" and m["flops"] == 2 * MM_FLOPS
+    assert m["mfu"] == pytest.approx(0.25, rel=1e-3)
+    # and the modules table's columns
+    from gpuprof.results.views import module_table
+
+    text = str(module_table(res.window().modules(), 2 * ns))
+    assert "GFLOPs" in text and "MFU" in text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("proj")]
+    assert f"{2 * MM_FLOPS / 1e9:.3f}" in line and "25.0%" in line

@@ -35,13 +35,21 @@ MODULES_DTYPE = np.dtype(
         ("cuda_fwd_self_ns", "i8"),  # the same, less the modules inside it
         ("cuda_bwd_self_ns", "i8"),
         ("share", "f8"),  # (cuda_fwd_ns + cuda_bwd_ns) / the window's GPU work
+        # FLOPs of the ATen calls in its forward calls and in the backward of the nodes
+        # they made, the modules inside included (record_shapes=True; docs/flops.md)
+        ("flops", "i8"),
+        # flops over its forward and backward GPU time, against the dense peak of the
+        # window's main precision (0..1; NaN: no FLOPs or no known peak)
+        ("mfu", "f8"),
     ]
 )
 
 
-def module_rows(raw: dict, backward=None) -> np.ndarray:
+def module_rows(raw: dict, backward=None, node_flops=None, peak=None) -> np.ndarray:
     """The modules table of one window (its raw dict, spans built); ``backward``: its
-    :class:`gpuprof.results._backward.BackwardJoin`, or None."""
+    :class:`gpuprof.results._backward.BackwardJoin`, or None; ``node_flops``: the
+    FLOPs of each call-tree node (None without input sizes); ``peak``: the dense peak
+    TFLOPS the MFU is taken against (None: unknown)."""
     spans = raw.get("spans")
     names = raw.get("module_names") or []
     if spans is None or "module" not in (spans.dtype.names or ()) or not names:
@@ -101,6 +109,7 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     else:
         self_kernels = np.zeros(n, dtype=np.int64)
         total_work = 0
+    self_flops = _self_flops(raw, spans, inner, mod, row_of, n, backward, node_flops)
     # depth and totals along the nesting (a parent's first call began before its child's)
     for r in range(n):
         p = int(out["parent"][r])
@@ -110,12 +119,45 @@ def module_rows(raw: dict, backward=None) -> np.ndarray:
     out["cuda_fwd_ns"] = out["cuda_fwd_self_ns"]
     out["cuda_bwd_ns"] = out["cuda_bwd_self_ns"]
     out["kernels"] = self_kernels
+    out["flops"] = self_flops
     for r in range(n - 1, -1, -1):
         p = int(out["parent"][r])
         if p >= 0:
             out["cuda_fwd_ns"][p] += out["cuda_fwd_ns"][r]
             out["cuda_bwd_ns"][p] += out["cuda_bwd_ns"][r]
             out["kernels"][p] += out["kernels"][r]
+            out["flops"][p] += out["flops"][r]
     if total_work:
         out["share"] = (out["cuda_fwd_ns"] + out["cuda_bwd_ns"]) / total_work
+    out["mfu"] = np.nan
+    gpu_ns = out["cuda_fwd_ns"] + out["cuda_bwd_ns"]
+    if peak:
+        m = (out["flops"] > 0) & (gpu_ns > 0)
+        out["mfu"][m] = out["flops"][m] / gpu_ns[m] / 1e3 / peak
+    return out
+
+
+def _self_flops(raw, spans, inner, mod, row_of, n, backward, node_flops) -> np.ndarray:
+    """Per module row: the FLOPs of the ATen calls whose innermost module it is, in the
+    forward, and in the backward through the forward call that made their node."""
+    out = np.zeros(n, dtype=np.int64)
+    if node_flops is None or not node_flops.any():
+        return out
+    nodes = raw["nodes"]
+    node = spans["node"].astype(np.int64)
+    has = (node >= 0) & (node < len(nodes))
+    per_call = np.zeros(len(spans), dtype=np.int64)
+    per_call[has] = node_flops[node[has]] // np.maximum(nodes["calls"][node[has]], 1)
+    at = np.arange(len(spans), dtype=np.int64)  # the span whose module owns the call
+    if backward is not None and (backward.span_fwd >= 0).any():
+        in_node = innermost_marked(spans, backward.span_fwd >= 0)
+        m = in_node >= 0
+        at[m] = backward.span_fwd[in_node[m]]
+    counted = (per_call > 0) & (at >= 0)
+    owner = np.full(len(spans), -1, dtype=np.int64)
+    owner[counted] = inner[at[counted]]
+    counted &= owner >= 0
+    rows = np.array([row_of.get(int(i), -1) for i in mod[owner[counted]].tolist()], dtype=np.int64)
+    ok = rows >= 0
+    np.add.at(out, rows[ok], per_call[counted][ok])
     return out

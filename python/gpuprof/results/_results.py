@@ -349,9 +349,14 @@ class _Window:
     def modules(self) -> np.ndarray:
         """The modules table (:mod:`._module_rows`): one row per ``torch.nn.Module``
         instance that ran."""
+        from ._mfu import OpPeaks, steps_mfu
         from ._module_rows import module_rows
 
-        return module_rows(self.raw, self.backward())
+        flops = self.node_flops()
+        peak = None
+        if flops is not None and flops.any():
+            peak = steps_mfu(self.ops(), OpPeaks(self), 1).peak_tflops
+        return module_rows(self.raw, self.backward(), flops, peak)
 
     def node_backward_ns(self) -> np.ndarray | None:
         """Per call-tree node: the backward GPU time of the autograd nodes it made

@@ -196,6 +196,11 @@ def module_table(
     headers = ["Module", "Class", "Calls", "CPU total"]
     if gpu:
         headers += ["Fwd CUDA", "Bwd CUDA", "Kernels", "% of GPU"]
+    # record_shapes=True: FLOPs, forward and backward, and MFU over their GPU time
+    flops = gpu and "flops" in (modules.dtype.names or ()) and bool(modules["flops"].any())
+    mfu = flops and bool(np.isfinite(modules["mfu"]).any())
+    if flops:
+        headers += ["GFLOPs"] + (["MFU"] if mfu else [])
     rows = []
     for m in modules:
         if max_depth is not None and int(m["depth"]) > max_depth:
@@ -215,6 +220,10 @@ def module_table(
                 str(int(m["kernels"])),
                 f"{100 * float(m['share']):.1f}%",
             ]
+        if flops:
+            cells.append(f"{int(m['flops']) / 1e9:.3f}" if m["flops"] else "--")
+        if mfu:
+            cells.append(f"{100 * float(m['mfu']):.1f}%" if np.isfinite(m["mfu"]) else "--")
         rows.append(cells)
         if row_limit is not None and len(rows) >= row_limit:
             break
