@@ -30,6 +30,16 @@ def _mm(op_id):
     return _gpuprof._test_nvtx_name(f"aten::mm, op_id = {op_id}, sizes = [[{M}, {K}], [{K}, {N}]]")
 
 
+def _mm_call(t, corr):
+    """An aten::mm range at ``t`` whose kernel launch has correlation ``corr``."""
+    return [
+        (t, C["EV_NVTX_PUSH"], _mm(corr)["id"], 0),
+        (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
+        (t + 8, C["EV_API_EXIT"], corr),
+        (t + 20, C["EV_NVTX_POP"], 0, 0),
+    ]
+
+
 def _window(kernels, device_props=H100, step_ns=10_000_000):
     """One step of ``train_step`` that runs one aten::mm per entry of ``kernels``
     ((kernel name, ns) each), its kernels back to back on the GPU."""
@@ -37,13 +47,7 @@ def _window(kernels, device_props=H100, step_ns=10_000_000):
     events = [(0, C["EV_STEP_BEGIN"], 0), (10, C["EV_CALL"], 2)]
     gpu, names, t, gpu_t = [], [], 100, 1000
     for corr, (name, ns) in enumerate(kernels, start=1):
-        mm = _mm(corr)
-        events += [
-            (t, C["EV_NVTX_PUSH"], mm["id"], 0),
-            (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
-            (t + 8, C["EV_API_EXIT"], corr),
-            (t + 20, C["EV_NVTX_POP"], 0, 0),
-        ]
+        events += _mm_call(t, corr)
         names.append(name)
         gpu.append(
             dict(
@@ -180,13 +184,7 @@ def test_each_step_has_the_flops_of_the_calls_that_began_in_it():
         events += [(begin, C["EV_STEP_BEGIN"], step), (begin + 10, C["EV_CALL"], 2)]
         for k in range(mms):
             corr, t = len(gpu) + 1, begin + 100 + 50 * k
-            mm = _mm(corr)
-            events += [
-                (t, C["EV_NVTX_PUSH"], mm["id"], 0),
-                (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
-                (t + 8, C["EV_API_EXIT"], corr),
-                (t + 20, C["EV_NVTX_POP"], 0, 0),
-            ]
+            events += _mm_call(t, corr)
             gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=t + 30,
                             end_ns=t + 40, name_id=0))  # fmt: skip
         events += [(begin + 900, C["EV_RETURN"], 0), (begin + 1000, C["EV_STEP_END"], 0)]
@@ -215,13 +213,8 @@ def test_a_module_has_the_flops_of_its_calls_and_its_mfu():
     events = [(0, C["EV_STEP_BEGIN"], 0), (10, C["EV_CALL"], 2), (10, C["EV_MODULE"], 0)]
     gpu = []
     for corr in (1, 2):
-        mm, t = _mm(corr), 100 * corr
-        events += [
-            (t, C["EV_NVTX_PUSH"], mm["id"], 0),
-            (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
-            (t + 8, C["EV_API_EXIT"], corr),
-            (t + 20, C["EV_NVTX_POP"], 0, 0),
-        ]
+        t = 100 * corr
+        events += _mm_call(t, corr)
         gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=1000 + corr * ns,
                         end_ns=1000 + (corr + 1) * ns, name_id=0))  # fmt: skip
     events += [(900, C["EV_RETURN"], 0), (1000, C["EV_STEP_END"], 0)]
