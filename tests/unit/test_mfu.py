@@ -133,11 +133,11 @@ def test_the_steps_mfu_is_their_flops_over_their_wall_time():
     ns = round(MM_FLOPS / 494.5e3)
     res = _window([(BF16_GEMM, ns)] * 4, step_ns=10_000_000)
     ops = res.ops()
-    s = steps_mfu(ops, OpPeaks(res), wall_ns=10_000_000)
+    s = steps_mfu(ops, OpPeaks([res.window()]), wall_ns=10_000_000)
     assert s.flops == 4 * MM_FLOPS and s.precision == "bf16" and s.peak_tflops == 989
     assert s.tflops == pytest.approx(4 * MM_FLOPS / 10_000_000 / 1e3)
     assert s.mfu == pytest.approx(s.tflops / 989)
-    assert steps_mfu(ops[:0], OpPeaks(res), 10).note == "no FLOP count"
+    assert steps_mfu(ops[:0], OpPeaks([res.window()]), 10).note == "no FLOP count"
 
 
 def test_no_flops_no_mfu_column():

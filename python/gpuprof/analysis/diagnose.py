@@ -898,7 +898,7 @@ def _mfu(v: _View):
     ops = v.ops
     if not len(v.gpu) or not (ops["flops"] > 0).any():
         return []
-    peaks = OpPeaks(v.res)
+    peaks = OpPeaks([v.res.window(v.window_index)])
     whole = steps_mfu(ops, peaks, v.step_ns)
     if whole.mfu is None:
         return []

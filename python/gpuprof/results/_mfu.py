@@ -27,28 +27,21 @@ def _lowest(precisions) -> str | None:
     return min(found, key=_RANK.__getitem__) if found else None
 
 
-def _device_names(window) -> dict[int, str]:
-    props = window._device_props
-    props = props() if callable(props) else (props or [])
-    return {int(p["id"]): str(p["name"]) for p in props if "id" in p and "name" in p}
-
-
 class OpPeaks:
     """Per op (``ops()``'s name, file, line and kind, and input shapes), the precision
-    its kernels ran in and the dense peak of that precision on their device."""
+    its kernels ran in and the dense peak of that precision on their device, over
+    ``windows`` (``Results.window(i)`` objects)."""
 
-    def __init__(self, results) -> None:
+    def __init__(self, windows) -> None:
         self._by_key: dict[tuple[Any, ...], tuple[str | None, str | None]] = {}
         self._by_name: dict[tuple[Any, ...], list[tuple[str | None, str | None]]] = {}
-        count = getattr(results, "window_count", 1)
-        for w in range(count):
-            window = results.window(w) if hasattr(results, "window") else results
+        for window in windows:
             ops = window.ops()
             ev = window.gpu_events()
             kern = ev[(ev["kind"] == "kernel") & (ev["op"] >= 0)]
             if not len(kern):
                 continue
-            names = _device_names(window)
+            names = window.device_names()
             per_op: dict[int, tuple[set[str], int]] = {}
             for op, name, dev in zip(kern["op"].tolist(), kern["name"], kern["device"].tolist()):
                 per_op.setdefault(op, (set(), dev))[0].add(str(name))

@@ -309,6 +309,12 @@ class _Window:
             self._backward = join(self.raw)
         return self._backward
 
+    def device_names(self) -> dict[int, str]:
+        """The GPUs' names by device number, from the device properties (saved with
+        the results, else the live devices'); {} when none are known."""
+        props = self._device_props() if self._device_props is not None else []
+        return {int(p["id"]): str(p["name"]) for p in props if "id" in p and "name" in p}
+
     def node_flops(self) -> np.ndarray | None:
         """Per call-tree node: the FLOPs of its calls (:mod:`._aten`), or None for a
         window whose ops carry no input sizes."""
@@ -341,7 +347,7 @@ class _Window:
         from ._mfu import OpPeaks, steps_mfu
 
         wall = np.maximum(out["end_ns"] - out["start_ns"], 1)
-        peak = steps_mfu(self.ops(), OpPeaks(self), int(wall.sum())).peak_tflops
+        peak = steps_mfu(self.ops(), OpPeaks([self]), int(wall.sum())).peak_tflops
         if peak:
             out["mfu"] = out["flops"] / wall / 1e3 / peak
         return out
@@ -355,7 +361,7 @@ class _Window:
         flops = self.node_flops()
         peak = None
         if flops is not None and flops.any():
-            peak = steps_mfu(self.ops(), OpPeaks(self), 1).peak_tflops
+            peak = steps_mfu(self.ops(), OpPeaks([self]), 1).peak_tflops
         return module_rows(self.raw, self.backward(), flops, peak)
 
     def node_backward_ns(self) -> np.ndarray | None:

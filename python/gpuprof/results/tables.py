@@ -260,7 +260,8 @@ class KeyAverages:
         """Each row's precision and dense peak, from the kernels of its op."""
         from ._mfu import OpPeaks
 
-        peaks = OpPeaks(self._results)
+        res = self._results
+        peaks = OpPeaks(res.window(i) for i in range(res.window_count))
         r = self.rows
         for i in np.nonzero(r["flops"] > 0)[0].tolist():
             key = tuple(r[f][i] for f in OP_KEY)
