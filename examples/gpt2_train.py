@@ -8,6 +8,8 @@ next one: the diagnosis reports a launch-bound step. Either fix makes that go:
     python examples/gpt2_train.py --batch 64 --seq 512     # 32x the work per launch
     python examples/gpt2_train.py --compile reduce-overhead  # Inductor + CUDA graphs
 
+and `--shapes` adds ATen rows with input shapes, FLOPs and MFU (docs/flops.md).
+
 docs/diagnosis.md shows what each printed on an H200.
 """
 
@@ -28,6 +30,8 @@ def parse_args():
     p.add_argument("--layers", type=int, default=12, help="transformer blocks (GPT-2: 12)")
     p.add_argument("--compile", choices=["none", "default", "reduce-overhead"], default="none",
                    help="torch.compile mode for the model")
+    p.add_argument("--shapes", action="store_true",
+                   help="ATen rows with input shapes, FLOPs and MFU (record_shapes, with_flops)")
     p.add_argument("--save", help="write the profile here (.gpuprof)")
     return p.parse_args()
 
@@ -64,13 +68,16 @@ def main():
     started = time.perf_counter()
     losses = []
     sched = gpuprof.schedule(wait=1, warmup=2, active=a.steps - 3, repeat=1)
-    with gpuprof.profile(schedule=sched) as prof:
+    with gpuprof.profile(schedule=sched, record_shapes=a.shapes, with_flops=a.shapes) as prof:
         for _ in range(a.steps):
             losses.append(train_step(*batch()))
             prof.step()
     print(f"loss {torch.stack(losses).mean().item():.3f}")
 
     report(prof, a.batch * a.seq, started, a.save, unit="tokens", row_limit=10)
+    if a.shapes:  # the same ops, one row per input shape
+        print(prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cuda_time_total", row_limit=10, max_shapes_column_width=40))
 
 
 if __name__ == "__main__":

@@ -321,7 +321,9 @@ class _Window:
         if self._flops is None:
             from ._aten import node_flops
 
-            self._flops = (node_flops(self._raw),)
+            # with sizes, the spans join a convolution to its backward (_aten)
+            shapes = self._raw.get("op_shapes")
+            self._flops = (node_flops(self.raw if shapes and any(shapes) else self._raw),)
         return self._flops[0]
 
     def steps(self) -> np.ndarray:

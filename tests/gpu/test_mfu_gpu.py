@@ -1,0 +1,170 @@
+"""Achieved TFLOPS and MFU on a real GPU (docs/flops.md, docs/diagnosis.md): a GPT-2
+step under bf16 autocast, its op rows, steps, modules and the diagnosis's MFU finding.
+
+Marked `gpu`: skipped where GPU capture is unusable or PyTorch sees no CUDA device.
+gpuprof is imported before torch: NVTX attaches to gpuprof at torch's first NVTX call.
+"""
+
+import gpuprof  # noqa: I001  (first: see the module docstring)
+
+import math
+import os
+
+import pytest
+from gpu_helpers import autograd_torch
+
+from gpuprof.results._peaks import peak_tflops
+
+pytestmark = pytest.mark.gpu
+CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+STEPS = 4
+
+
+def _gpt2(torch, batch=8, seq=256):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=512, n_head=8)
+    model = transformers.GPT2LMHeadModel(cfg).cuda().train()  # fp32 parameters
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    return model, step
+
+
+def _flop_counter(torch, step):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    torch.cuda.synchronize()
+    return counter.get_total_flops()
+
+
+def test_gpt2_under_autocast_runs_bf16_below_its_peak():
+    torch = autograd_torch()
+    _, step = _gpt2(torch)
+    expected = _flop_counter(torch, step)
+    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
+        for _ in range(STEPS):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    device = torch.cuda.get_device_name()
+    peak = peak_tflops(device, "bf16")
+    if peak is None:
+        pytest.skip(f"no published BF16 peak for {device}")
+    ka = prof.key_averages()
+    mm = [r for r in ka if r.key in ("aten::mm", "aten::addmm") and r.flops]
+    assert mm, sorted(r.key for r in ka)[:40]
+    # autocast: the matmuls ran in bf16 although the parameters are fp32
+    assert {r.precision for r in mm} == {"bf16"}, [(r.key, r.precision) for r in mm]
+    for r in ka:
+        if r.mfu is not None:  # above 100% is a counting error
+            assert 0 < r.mfu <= 1.0, (r.key, r.tflops, r.peak_tflops)
+    text = ka.table(sort_by="self_cuda_time_total", row_limit=15)
+    assert "MFU" in text
+    # steps: FLOPs over wall time, each step the same work
+    steps = prof.steps()
+    assert len(steps) == STEPS
+    flops = steps["flops"].astype(float)
+    assert flops.min() > 0 and flops.max() == pytest.approx(flops.min(), rel=0.01)
+    # FlopCounterMode's count of the same step (attention forward and backward in it)
+    assert flops.mean() == pytest.approx(expected, rel=0.01), (flops.mean(), expected)
+    assert all(0 < m <= 1.0 for m in steps["mfu"]), steps["mfu"]
+    # the steps' FLOPs are the ops' FLOPs
+    assert flops.sum() == pytest.approx(float(prof.ops()["flops"].sum()), rel=0.01)
+    # modules: the model's FLOPs (forward and backward) are its rows' FLOPs
+    mods = prof.modules()
+    top = mods[mods["depth"] == 0]
+    assert len(top) >= 1 and top["flops"].sum() > 0.9 * prof.ops()["flops"].sum()
+    finite = [m for m in mods["mfu"] if not math.isnan(m)]
+    assert finite and all(0 <= m <= 1.0 for m in finite)
+    # the diagnosis says the steps' MFU and names ops
+    found = [f for f in prof.diagnose() if f.kind == "mfu"]
+    assert found and "MFU" in found[0].title, prof.diagnose().kinds()
+    assert found[0].evidence["precision"] == "bf16"
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "mfu_gpt2.txt"), "w") as f:
+            f.write(f"{device}\n{text}\n\n{found[0].title}\n\n")
+            f.write(str(prof.module_table(max_depth=3, min_share=0.01)))
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16_autocast"])
+def test_resnet18_convolutions_count_as_flop_counter_does(amp):
+    torch = autograd_torch()
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 3, 224, 224, device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = model(x).float().sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    expected = _flop_counter(torch, step)
+    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
+        for _ in range(2):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    ops = prof.ops()
+    by_op: dict[str, int] = {}
+    for name, f in zip(ops["name"], ops["flops"].tolist()):
+        by_op[name] = by_op.get(name, 0) + f
+    assert by_op.get("aten::convolution_backward", 0) > 0, "no backward convolution counted"
+    total = sum(by_op.values()) / 2
+    assert total == pytest.approx(expected, rel=0.01), (total, expected, by_op)
+    assert all(s["flops"] > 0 for s in prof.steps())
+    for r in prof.key_averages():
+        if r.mfu is not None:
+            assert r.mfu <= 1.0, (r.key, r.tflops, r.peak_tflops)
+
+
+def test_dynamic_shapes_are_rows_of_their_own():
+    torch = autograd_torch()
+    lin = torch.nn.Linear(256, 256).cuda()
+    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
+        for n in (64, 128, 64, 32):  # the batch changes from step to step
+            lin(torch.randn(n, 256, device="cuda")).sum().backward()
+            prof.step()
+        torch.cuda.synchronize()
+    grouped = prof.key_averages(group_by_input_shape=True)
+    addmm = {r.input_shapes[1][0]: r for r in grouped if r.key == "aten::addmm"}
+    assert set(addmm) == {64, 128, 32}, [r.input_shapes for r in grouped if r.key == "aten::addmm"]
+    assert addmm[64].count == 2 and addmm[128].count == 1
+    # each shape's FLOPs are its own: 2 * n * 256 * 256 per call
+    for n, r in addmm.items():
+        assert r.flops == 2 * n * 256 * 256 * r.count, (n, r.flops)
+
+
+def test_no_grad_evaluation_counts_the_forward_only():
+    torch = autograd_torch()
+    lin = torch.nn.Linear(512, 512).cuda()
+    x = torch.randn(128, 512, device="cuda")
+    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
+        with torch.no_grad():
+            for _ in range(3):
+                lin(x)
+                prof.step()
+        torch.cuda.synchronize()
+    ops = prof.ops()
+    assert int(ops["flops"].sum()) == 3 * 2 * 128 * 512 * 512
+    assert not any("Backward" in str(n) for n in ops["name"])
