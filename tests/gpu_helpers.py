@@ -1,5 +1,6 @@
-"""Helpers shared by the GPU tests (tests/gpu): PyTorch on a CUDA device, and the share
-of a window's kernel time that a function's call owns."""
+"""Helpers shared by the GPU tests (tests/gpu): PyTorch on a CUDA device, a warmed
+training step and its FlopCounterMode count, and the share of a window's kernel time
+that a function's call owns."""
 
 import re
 
@@ -13,6 +14,47 @@ def cuda_torch():
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA device (CPU-only build?)")
     return torch
+
+
+def train_step(torch, opt, loss_of, amp=False):
+    """A training step: ``loss_of()`` (under bf16 autocast when ``amp``), its backward
+    and ``opt``'s step; run three times first (cuBLAS, cuDNN and autograd warmed)."""
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = loss_of()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    return step
+
+
+def profile_steps(torch, step, steps, **kwargs):
+    """A gpuprof profile (CPU and CUDA, ``kwargs`` added) of ``steps`` calls of
+    ``step``, each ended by ``prof.step()``."""
+    import gpuprof
+
+    activities = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
+    with gpuprof.profile(activities=activities, **kwargs) as prof:
+        for _ in range(steps):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
+    return prof
+
+
+def flop_counter(torch, step):
+    """torch.utils.flop_counter's total for one call of ``step``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    torch.cuda.synchronize()
+    return counter.get_total_flops()
 
 
 # an autograd node's name, as gpuprof names node rows (docs/backward.md)

@@ -6,18 +6,17 @@ Marked `gpu`: skipped where GPU capture is unusable or PyTorch sees no CUDA devi
 gpuprof is imported before torch: NVTX attaches to gpuprof at torch's first NVTX call.
 """
 
-import gpuprof  # noqa: I001  (first: see the module docstring)
+import gpuprof  # noqa: I001, F401  (first: see the module docstring)
 
 import os
 
 import numpy as np
 import pytest
-from gpu_helpers import autograd_torch
+from gpu_helpers import autograd_torch, flop_counter, profile_steps
 
 from gpuprof.results._peaks import peak_tflops
 
 pytestmark = pytest.mark.gpu
-CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
 STEPS = 3
 
 
@@ -42,25 +41,12 @@ def _mlp(torch, dtype):
     return step
 
 
-def _flop_counter(torch, step):
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        step()
-    torch.cuda.synchronize()
-    return counter.get_total_flops()
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_aten_rows_shapes_and_flops_match_flop_counter(dtype):
+def test_aten_rows_shapes_and_flops_matchflop_counter(dtype):
     torch = autograd_torch()
     step = _mlp(torch, getattr(torch, dtype))
-    expected = _flop_counter(torch, step)
-    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
-        for _ in range(STEPS):
-            step()
-            prof.step()
-        torch.cuda.synchronize()
+    expected = flop_counter(torch, step)
+    prof = profile_steps(torch, step, STEPS, record_shapes=True, with_flops=True)
     assert prof.results.cuda["aten_ops"] == {"wanted": "shapes", "on": True, "reason": ""}
     ops = prof.ops()
     names = set(ops["name"])
@@ -99,11 +85,7 @@ def test_aten_rows_shapes_and_flops_match_flop_counter(dtype):
 def test_aten_ops_without_shapes_are_one_row_per_op():
     torch = autograd_torch()
     step = _mlp(torch, torch.float32)
-    with gpuprof.profile(activities=CUDA, aten_ops=True) as prof:
-        for _ in range(STEPS):
-            step()
-            prof.step()
-        torch.cuda.synchronize()
+    prof = profile_steps(torch, step, STEPS, aten_ops=True)
     ops = prof.ops()
     addmm = ops[ops["name"] == "aten::addmm"]
     assert len(addmm) == 1 and addmm["calls"][0] == 4 * STEPS

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from gpu_helpers import NODE, autograd_torch
+from gpu_helpers import NODE, autograd_torch, train_step
 
 pytestmark = pytest.mark.gpu
 CUDA = [gpuprof.ProfilerActivity.CPU, gpuprof.ProfilerActivity.CUDA]
@@ -217,17 +217,7 @@ def test_backward_joins_the_forward_on_gpt2():
     model = transformers.GPT2LMHeadModel(config).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (8, 128), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    step = train_step(torch, opt, lambda: model(input_ids=ids, labels=ids).loss, amp=True)
     prof = _profile(torch, step)
     off = _profile(torch, step, autograd_nodes=False)
     k_on, k_off = prof.kernels(), off.kernels()

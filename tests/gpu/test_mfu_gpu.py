@@ -11,7 +11,7 @@ import math
 import os
 
 import pytest
-from gpu_helpers import autograd_torch
+from gpu_helpers import autograd_torch, flop_counter, profile_steps, train_step
 
 from gpuprof.results._peaks import peak_tflops
 
@@ -27,38 +27,14 @@ def _gpt2(torch, batch=8, seq=256):
     model = transformers.GPT2LMHeadModel(cfg).cuda().train()  # fp32 parameters
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    return model, step
-
-
-def _flop_counter(torch, step):
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        step()
-    torch.cuda.synchronize()
-    return counter.get_total_flops()
+    return model, train_step(torch, opt, lambda: model(input_ids=ids, labels=ids).loss, amp=True)
 
 
 def test_gpt2_under_autocast_runs_bf16_below_its_peak():
     torch = autograd_torch()
     _, step = _gpt2(torch)
-    expected = _flop_counter(torch, step)
-    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
-        for _ in range(STEPS):
-            step()
-            prof.step()
-        torch.cuda.synchronize()
+    expected = flop_counter(torch, step)
+    prof = profile_steps(torch, step, STEPS, record_shapes=True, with_flops=True)
     device = torch.cuda.get_device_name()
     peak = peak_tflops(device, "bf16")
     if peak is None:
@@ -108,23 +84,9 @@ def test_resnet18_convolutions_count_as_flop_counter_does(amp):
     model = torchvision.models.resnet18().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(16, 3, 224, 224, device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            loss = model(x).float().sum()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    expected = _flop_counter(torch, step)
-    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
-        for _ in range(2):
-            step()
-            prof.step()
-        torch.cuda.synchronize()
+    step = train_step(torch, opt, lambda: model(x).float().sum(), amp=amp)
+    expected = flop_counter(torch, step)
+    prof = profile_steps(torch, step, 2, record_shapes=True, with_flops=True)
     ops = prof.ops()
     by_op: dict[str, int] = {}
     for name, f in zip(ops["name"], ops["flops"].tolist()):
@@ -181,11 +143,7 @@ def _profile_shapes(torch, step):
     for _ in range(3):  # warm: compile, graphs, cuBLAS
         step()
     torch.cuda.synchronize()
-    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
-        for _ in range(STEPS):
-            step()
-            prof.step()
-        torch.cuda.synchronize()
+    prof = profile_steps(torch, step, STEPS, record_shapes=True, with_flops=True)
     return prof
 
 

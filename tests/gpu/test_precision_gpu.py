@@ -3,7 +3,7 @@ name (forward, data and weight gradients), bf16 autocast makes the finding go.""
 
 import gpuprof
 import pytest
-from gpu_helpers import cuda_torch
+from gpu_helpers import cuda_torch, train_step
 from gpuprof.analysis import diagnose as diagnose_mod
 
 pytestmark = pytest.mark.gpu
@@ -33,16 +33,7 @@ def _profile_convnet(amp: bool):
     x = torch.randn(64, 3, 32, 32, device="cuda")
     y = torch.randint(0, 10, (64,), device="cuda")
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    step = train_step(torch, opt, lambda: nn.functional.cross_entropy(model(x), y), amp=amp)
     with gpuprof.profile(activities=CUDA) as prof:
         for _ in range(5):
             step()
