@@ -101,16 +101,17 @@ def _conv_facts(raw: dict[str, Any], spans: np.ndarray, nodes: list[OpRecord], p
         p = parent[i]
         return names[op_row[p]] if p >= 0 else ""
 
+    def spans_of(rows: set[int]) -> list[int]:
+        return np.flatnonzero(np.isin(spans["op_row"], sorted(rows))).tolist()
+
     forward: dict[int, list[int]] = {}  # seq -> forward convolution spans
-    for i, row in enumerate(op_row):
-        if row in fwd_rows and seq[i] >= 0:
+    for i in spans_of(fwd_rows):
+        if seq[i] >= 0:
             forward.setdefault(seq[i], []).append(i)
     out_of: dict[int, set] = {}  # forward node -> output shapes seen
     flag_of: dict[int, set] = {}  # backward node -> transposed flags seen
-    for i, row in enumerate(op_row):
-        if row not in bwd_rows:
-            continue
-        b = shapes(row)  # [grad_output, input, weight, ...]
+    for i in spans_of(bwd_rows):
+        b = shapes(op_row[i])  # [grad_output, input, weight, ...]
         for f in forward.get(node_seq(i), ()):
             x = shapes(op_row[f])
             if len(b) >= 3 and len(x) >= 2 and b[1:3] == x[:2]:
