@@ -10,6 +10,7 @@ import gpuprof  # noqa: I001  (first: see the module docstring)
 import math
 import os
 
+import numpy as np
 import pytest
 from gpu_helpers import autograd_torch, flop_counter, profile_steps, train_step
 
@@ -211,3 +212,33 @@ def test_cuda_graph_replays_have_no_aten_rows_and_no_flops():
     kernels = ev[ev["kind"] == "kernel"]
     assert len(kernels) and (kernels["graph_id"] != 0).all()
     assert all(s["flops"] == 0 and math.isnan(s["mfu"]) for s in prof.steps())
+
+
+def test_ddp_keeps_the_flops_and_its_all_reduce_has_none(tmp_path):
+    """DDP on one rank (the reducer's NCCL all-reduce runs during the backward all the
+    same): the matmuls' FLOPs are those of the model without DDP, and the communication
+    kernels count none."""
+    torch = autograd_torch()
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is not available")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        model = _mlp(torch)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(512, 1024, device="cuda")
+        step = train_step(torch, opt, lambda: ddp(x).square().mean())
+        expected = flop_counter(torch, step)
+        prof = profile_steps(torch, step, STEPS, record_shapes=True, with_flops=True)
+    finally:
+        dist.destroy_process_group()
+    total = int(prof.ops()["flops"].sum()) / STEPS
+    assert total == pytest.approx(expected, rel=0.01), (total, expected)
+    ev = prof.gpu_events()
+    nccl = ev[np.char.find(ev["name"].astype(str), "nccl") >= 0]
+    assert len(nccl), "no NCCL kernel: the reducer did not all-reduce"
+    ops = prof.ops()
+    assert not ops["flops"][np.unique(nccl["op"][nccl["op"] >= 0])].any()
+    assert prof.results.attributed_gpu_fraction == 1.0
