@@ -306,9 +306,14 @@ def test_dataloader_workers_waiting_do_not_top_the_cpu_table():
     data = TensorDataset(torch.randn(512, 32), torch.randn(512, 1))
     model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    # Persistent workers: both forks happen in the warm epoch, before any of the
+    # loader's threads exist. A fresh loader per epoch would fork while the last
+    # one's queue feeder threads exit, which can deadlock the child under gcc's ASan
+    # runtime (Makefile, target asan); and a training loop keeps its loader anyway.
+    loader = DataLoader(data, batch_size=16, num_workers=2, persistent_workers=True)
 
     def epoch(prof=None):
-        for x, y in DataLoader(data, batch_size=16, num_workers=2):
+        for x, y in loader:
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
