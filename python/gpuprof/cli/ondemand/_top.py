@@ -186,6 +186,7 @@ class Top:
         self.same_step = trigger_dir is not None or len(self.targets) > 1
         self.started_at = time.monotonic()
         self.last_refresh = self.started_at
+        self.refreshes = 0  # intervals returned by refresh()
         self.queries: dict[str, tuple[_Exchange, float]] = {}  # unit -> (exchange, sent at)
         self._shared_seen = False  # a first question to the trigger folder has had its answers
         self.rtts: collections.deque = collections.deque(maxlen=15)  # query round trips
@@ -326,9 +327,15 @@ class Top:
         """Ask for the step counts, wait a moment for them, and return the interval
         since the last refresh (its counts, the samples that came)."""
         self.ask()
-        # a process with no rate yet gets longer, so that the first refresh shows one
-        grace = self.interval if any(p.rate is None for p in self.procs.values()) else GRACE_S
-        self.poll(time.monotonic() + min(grace, self.interval), stop, counts_only=True)
+        # The first refresh waits up to the timeout for the counts, so that it shows a
+        # rate: a process's on-demand thread answers nothing while it sets up the first
+        # sample (imports, CUPTI), which takes seconds on a loaded machine. (Later ones
+        # do not: a process that stopped answering is shown as such every interval.)
+        if not self.refreshes and any(p.rate is None for p in self.procs.values()):
+            grace = self.timeout
+        else:
+            grace = min(GRACE_S, self.interval)
+        self.poll(time.monotonic() + grace, stop, counts_only=True)
         now = time.monotonic()
         rows = []
         for p in self.procs.values():
@@ -345,6 +352,7 @@ class Top:
         rows.sort(key=lambda r: (r.proc.rank is None, r.proc.rank or 0, r.proc.host, r.proc.pid))
         out = Interval(self, rows, now - self.last_refresh, now)
         self.last_refresh = now
+        self.refreshes += 1
         return out
 
     @property
