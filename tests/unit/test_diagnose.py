@@ -816,7 +816,9 @@ def count_words(corpus):
 
 def digest(i):
     h = hashlib.sha256()
-    for k in range(100):
+    # enough work (about half a second over the 600 tasks) that a scheduler stall
+    # of the main thread on a loaded CI machine does not outweigh it
+    for k in range(1000):
         h.update(f"{i}:{k}".encode())  # hash
     return h.hexdigest()
 

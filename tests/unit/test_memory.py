@@ -462,7 +462,8 @@ def test_torch_rescans_idle_devices(monkeypatch):
     ) as prof:
         _let_the_sampler_run(prof)
         _set(stats, 8 * MiB, 8 * MiB, 8 * MiB)
-        _let_the_sampler_run(prof)
+        # a rescan comes within RESCAN polls; from then on every poll reads the device
+        _let_the_sampler_run(prof, samples=TorchAdapter.RESCAN + 2)
     c = prof.memory_curve("cuda:0", source="torch")
     assert len(c) >= 2 and c["allocated_bytes"].min() == 8 * MiB
 
