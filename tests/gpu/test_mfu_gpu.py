@@ -236,8 +236,8 @@ def test_ddp_keeps_the_flops_and_its_all_reduce_has_none(tmp_path):
         dist.destroy_process_group()
     total = int(prof.ops()["flops"].sum()) / STEPS
     assert total == pytest.approx(expected, rel=0.01), (total, expected)
-    # NCCL on a single rank may all-reduce without a kernel of its own (the H100 run
-    # of stop 45 showed none); where it launches one, that op counts no FLOPs
+    # NCCL on a single rank may all-reduce without a kernel of its own (on an H100 it
+    # launched none); where it launches one, that op counts no FLOPs
     ev = prof.gpu_events()
     nccl = ev[np.char.find(ev["name"].astype(str), "nccl") >= 0]
     ops = prof.ops()
