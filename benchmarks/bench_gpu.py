@@ -46,7 +46,9 @@ Modes:
   gpraw:PARTS  the same with CUPTI clearing its buffers itself (GPUPROF_CUPTI_RAWBUF=1)
   gpenv:NAME=VALUE  gpuprof's default with one environment variable set
   gpuprof_aten   gpuprof's default with aten_ops=True (a row per ATen op; docs/aten.md)
-  gpuprof_shapes gpuprof's default with record_shapes=True, with_flops=True
+  gpuprof_shapes gpuprof's default with record_shapes=True, with_flops=True (the shapes
+               asked for on the window's first step, reused on the others)
+  gpuprof_shapes_every  the same with reuse_shapes=False (the shapes on every step)
   torch        torch.profiler, CPU + CUDA
   torch_shapes torch.profiler with record_shapes=True, with_flops=True
 Besides the step ratio it reports the step after the profiler stopped (lingering
@@ -197,8 +199,9 @@ class _Session:
             max_events=50_000_000,
             schedule=sched if m == "gpuprof_wait" else None,
             aten_ops=(m == "gpuprof_aten"),
-            record_shapes=(m == "gpuprof_shapes"),
-            with_flops=(m == "gpuprof_shapes"),
+            record_shapes=m.startswith("gpuprof_shapes"),
+            with_flops=m.startswith("gpuprof_shapes"),
+            reuse_shapes=(m != "gpuprof_shapes_every"),
         )
         self.prof.start()
 
@@ -395,6 +398,7 @@ EXTRA_MODES = [
     "gpuprof_wait",
     "gpuprof_aten",
     "gpuprof_shapes",
+    "gpuprof_shapes_every",
     "torch_shapes",
 ]
 

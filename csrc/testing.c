@@ -216,6 +216,7 @@ test_aggregate(PyObject *module, PyObject *args)
         .want_spans = spans_now,
         .general_only = general_only,
         .nvtx_cross_thread_ends = 1,
+        .nvtx_base = gp_nvtx_shaped_names() > 0 ? gp_nvtx_base_key : NULL,
     };
     GpTables t;
     st = gp_aggregate_run(&in, &t);

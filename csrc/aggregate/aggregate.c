@@ -94,6 +94,8 @@ gp_aggregate_run(const GpAggInput *in, GpTables *out)
     out->window_end_ns = (int64_t)in->window_end_ns;
     if (in->n_gpu > 1)
         qsort(in->gpu, in->n_gpu, sizeof(GpGpuRecord), cmp_gpu_start);
+    if (gp_shapes_reuse(in, out) < 0)
+        goto done;
     if (a.want_spans) {
         /* Every span starts with an event: the event count bounds the spans. */
         size_t n_events = 0;

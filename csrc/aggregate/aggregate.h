@@ -202,6 +202,12 @@ typedef struct GpTables {
     int64_t unattributed_gpu_ns;/* GPU time with no launching op */
     int64_t attributed_gpu_ns;
     int has_spans;              /* spans were built (GpAggInput.want_spans or GPU records) */
+    /* Input shapes reuse (shapes.c): steps whose ATen ops carried their input sizes,
+     * steps given the sizes of such a step they matched, and steps without sizes
+     * that matched none (their ATen rows have no shapes). */
+    int64_t shapes_sampled_steps;
+    int64_t shapes_reused_steps;
+    int64_t shapes_unmatched_steps;
 } GpTables;
 
 /* One window's inputs. */
@@ -225,6 +231,11 @@ typedef struct GpAggInput {
     int want_spans;          /* build the span table too (always with GPU records) */
     int general_only;        /* tests: every event through the general replay path */
     int nvtx_cross_thread_ends; /* some NVTX range ended on another thread than it began */
+    /* Input shapes reuse (shapes.c): into *key the hash of an NVTX name id's name
+     * without its input sizes; 1 when it had sizes, 0 when not, -1 unknown id
+     * (gp_nvtx_base_key). NULL: no name carried sizes, nothing to reuse. The
+     * events of the steps given sizes are rewritten in place (in->threads). */
+    int (*nvtx_base)(uint32_t id, uint64_t *key);
 } GpAggInput;
 
 /* Build the tables of one window from its events (in->threads) and GPU

@@ -246,4 +246,11 @@ int gp_gpu_join_build(Agg *a, size_t *span_lo, size_t *span_hi, uint32_t step_th
  * 0, or -1 when out of memory. */
 int gp_gpu_join_steps(Agg *a);
 
+/* ---- shapes.c ------------------------------------------------------------ */
+
+/* Give the input sizes of the steps that recorded them to the later steps of
+ * the window that ran the same ops and launches (shapes.c), counting them in
+ * out->shapes_*; before the replay. 0, or -1 when out of memory. */
+int gp_shapes_reuse(const GpAggInput *in, GpTables *out);
+
 #endif /* GPUPROF_CSRC_AGGREGATE_INTERNAL_H */

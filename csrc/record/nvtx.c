@@ -94,6 +94,7 @@ static uint32_t n_domains, cap_domains;
 static GpStrTab names;          /* key: domain << 32 | category */
 static uint64_t names_dropped;  /* messages past MAX_NAMES (named by overflow_id) */
 static uint32_t overflow_id;
+static uint32_t shaped_names;   /* names with an op's input sizes (GP_NVTX_SHAPES_SEP) */
 /* Bumped by gp_nvtx_clear; read without the lock by registered strings. */
 static atomic_uint names_gen = 1;
 
@@ -126,6 +127,8 @@ intern(uint32_t domain, uint32_t category, const char *text, size_t len)
         goto done;
     }
     id = gp_strtab_add(&names, key, text, len, h);
+    if (id != 0 && memchr(text, GP_NVTX_SHAPES_SEP, len) != NULL)
+        shaped_names++;
 done:
     pthread_mutex_unlock(&nv_lock);
     return id;
@@ -1006,6 +1009,31 @@ gp_nvtx_describe(uint32_t id, char *name, size_t name_cap, char *where, size_t w
     return rc;
 }
 
+int
+gp_nvtx_base_key(uint32_t id, uint64_t *key)
+{
+    int rc = -1;
+    pthread_mutex_lock(&nv_lock);
+    const GpStr *n = gp_strtab_get(&names, id);
+    if (n != NULL) {
+        size_t len = strlen(n->text);
+        const char *sep = memchr(n->text, GP_NVTX_SHAPES_SEP, len);
+        rc = sep != NULL;
+        *key = gp_strtab_hash(n->key, n->text, sep ? (size_t)(sep - n->text) : len);
+    }
+    pthread_mutex_unlock(&nv_lock);
+    return rc;
+}
+
+uint32_t
+gp_nvtx_shaped_names(void)
+{
+    pthread_mutex_lock(&nv_lock);
+    uint32_t n = shaped_names;
+    pthread_mutex_unlock(&nv_lock);
+    return n;
+}
+
 void
 gp_nvtx_clear(void)
 {
@@ -1013,6 +1041,7 @@ gp_nvtx_clear(void)
     gp_strtab_clear(&names);
     overflow_id = 0;
     names_dropped = 0;
+    shaped_names = 0;
     atomic_fetch_add(&names_gen, 1);
     pthread_mutex_unlock(&nv_lock);
 }

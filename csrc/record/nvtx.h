@@ -34,6 +34,15 @@ typedef struct GpNvtxTorchName {
  * carried them (csrc/record/nvtx.c, torch_name): results.c splits there. */
 #define GP_NVTX_SHAPES_SEP '\x1f'
 
+/* For shapes reuse (csrc/aggregate/shapes.c): into *key, a hash of name id
+ * `id`'s domain, category and name without its input sizes, the same for a
+ * range named with sizes and one named without; 1 when the name carried
+ * sizes, 0 when not, -1 for an unknown id (*key unset). */
+int gp_nvtx_base_key(uint32_t id, uint64_t *key);
+
+/* Names with an op's input sizes interned since the last gp_nvtx_clear. */
+uint32_t gp_nvtx_shaped_names(void);
+
 /* Parse text[0..len) (`truncated`: it was cut at gpuprof's 1023-byte limit,
  * so its last field may be incomplete). 1 and *out filled when it follows
  * PyTorch's grammar, else 0 (*out names the whole text). */

@@ -148,6 +148,7 @@ window_stop(GpProfilerObject *self)
         .kernel_name = gp_cuda_string,
         .want_spans = 0,
         .nvtx_cross_thread_ends = gp_nvtx_cross_thread_ends() > 0,
+        .nvtx_base = gp_nvtx_shaped_names() > 0 ? gp_nvtx_base_key : NULL,
     };
     GpTables t;
     st = gp_aggregate_run(&in, &t);

@@ -161,6 +161,12 @@ gp_profiler_result_dict(GpTables *t)
         dict_steal(d, "unattributed_gpu_ns", PyLong_FromLongLong(t->unattributed_gpu_ns)) < 0 ||
         dict_steal(d, "epoch_offset_ns", PyLong_FromLongLong(gp_clock_epoch_offset())) < 0)
         goto fail_after_names;
+    if ((t->shapes_sampled_steps || t->shapes_reused_steps || t->shapes_unmatched_steps) &&
+        dict_steal(d, "shapes_steps",
+                   Py_BuildValue("{sLsLsL}", "sampled", (long long)t->shapes_sampled_steps,
+                                 "reused", (long long)t->shapes_reused_steps, "unmatched",
+                                 (long long)t->shapes_unmatched_steps)) < 0)
+        goto fail_after_names;
     if (t->has_spans && dict_steal(d, "spans",
                                    gp_window_spans_array(t, (PyObject *const *)gp_intern.refs,
                                                          gp_intern.kinds, gp_intern.n_ops)) < 0)

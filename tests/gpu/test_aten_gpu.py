@@ -47,7 +47,10 @@ def test_aten_rows_shapes_and_flops_matchflop_counter(dtype):
     step = _mlp(torch, getattr(torch, dtype))
     expected = flop_counter(torch, step)
     prof = profile_steps(torch, step, STEPS, record_shapes=True, with_flops=True)
-    assert prof.results.cuda["aten_ops"] == {"wanted": "shapes", "on": True, "reason": ""}
+    aten = prof.results.cuda["aten_ops"]
+    assert (aten["wanted"], aten["on"], aten["reason"]) == ("shapes", True, ""), aten
+    # the sizes come on the first step and are given to the steps that ran the same
+    assert aten["shapes"] == {"reuse": True, "sampled": 1, "reused": STEPS - 1, "unmatched": 0}
     ops = prof.ops()
     names = set(ops["name"])
     # ATen rows as torch names them, forward and backward, with their shapes
@@ -80,6 +83,30 @@ def test_aten_rows_shapes_and_flops_matchflop_counter(dtype):
     if out:
         with open(os.path.join(out, f"aten_table_{dtype}.txt"), "w") as f:
             f.write(f"{text}\n\nFlopCounterMode per step: {expected}\n")
+
+
+def _shaped_rows(prof):
+    ops = prof.ops()
+    rows = zip(ops["name"], ops["input_shapes"], ops["calls"], ops["flops"], strict=True)
+    return sorted(
+        (str(n), str(s), int(c), int(f)) for n, s, c, f in rows if str(n).startswith("aten::")
+    )
+
+
+def test_reused_shapes_are_the_shapes_every_step_records():
+    # reuse_shapes=False asks PyTorch for the sizes on every step: the same rows,
+    # calls and FLOPs as the sizes of the first step given to the others
+    torch = autograd_torch()
+    step = _mlp(torch, torch.bfloat16)
+    every = profile_steps(
+        torch, step, STEPS, record_shapes=True, with_flops=True, reuse_shapes=False
+    )
+    assert every.results.cuda["aten_ops"]["shapes"] == {
+        "reuse": False, "sampled": STEPS, "reused": 0, "unmatched": 0
+    }  # fmt: skip
+    reused = profile_steps(torch, step, STEPS, record_shapes=True, with_flops=True)
+    assert reused.results.cuda["aten_ops"]["shapes"]["reused"] == STEPS - 1
+    assert _shaped_rows(reused) == _shaped_rows(every)
 
 
 def test_aten_ops_without_shapes_are_one_row_per_op():

@@ -101,14 +101,38 @@ def test_resnet18_convolutions_count_as_flop_counter_does(amp):
             assert r.mfu <= 1.0, (r.key, r.tflops, r.peak_tflops)
 
 
-def test_dynamic_shapes_are_rows_of_their_own():
-    torch = autograd_torch()
+def _dynamic(torch, **kwargs):
     lin = torch.nn.Linear(256, 256).cuda()
-    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True) as prof:
+    for n in (64, 128):
+        lin(torch.randn(n, 256, device="cuda")).sum().backward()
+    with gpuprof.profile(activities=CUDA, record_shapes=True, with_flops=True, **kwargs) as prof:
         for n in (64, 128, 64, 32):  # the batch changes from step to step
             lin(torch.randn(n, 256, device="cuda")).sum().backward()
             prof.step()
         torch.cuda.synchronize()
+    return prof
+
+
+def test_dynamic_shapes_are_never_given_to_a_step_that_ran_others():
+    # reuse_shapes (the default): the sizes of step 0 (batch 64) go to step 2, which
+    # launched the same; steps 1 and 3 launched other grids and keep no shapes
+    torch = autograd_torch()
+    prof = _dynamic(torch)
+    assert prof.results.cuda["aten_ops"]["shapes"] == {
+        "reuse": True, "sampled": 1, "reused": 1, "unmatched": 2
+    }  # fmt: skip
+    grouped = prof.key_averages(group_by_input_shape=True)
+    addmm = {tuple(map(tuple, r.input_shapes)): r for r in grouped if r.key == "aten::addmm"}
+    shaped = [k for k in addmm if k]
+    assert len(shaped) == 1 and shaped[0][1][0] == 64, list(addmm)
+    assert addmm[shaped[0]].count == 2 and addmm[()].count == 2
+    assert addmm[()].flops == 0  # no shapes, no FLOPs: not the 64-row count
+    assert "2 ran other launches and show no shapes" in prof.key_averages().table()
+
+
+def test_dynamic_shapes_are_rows_of_their_own():
+    torch = autograd_torch()
+    prof = _dynamic(torch, reuse_shapes=False)
     grouped = prof.key_averages(group_by_input_shape=True)
     addmm = {r.input_shapes[1][0]: r for r in grouped if r.key == "aten::addmm"}
     assert set(addmm) == {64, 128, 32}, [r.input_shapes for r in grouped if r.key == "aten::addmm"]

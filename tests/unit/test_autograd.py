@@ -84,9 +84,12 @@ def _stand_in_cuda_torch(profiler_enabled=False):
     state = {"on": profiler_enabled}
 
     def enable(config, activities, scopes):
-        assert config == ("NVTX", False, False, False, False, False, "exp")
-        assert activities == set() and scopes == {"BACKWARD_FUNCTION"}
-        state["on"] = True
+        # (state, record_shapes, ...): shapes and ATen ops only where the part asks
+        assert config[0] == "NVTX" and config[2:] == (False, False, False, False, "exp")
+        assert activities == set() and scopes == {"BACKWARD_FUNCTION"} | (
+            {"FUNCTION"} if config[1] else scopes & {"FUNCTION"}
+        )
+        state["on"], state["sized"] = True, config[1]
         calls.append(("on", threading.get_ident()))
 
     def disable():
@@ -97,7 +100,9 @@ def _stand_in_cuda_torch(profiler_enabled=False):
     prof = types.SimpleNamespace(
         ProfilerConfig=lambda *a: tuple("exp" if i == 6 else x for i, x in enumerate(a)),
         ProfilerState=types.SimpleNamespace(NVTX="NVTX"),
-        RecordScope=types.SimpleNamespace(BACKWARD_FUNCTION="BACKWARD_FUNCTION"),
+        RecordScope=types.SimpleNamespace(
+            BACKWARD_FUNCTION="BACKWARD_FUNCTION", FUNCTION="FUNCTION"
+        ),
         _ExperimentalConfig=lambda: "exp",
     )
     torch = types.ModuleType("torch")
@@ -135,6 +140,42 @@ def test_on_only_while_a_window_records(monkeypatch):
     assert [c for c, _ in calls] == ["on", "off"]
     assert {t for _, t in calls} == {threading.get_ident()}
     assert prof.results.cuda["autograd_nodes"] == {"on": True, "reason": "", "forward": False}
+
+
+def _sized_per_step(monkeypatch, sched, steps, reuse=True):
+    """What each step's ranges asked for with record_shapes: "sizes", "names" (ATen
+    op names alone) or None (off)."""
+    torch, calls, state = _stand_in_cuda_torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    prof = gpuprof.profile(activities=CPU, schedule=sched)
+    part = _autograd.AutogradNodes(True, True, sched is not None, shapes=True, reuse_shapes=reuse)
+    assert part.steps  # switching the sizes off after a window's first step needs the steps
+    _with_part(prof, part)
+    seen = []
+    with prof:
+        for _ in range(steps):
+            seen.append(("sizes" if state["sized"] else "names") if state["on"] else None)
+            prof.step()
+    assert not state["on"] and {t for _, t in calls} == {threading.get_ident()}
+    return seen
+
+
+def test_shapes_are_asked_for_on_the_first_recorded_step_of_each_window(monkeypatch):
+    # wait 1, warm up 1, record 3, twice: the sizes on steps 2 and 7, names elsewhere
+    sched = gpuprof.schedule(wait=1, warmup=1, active=3, repeat=2)
+    seen = _sized_per_step(monkeypatch, sched, 11)
+    window = [None, "names", "sizes", "names", "names"]
+    assert seen == window + window + [None]
+    # windows back to back: each one's first step has the sizes
+    with pytest.warns(UserWarning, match="warmup=0"):
+        sched = gpuprof.schedule(wait=0, warmup=0, active=2, repeat=2)
+    assert _sized_per_step(monkeypatch, sched, 4) == ["sizes", "names"] * 2
+    # without a schedule: the first step
+    assert _sized_per_step(monkeypatch, None, 3) == ["sizes", "names", "names"]
+    # reuse_shapes=False: every recorded step
+    with pytest.warns(UserWarning, match="warmup=0"):
+        sched = gpuprof.schedule(wait=1, warmup=0, active=2, repeat=1)
+    assert _sized_per_step(monkeypatch, sched, 3, reuse=False) == [None, "sizes", "sizes"]
 
 
 def test_without_a_schedule_from_start_to_stop(monkeypatch):

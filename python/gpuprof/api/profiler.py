@@ -220,6 +220,14 @@ class profile(ResultAccessors):
             group_by_input_shape=True)`` and ``KeyAverage.input_shapes``, as in
             torch.profiler (docs/aten.md; it costs what every op's range costs).
         aten_ops: the ATen op rows of ``record_shapes`` without their shapes.
+        reuse_shapes: with ``record_shapes``, ask PyTorch for the input shapes on the
+            first recorded step of each window only, and give them to the window's
+            later steps that ran the same ops and the same launches (kernels, grids,
+            blocks, shared memory, copy sizes): the shapes cost that one step, and
+            the names alone the others. A step that ran other launches keeps its ATen
+            rows without shapes; ``results.cuda["aten_ops"]["shapes"]`` counts both
+            and the table footer says so. False asks for them on every step (shapes
+            that change from step to step; docs/aten.md).
         with_flops: FLOPs of the matmul, convolution and attention ops, counted from
             their input shapes (turns ``record_shapes`` on): ``KeyAverage.flops``,
             the table's FLOPs and TFLOPS columns (docs/flops.md).
@@ -298,6 +306,7 @@ class profile(ResultAccessors):
         autograd_nodes: bool = True,
         modules: bool = True,
         aten_ops: bool = False,
+        reuse_shapes: bool = True,
     ) -> None:
         _check_torch_compat_args(
             with_flops=with_flops,
@@ -330,6 +339,7 @@ class profile(ResultAccessors):
             autograd_nodes=autograd_nodes,
             modules=modules,
             aten_ops=aten_ops,
+            reuse_shapes=reuse_shapes,
         )
         self.activities = acts
         self.schedule = schedule
@@ -338,6 +348,7 @@ class profile(ResultAccessors):
         self.with_stack = with_stack
         self.record_shapes = record_shapes
         self.aten_ops = aten_ops
+        self.reuse_shapes = reuse_shapes
         self.with_modules = with_modules
         self.with_flops = with_flops
         self.acc_events = acc_events
@@ -402,6 +413,7 @@ class profile(ResultAccessors):
                 schedule is not None,
                 aten=aten_ops,
                 shapes=record_shapes or with_flops,
+                reuse_shapes=reuse_shapes and capture is None,
             )
         )
         self._parts.append(_modules.ModuleInstances(modules))

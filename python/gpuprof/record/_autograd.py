@@ -104,19 +104,33 @@ class AutogradNodes(Part):
     """
 
     def __init__(
-        self, wanted: bool, cuda: bool, scheduled: bool, aten: bool = False, shapes: bool = False
+        self,
+        wanted: bool,
+        cuda: bool,
+        scheduled: bool,
+        aten: bool = False,
+        shapes: bool = False,
+        reuse_shapes: bool = False,
     ):
         self.nodes = wanted
         self.aten = aten or shapes  # ATen op ranges (docs/aten.md), with input sizes
         self.shapes = shapes
+        # sizes on each window's first recorded step only; the C aggregation gives
+        # them to the later steps that ran the same (csrc/aggregate/shapes.c)
+        self.reuse = bool(shapes and reuse_shapes)
         wanted = wanted or self.aten
         self.wanted = wanted
         self.cuda = cuda
-        # with a schedule, follow the windows step by step
-        self.steps = bool(wanted and cuda and scheduled)
+        # with a schedule, or to switch the sizes off after a window's first step,
+        # follow the windows step by step
+        self.steps = bool(wanted and cuda and (scheduled or self.reuse))
         self._scheduled = scheduled
         self._on_thread: int | None = None  # the thread the callback is on for
         self._fns = None  # (on, off, enabled) when this PyTorch can, from start()
+        self._names_fns = None  # the same without the sizes, with reuse
+        self._sized = False  # the callback that is on asks for the sizes
+        self._last_records = False  # the step before recorded (reuse)
+        self._last_windows = 0  # windows closed when the sizes were last asked for
         self._reason = "" if wanted else "autograd_nodes=False"
         self._was_on = False
         self._peek = 0  # at::sequence_number::peek, read by the hook while recording
@@ -141,13 +155,28 @@ class AutogradNodes(Part):
         reason = "CUDA capture is off" if not self.cuda else self._reason
         return {"wanted": wanted, "on": self.cuda and self._was_on, "reason": reason}
 
+    def _sizes_wanted(self, state: RecordingState) -> bool:
+        """Whether the current step's ranges ask for input sizes: every step
+        without reuse; with it, the first recorded step of each window only."""
+        if not self.reuse:
+            return self.shapes
+        records, windows = state.records, state.windows
+        first = records and (not self._last_records or windows != self._last_windows)
+        self._last_records = records
+        if first:
+            self._last_windows = windows
+        return first
+
     # -- switching ----------------------------------------------------------
-    def _on(self) -> None:
+    def _on(self, sized: bool) -> None:
         if self._fns is None and self._reason == _NO_TORCH and "torch" in sys.modules:
             self._resolve()  # imported since start(): gpuprof's frames are hidden here
-        if self._on_thread is not None or self._fns is None:
+        fns = self._fns if sized or self._names_fns is None else self._names_fns
+        if self._on_thread == threading.get_ident() and self._sized != sized and fns is not None:
+            self._off()  # the other one (reuse of the sizes)
+        if self._on_thread is not None or fns is None:
             return
-        on, _, enabled = self._fns
+        on, _, enabled = fns
         if enabled():
             self._reason = (
                 "another PyTorch profiler is active on this thread (torch.profiler or "
@@ -160,6 +189,7 @@ class AutogradNodes(Part):
             self._reason = f"torch.autograd._enable_profiler failed: {e}"
             return
         self._on_thread = threading.get_ident()
+        self._sized = sized
         self._was_on = True
         self._reason = ""
 
@@ -189,7 +219,8 @@ class AutogradNodes(Part):
         starts before the program imports it.)"""
         self._on_thread = None
         self._was_on = False
-        self._fns = None
+        self._fns = self._names_fns = None
+        self._last_records, self._last_windows = False, 0
         if self.wanted and self.cuda:
             self._resolve()
         if self.aten and (not self.cuda or self._reason not in ("", _NO_TORCH)):
@@ -209,6 +240,8 @@ class AutogradNodes(Part):
         torch = sys.modules["torch"]
         try:
             self._fns = _config(torch, self.nodes, self.aten, self.shapes)
+            if self.reuse:
+                self._names_fns = _config(torch, self.nodes, self.aten, False)
         except (AttributeError, ImportError, TypeError) as e:
             self._reason = f"this PyTorch has no NVTX callback for autograd nodes ({e!r})"
             return
@@ -217,12 +250,13 @@ class AutogradNodes(Part):
 
     def started(self, state: RecordingState) -> None:
         if not self._scheduled or state.hooked:
-            self._on()
+            self._on(self._sizes_wanted(state))
 
     def after_step(self, state: RecordingState) -> None:
         if state.hooked:
-            self._on()
+            self._on(self._sizes_wanted(state))
         else:
+            self._last_records = False
             self._off()
 
     def stopped(self, state: RecordingState) -> None:
@@ -233,4 +267,18 @@ class AutogradNodes(Part):
     def contribute(self, results) -> None:
         results.cuda = {**results.cuda, "autograd_nodes": self.status()}
         if self.aten:  # docs/aten.md
-            results.cuda = {**results.cuda, "aten_ops": self.aten_status()}
+            status = self.aten_status()
+            if self.shapes and status["on"]:
+                status["shapes"] = self._shapes_steps(results)
+            results.cuda = {**results.cuda, "aten_ops": status}
+
+    def _shapes_steps(self, results) -> dict:
+        """``reuse`` (sizes asked for on each window's first step only) and, over
+        the windows, the steps whose ops carried their sizes (``sampled``), those
+        given the sizes of such a step they matched (``reused``) and those that
+        matched none, so their ATen rows have no shapes (``unmatched``)."""
+        counts = {"reuse": self.reuse, "sampled": 0, "reused": 0, "unmatched": 0}
+        for raw in results.raw_windows():
+            for key, n in raw.get("shapes_steps", {}).items():
+                counts[key] += int(n)
+        return counts

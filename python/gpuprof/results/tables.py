@@ -773,6 +773,29 @@ def _joined_line(joined: dict[str, Any]) -> str:
     return line
 
 
+def _aten_line(aten: dict) -> str:
+    """The footer's line on the ATen op ranges and, with reuse_shapes, on which steps
+    carry the input shapes (csrc/aggregate/shapes.c)."""
+    if not aten["on"]:
+        return f"ATen ops: off ({aten['reason'] or 'no window recorded'})"
+    if aten["wanted"] != "shapes":
+        return "ATen ops: on"
+    line = "ATen ops: on, with input shapes"
+    sh = aten.get("shapes")
+    if not sh or not sh["reuse"] or not (sh["reused"] or sh["unmatched"]):
+        return line
+    line += (
+        f" (recorded on {sh['sampled']} step{'s' * (sh['sampled'] != 1)}, given to "
+        f"{sh['reused']} that ran the same launches"
+    )
+    if sh["unmatched"]:
+        line += (
+            f"; {sh['unmatched']} ran other launches and show no shapes: "
+            "reuse_shapes=False records them on every step"
+        )
+    return line + ")"
+
+
 def _footer(res: Results) -> list[str]:
     lines = []
     mode = res.cuda.get("mode", "off")
@@ -794,11 +817,7 @@ def _footer(res: Results) -> list[str]:
             )
         aten = res.cuda.get("aten_ops")  # docs/aten.md
         if aten is not None:
-            lines.append(
-                "ATen ops: on" + (", with input shapes" if aten["wanted"] == "shapes" else "")
-                if aten["on"]
-                else f"ATen ops: off ({aten['reason'] or 'no window recorded'})"
-            )
+            lines.append(_aten_line(aten))
         joined = res.backward_summary()
         if joined["node_ns"]:
             lines.append(_joined_line(joined))
