@@ -773,7 +773,7 @@ def _joined_line(joined: dict[str, Any]) -> str:
     return line
 
 
-def _aten_line(aten: dict) -> str:
+def _aten_line(aten: dict[str, Any]) -> str:
     """The footer's line on the ATen op ranges and, with reuse_shapes, on which steps
     carry the input shapes (csrc/aggregate/shapes.c)."""
     if not aten["on"]:
