@@ -167,6 +167,34 @@ def test_the_diagnosis_says_the_steps_mfu_and_the_op_furthest_below_its_peak():
     assert not [f for f in unnamed if f.kind == "mfu"]
 
 
+def test_two_rows_of_one_op_under_one_caller_are_told_apart_by_their_shapes():
+    # the input's and the weight's gradients: two aten::mm rows in one caller
+    import gpuprof.diagnose as dg
+
+    ops = [(C["OP_PYTHON"], train_step.__code__, 0)]
+    events = [(0, C["EV_STEP_BEGIN"], 0), (10, C["EV_CALL"], 2)]
+    gpu, t, gpu_t = [], 100, 1000
+    for corr, sizes in enumerate(("[[4096, 4096], [4096, 4096]]", "[[4096, 8], [8, 4096]]"), 1):
+        name = _gpuprof._test_nvtx_name(f"aten::mm, op_id = {corr}, sizes = {sizes}")["id"]
+        events += [
+            (t, C["EV_NVTX_PUSH"], name, 0),
+            (t + 5, C["EV_API_ENTER"], corr, LAUNCH),
+            (t + 8, C["EV_API_EXIT"], corr),
+            (t + 20, C["EV_NVTX_POP"], 0, 0),
+        ]
+        ns = 10 * round(MM_FLOPS / 989e3)  # both well below the peak
+        gpu.append(dict(kind=C["GPU_KERNEL"], correlation=corr, start_ns=gpu_t, end_ns=gpu_t + ns))
+        t, gpu_t = t + 50, gpu_t + ns
+    events += [(10_000_000 - 10, C["EV_RETURN"], 0), (10_000_000, C["EV_STEP_END"], 0)]
+    raw = _gpuprof._test_aggregate(ops, [(1, 101, events)], gpu, 0, 10_000_010, [BF16_GEMM], 1)
+    res = Results([raw], cuda={"active": True}, meta={"device_properties": H100})
+    (f,) = [f for f in dg.diagnose(res) if f.kind == "mfu"]
+    names = sorted(op["op"] for op in f.evidence["ops"])
+    where = "aten::mm in train_step (test_mfu.py:25)"
+    assert names == [f"{where} [[4096, 4096], [4096, 4096]]", f"{where} [[4096, 8], [8, 4096]]"]
+    assert all(n in f.title for n in names)
+
+
 def test_a_saved_profile_gives_the_same_mfu_without_a_gpu(tmp_path):
     from gpuprof.exporters import saved
 

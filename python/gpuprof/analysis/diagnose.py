@@ -889,6 +889,19 @@ def _op_context(v: _View, row: int) -> str:
     return name if caller.startswith("ProfilerStep") else f"{name} in {caller}"
 
 
+def _distinct_contexts(v: _View, rows: list[int]) -> dict[int, str]:
+    """:func:`_op_context` of each row, with the row's input shapes where two rows
+    would read the same ("aten::mm in MmBackward0 [[1024, 768], [768, 50257]]": the
+    input's and the weight's gradients are two rows of one op under one node)."""
+    names = {i: _op_context(v, i) for i in rows}
+    seen = [names[i] for i in rows]
+    for i in rows:
+        shapes = str(v.ops["input_shapes"][i])
+        if seen.count(names[i]) > 1 and shapes:
+            names[i] += f" {shapes}"
+    return names
+
+
 def _mfu(v: _View):
     """The steps' MFU (FLOPs over wall time, PaLM's definition) and the ops that lose
     the most GPU time against their precision's dense peak (record_shapes=True)."""
@@ -917,10 +930,9 @@ def _mfu(v: _View):
         f"The {span} at {100 * whole.mfu:.1f}% MFU ({whole.tflops:.1f} TFLOPS over wall time "
         f"against the {whole.precision.upper()} peak of {whole.peak_tflops:g} on {whole.device})"
     )
+    names = _distinct_contexts(v, [i for _, i, _ in worst])
     if worst:
-        title += "; " + ", ".join(
-            f"{_op_context(v, i)} at {100 * share:.0f}%" for _, i, share in worst
-        )
+        title += "; " + ", ".join(f"{names[i]} at {100 * share:.0f}%" for _, i, share in worst)
     lost_ns = sum(x[0] for x in worst)
     return [
         Finding(
@@ -937,8 +949,7 @@ def _mfu(v: _View):
                 "device": whole.device,
                 "lost_ns": int(lost_ns),
                 "ops": [
-                    {"op": _op_context(v, i), "mfu": share, "lost_ns": int(ns)}
-                    for ns, i, share in worst
+                    {"op": names[i], "mfu": share, "lost_ns": int(ns)} for ns, i, share in worst
                 ],
             },
             "",
