@@ -25,6 +25,8 @@ CPU = [ProfilerActivity.CPU]
 def test_argument_is_checked():
     with pytest.raises(TypeError, match="autograd_nodes must be a bool"):
         gpuprof.profile(activities=CPU, autograd_nodes="yes")
+    with pytest.raises(TypeError, match="reuse_shapes must be a bool"):
+        gpuprof.profile(activities=CPU, record_shapes=True, reuse_shapes=1)
 
 
 def test_status_without_cuda_capture():
