@@ -158,3 +158,17 @@ def test_a_sample_costs_its_work_and_what_the_hook_added_to_the_step():
     assert proc.cost_s(hooked) == pytest.approx(0.005 + 0.004)
     # a sampled step no slower than usual adds nothing
     assert proc.cost_s({**hooked, "step_ns": 9_000_000}) == pytest.approx(0.005)
+
+
+def test_samples_are_paced_so_that_all_of_them_stay_within_the_overhead():
+    from gpuprof.cli.ondemand._top import next_sample_at
+
+    # a cheap sample: a refresh later (its own cost over 1% is less than that)
+    assert next_sample_at(10.0, 1.0, 0.0, 0.005, 0.01) == 11.0
+    # a dear one: its cost over the overhead
+    assert next_sample_at(10.0, 3.0, 0.0, 0.03, 0.01) == 13.0
+    # the first sample paid 0.16 s of imports and CUPTI at top's start: the next waits
+    # until the samples so far are 1% of the time since, 16 s, not one refresh
+    assert next_sample_at(0.5, 1.0, 0.0, 0.16, 0.01) == pytest.approx(16.0)
+    # --overhead 5: five times sooner
+    assert next_sample_at(0.5, 1.0, 0.0, 0.16, 0.05) == pytest.approx(3.2)
