@@ -52,7 +52,7 @@ typedef struct Shapes {
     uint8_t *base_sized;
     size_t n_base, cap_base;
     uint32_t *sample_args;  /* a sized step's open name ids, in order */
-    size_t cap_sample;
+    size_t n_sample, cap_sample;
 } Shapes;
 
 static inline uint64_t
@@ -182,58 +182,61 @@ sign_thread(Shapes *s, const GpWindowThread *tb, StepSig *sig)
     return 0;
 }
 
-/* Calls fn(event) for each NVTX open of step j of a thread, from the step's
- * first signed event to the next step's begin; stops early when fn returns
- * nonzero, and returns that. */
-typedef int (*OpenFn)(Shapes *s, GpEvent *ev, size_t k, void *arg);
+/* Calls fn(s, event, k) for the k-th NVTX open of step j of a thread, from the
+ * step's first signed event to the next step's begin, and sets *visited to how
+ * many it visited; stops early when fn returns nonzero, and returns that. */
+typedef int (*OpenFn)(Shapes *s, GpEvent *ev, size_t k);
 
 static int
-each_open(Shapes *s, const StepSig *g, size_t j, OpenFn fn, void *arg)
+each_open(Shapes *s, const StepSig *g, size_t j, OpenFn fn, size_t *visited)
 {
     uint64_t end = j + 1 < s->n_steps ? s->bounds[j + 1] : UINT64_MAX;
     size_t k = 0;
+    int rc = 0;
     uint32_t i = g->at;
-    for (GpChunk *c = g->chunk; c; c = c->next, i = 0) {
-        for (; i < c->n; i++) {
+    for (GpChunk *c = g->chunk; c && rc == 0; c = c->next, i = 0) {
+        for (; i < c->n && rc == 0; i++) {
             GpEvent *ev = &c->ev[i];
             if (ev->ts >= end)
-                return 0;
+                break;
             uint32_t kind = GP_EV_KIND(ev->kind);
-            if (kind != GP_EV_NVTX_PUSH && kind != GP_EV_NVTX_START)
-                continue;
-            int rc = fn(s, ev, k++, arg);
-            if (rc != 0)
-                return rc;
+            if (kind == GP_EV_NVTX_PUSH || kind == GP_EV_NVTX_START)
+                rc = fn(s, ev, k++);
         }
+        if (i < c->n && rc == 0) /* stopped at the next step's begin */
+            break;
     }
-    return 0;
+    *visited = k;
+    return rc;
 }
 
+/* The sized step's k-th open name id; 1 (stop) past the room for them. */
 static int
-take_sample(Shapes *s, GpEvent *ev, size_t k, void *arg)
+take_sample(Shapes *s, GpEvent *ev, size_t k)
 {
-    (void)arg;
+    if (k >= s->cap_sample)
+        return 1;
     s->sample_args[k] = ev->arg;
     return 0;
 }
 
-/* 1 where the candidate's k-th open has the sample's k-th open's base name
- * (a check of the hash's verdict), -1 out of memory, else 0. */
+/* 0 where the candidate's k-th open has the sample's k-th open's base name
+ * (a check of the hash's verdict), 1 where not, -1 out of memory. */
 static int
-check_open(Shapes *s, GpEvent *ev, size_t k, void *arg)
+check_open(Shapes *s, GpEvent *ev, size_t k)
 {
-    (void)arg;
     uint64_t a, b;
     int sa, sb;
+    if (k >= s->n_sample)
+        return 1;
     if (base_of(s, ev->arg, &a, &sa) < 0 || base_of(s, s->sample_args[k], &b, &sb) < 0)
         return -1;
     return a == b ? 0 : 1;
 }
 
 static int
-rewrite_open(Shapes *s, GpEvent *ev, size_t k, void *arg)
+rewrite_open(Shapes *s, GpEvent *ev, size_t k)
 {
-    (void)arg;
     ev->arg = s->sample_args[k];
     return 0;
 }
@@ -251,11 +254,14 @@ give_sizes(Shapes *s, const StepSig *sig, size_t sample, size_t j)
         s->sample_args = p;
         s->cap_sample = from->opens;
     }
-    each_open(s, from, sample, take_sample, NULL);
-    int rc = each_open(s, to, j, check_open, NULL);
-    if (rc != 0)
+    size_t n;
+    if (each_open(s, from, sample, take_sample, &n) != 0)
+        return 0; /* more opens than signed: the events are not in time order */
+    s->n_sample = n;
+    int rc = each_open(s, to, j, check_open, &n);
+    if (rc != 0 || n != s->n_sample)
         return rc < 0 ? -1 : 0;
-    each_open(s, to, j, rewrite_open, NULL);
+    each_open(s, to, j, rewrite_open, &n);
     return 1;
 }
 
