@@ -41,16 +41,20 @@ typedef struct StepSig {
     uint32_t at;
 } StepSig;
 
+/* An NVTX name id's name without its sizes (gp_nvtx_base_key), cached. */
+typedef struct BaseName {
+    uint64_t key;
+    uint8_t sized; /* the name carried input sizes */
+} BaseName;
+
 typedef struct Shapes {
     const GpAggInput *in;
     const uint64_t *bounds; /* step begins, raw clock, ascending */
     size_t n_steps;
     GpU64Map gpu_of_corr;   /* correlation -> index into gpu_hash */
     uint64_t *gpu_hash;
-    GpU64Map base_of_id;    /* NVTX name id -> index into base_key, base_sized */
-    uint64_t *base_key;
-    uint8_t *base_sized;
-    size_t n_base, cap_base;
+    GpU64Map base_of_id;    /* NVTX name id -> index into bases */
+    GP_VEC(BaseName) bases;
     uint32_t *sample_args;  /* a sized step's open name ids, in order */
     size_t n_sample, cap_sample;
 } Shapes;
@@ -68,30 +72,19 @@ base_of(Shapes *s, uint32_t id, uint64_t *key, int *sized)
 {
     uint32_t i = gp_u64map_get(&s->base_of_id, id);
     if (i == UINT32_MAX) {
-        uint64_t k = 0;
-        int rc = s->in->nvtx_base(id, &k);
+        BaseName *b = VEC_PUSH(s->bases);
+        if (b == NULL)
+            return -1;
+        int rc = s->in->nvtx_base(id, &b->key);
         if (rc < 0)
-            k = mix64((uint64_t)id | 1ull << 40);
-        if (s->n_base == s->cap_base) {
-            size_t cap = s->cap_base ? 2 * s->cap_base : 256;
-            uint64_t *keys = realloc(s->base_key, cap * sizeof *keys);
-            if (keys == NULL)
-                return -1;
-            s->base_key = keys;
-            uint8_t *flags = realloc(s->base_sized, cap);
-            if (flags == NULL)
-                return -1;
-            s->base_sized = flags;
-            s->cap_base = cap;
-        }
-        i = (uint32_t)s->n_base++;
-        s->base_key[i] = k;
-        s->base_sized[i] = rc == 1;
+            b->key = mix64((uint64_t)id | 1ull << 40);
+        b->sized = rc == 1;
+        i = (uint32_t)(s->bases.n - 1);
         if (gp_u64map_put(&s->base_of_id, id, i) < 0)
             return -1;
     }
-    *key = s->base_key[i];
-    *sized = s->base_sized[i];
+    *key = s->bases.v[i].key;
+    *sized = s->bases.v[i].sized;
     return 0;
 }
 
@@ -146,31 +139,28 @@ sign_thread(Shapes *s, const GpWindowThread *tb, StepSig *sig)
         for (uint32_t i = 0; i < c->n; i++) {
             const GpEvent *ev = &c->ev[i];
             uint32_t kind = GP_EV_KIND(ev->kind);
-            uint64_t item;
-            if (kind == GP_EV_NVTX_PUSH || kind == GP_EV_NVTX_START) {
+            int open = kind == GP_EV_NVTX_PUSH || kind == GP_EV_NVTX_START;
+            if (!open && kind != GP_EV_NVTX_POP && kind != GP_EV_NVTX_END &&
+                kind != GP_EV_API_ENTER)
+                continue;
+            size_t j = step_of(s, ev->ts, &step);
+            if (j == SIZE_MAX)
+                continue;
+            StepSig *g = &sig[j];
+            uint64_t item = kind;
+            if (open) {
                 uint64_t key;
                 int sized;
                 if (base_of(s, ev->arg, &key, &sized) < 0)
                     return -1;
                 /* a push's domain, not a start's range tag (new each time) */
                 item = chain(key, kind == GP_EV_NVTX_PUSH ? ev->kind : kind);
-                size_t j = step_of(s, ev->ts, &step);
-                if (j == SIZE_MAX)
-                    continue;
-                sig[j].opens++;
-                sig[j].sized += (uint32_t)sized;
-            } else if (kind == GP_EV_NVTX_POP || kind == GP_EV_NVTX_END) {
-                item = kind;
+                g->opens++;
+                g->sized += (uint32_t)sized;
             } else if (kind == GP_EV_API_ENTER) {
                 uint32_t k = gp_u64map_get(&s->gpu_of_corr, ev->arg);
                 item = chain(ev->kind, k == UINT32_MAX ? 0 : s->gpu_hash[k]);
-            } else {
-                continue;
             }
-            size_t j = step_of(s, ev->ts, &step);
-            if (j == SIZE_MAX)
-                continue;
-            StepSig *g = &sig[j];
             if (g->chunk == NULL) {
                 g->chunk = c;
                 g->at = i;
@@ -210,11 +200,11 @@ each_open(Shapes *s, const StepSig *g, size_t j, OpenFn fn, size_t *visited)
     return rc;
 }
 
-/* The sized step's k-th open name id; 1 (stop) past the room for them. */
+/* The sized step's k-th open name id; 1 (stop) past as many as were signed. */
 static int
 take_sample(Shapes *s, GpEvent *ev, size_t k)
 {
-    if (k >= s->cap_sample)
+    if (k >= s->n_sample)
         return 1;
     s->sample_args[k] = ev->arg;
     return 0;
@@ -247,14 +237,10 @@ static int
 give_sizes(Shapes *s, const StepSig *sig, size_t sample, size_t j)
 {
     const StepSig *from = &sig[sample], *to = &sig[j];
-    if (from->opens > s->cap_sample) {
-        uint32_t *p = realloc(s->sample_args, from->opens * sizeof *p);
-        if (p == NULL)
-            return -1;
-        s->sample_args = p;
-        s->cap_sample = from->opens;
-    }
+    if (!vec_grow((void **)&s->sample_args, &s->cap_sample, from->opens, sizeof *s->sample_args))
+        return -1;
     size_t n;
+    s->n_sample = from->opens; /* room for as many as were signed */
     if (each_open(s, from, sample, take_sample, &n) != 0)
         return 0; /* more opens than signed: the events are not in time order */
     s->n_sample = n;
@@ -349,8 +335,7 @@ done:
     free(sig);
     free(verdict);
     free(s.gpu_hash);
-    free(s.base_key);
-    free(s.base_sized);
+    free(s.bases.v);
     free(s.sample_args);
     gp_u64map_free(&s.gpu_of_corr);
     gp_u64map_free(&s.base_of_id);
